@@ -1,0 +1,1 @@
+"""`make demo`: the whole flow on an embedded simulated node, no cluster needed."""

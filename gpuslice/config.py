@@ -1,0 +1,413 @@
+"""The one configuration schema shared by the webhook and the device plugin.
+
+Sources, highest first: command-line flag > environment variable > YAML file > default.
+Every key is declared once in `FIELDS` (YAML path, type, default, check, help); from that
+table come the flags (`--memory-unit-mib`), the environment variables
+(`GPUSLICE_MEMORY_UNIT_MIB`) and the documentation in docs/configuration.md.
+
+`load()` returns a frozen `Config` or raises `ConfigError` with a message naming the key,
+the value and what is accepted. Nothing here imports other gpuslice modules except the
+contract (for defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import pathlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from gpuslice import contract
+
+__all__ = ["Config", "MpsConfig", "HealthConfig", "SteeringConfig", "ConfigError", "FIELDS", "load", "add_arguments"]
+
+SCHEMA_VERSION = "v1"
+DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
+DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+
+_PREFIX_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MpsConfig:
+    enabled: bool = False
+    pipe_directory: str = "/run/nvidia/mps/pipe"
+    # Where the pipe directory appears inside containers.
+    container_pipe_directory: str = "/run/nvidia/mps/pipe"
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthConfig:
+    enabled: bool = True
+    ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
+    # How often an unhealthy GPU is probed through NVML to see if it has recovered.
+    recovery_interval_seconds: float = 30.0
+    event_timeout_ms: int = 5000
+
+
+@dataclasses.dataclass(frozen=True)
+class SteeringConfig:
+    """Node labels that let the stock scheduler see per-GPU free memory (issue 6)."""
+
+    enabled: bool = True
+    # Minimum seconds between two label writes of one node (the API server's write rate).
+    label_min_interval_seconds: float = 2.0
+    # How often the plugin re-reads kubelet's PodResources List to notice released devices.
+    pod_resources_poll_seconds: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    resource_prefix: str = contract.DEFAULT_PREFIX
+    memory_unit_mib: int = contract.DEFAULT_UNIT_MIB
+    device_list_strategy: str = "envvar"
+    cdi_kind: str = "nvidia.com/gpu"
+    mps: MpsConfig = MpsConfig()
+    health: HealthConfig = HealthConfig()
+    steering: SteeringConfig = SteeringConfig()
+    # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
+    default_gpu_memory_mib: int = 81920
+    convert_whole_gpus: bool = False
+    ignored_namespaces: tuple[str, ...] = ("kube-system",)
+    # Webhook: schedulerName set on converted pods ("" leaves it; "gpuslice-binpack" with the chart's profile).
+    scheduler_name: str = ""
+
+    @property
+    def contract(self) -> contract.Contract:
+        return contract.Contract(prefix=self.resource_prefix, unit_mib=self.memory_unit_mib)
+
+
+# --- the schema ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    path: str  # YAML path, dotted: "mps.enabled"
+    attr: str  # Config attribute path, dotted: "mps.enabled"
+    kind: type  # bool, int, float, str or tuple (list of ints/strings)
+    check: Callable[[Any], str | None]  # returns what is wrong, or None
+    help: str
+    item: type = str  # element type for tuples
+
+    @property
+    def flag(self) -> str:
+        words = re.sub(r"([a-z0-9])([A-Z])", r"\1-\2", self.path.replace(".", "-"))
+        return "--" + words.lower().replace("mi-b", "mib")
+
+    @property
+    def env(self) -> str:
+        return "GPUSLICE_" + self.flag[2:].replace("-", "_").upper()
+
+    @property
+    def dest(self) -> str:
+        return "cfg_" + self.attr.replace(".", "__")
+
+
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else "must be greater than 0"
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda value: None if value in choices else "must be one of " + ", ".join(choices)
+
+
+def _prefix(value: str) -> str | None:
+    if _PREFIX_RE.match(value):
+        return None
+    return "must be a DNS subdomain such as gpuslice.io (lower case, at least one dot)"
+
+
+def _absolute(value: str) -> str | None:
+    return None if value.startswith("/") else "must be an absolute path"
+
+
+def _namespaces(values: tuple[str, ...]) -> str | None:
+    bad = [v for v in values if not _DNS_LABEL_RE.match(v)]
+    return f"{bad[0]!r} is not a namespace name" if bad else None
+
+
+def _xids(values: tuple[int, ...]) -> str | None:
+    bad = [v for v in values if v <= 0]
+    return f"XID {bad[0]} is not a positive integer" if bad else None
+
+
+def _scheduler_name(value: str) -> str | None:
+    return None if value == "" or _PREFIX_RE.match(value) or _DNS_LABEL_RE.match(value) else "is not a valid name"
+
+
+def _cdi_kind(value: str) -> str | None:
+    vendor, sep, cls = value.partition("/")
+    return None if sep and vendor and cls else "must be <vendor>/<class>, e.g. nvidia.com/gpu"
+
+
+def _always_ok(value: Any) -> str | None:
+    return None
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("resourcePrefix", "resource_prefix", str, _prefix, "prefix of every resource, label and annotation"),
+    Field("memoryUnitMiB", "memory_unit_mib", int, _positive, "MiB of GPU memory per advertised device"),
+    Field(
+        "deviceListStrategy",
+        "device_list_strategy",
+        str,
+        _one_of(*DEVICE_LIST_STRATEGIES),
+        "how a container is given its GPU: envvar (NVIDIA_VISIBLE_DEVICES) or cdi-cri (CDI devices)",
+    ),
+    Field("cdiKind", "cdi_kind", str, _cdi_kind, "CDI kind of the GPU devices for cdi-cri"),
+    Field("mps.enabled", "mps.enabled", bool, _always_ok, "give each container a per-pod MPS memory and SM limit"),
+    Field("mps.pipeDirectory", "mps.pipe_directory", str, _absolute, "host directory of the MPS control pipe"),
+    Field(
+        "mps.containerPipeDirectory",
+        "mps.container_pipe_directory",
+        str,
+        _absolute,
+        "where the MPS pipe directory is mounted in containers",
+    ),
+    Field("health.enabled", "health.enabled", bool, _always_ok, "watch NVML XID events"),
+    Field(
+        "health.ignoredXids",
+        "health.ignored_xids",
+        tuple,
+        _xids,
+        "XIDs that do not mark a GPU unhealthy (application errors)",
+        item=int,
+    ),
+    Field(
+        "health.recoveryIntervalSeconds",
+        "health.recovery_interval_seconds",
+        float,
+        _positive,
+        "seconds between NVML probes of an unhealthy GPU",
+    ),
+    Field("health.eventTimeoutMs", "health.event_timeout_ms", int, _positive, "NVML event wait timeout"),
+    Field("steering.enabled", "steering.enabled", bool, _always_ok, "publish and use the steering node labels"),
+    Field(
+        "steering.labelMinIntervalSeconds",
+        "steering.label_min_interval_seconds",
+        float,
+        _positive,
+        "minimum seconds between two label writes of a node",
+    ),
+    Field(
+        "steering.podResourcesPollSeconds",
+        "steering.pod_resources_poll_seconds",
+        float,
+        _positive,
+        "seconds between reads of kubelet's PodResources List",
+    ),
+    Field(
+        "defaultGpuMemoryMiB",
+        "default_gpu_memory_mib",
+        int,
+        _positive,
+        "GPU memory assumed for gpu-fraction when the webhook has no cluster view",
+    ),
+    Field(
+        "convertWholeGpus",
+        "convert_whole_gpus",
+        bool,
+        _always_ok,
+        "turn plain nvidia.com/gpu requests into whole GPUs of memory units",
+    ),
+    Field(
+        "ignoredNamespaces",
+        "ignored_namespaces",
+        tuple,
+        _namespaces,
+        "namespaces whose pods the webhook leaves alone",
+    ),
+    Field("schedulerName", "scheduler_name", str, _scheduler_name, "schedulerName set on converted pods"),
+)
+
+_BY_PATH = {f.path: f for f in FIELDS}
+_SECTIONS = {f.path.split(".")[0] for f in FIELDS if "." in f.path}
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _coerce(field: Field, value: Any, source: str) -> Any:
+    """Turn a YAML value or a string (flag, env) into the field's type, or raise ConfigError."""
+
+    def fail(expected: str) -> ConfigError:
+        return ConfigError(f"{field.path}: {expected}, got {value!r} (from {source})")
+
+    if field.kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise fail("must be true or false")
+    if field.kind is int:
+        if isinstance(value, bool):
+            raise fail("must be an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+            return int(value)
+        raise fail("must be an integer")
+    if field.kind is float:
+        if isinstance(value, bool):
+            raise fail("must be a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise fail("must be a number") from None
+    if field.kind is str:
+        if isinstance(value, str):
+            return value
+        raise fail("must be a string")
+    if field.kind is tuple:
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(value, str) and not value.strip():
+            items = []
+        if not isinstance(items, (list, tuple)):
+            raise fail("must be a list")
+        sub = Field(field.path, field.attr, field.item, _always_ok, field.help)
+        return tuple(_coerce(sub, v.strip() if isinstance(v, str) else v, source) for v in items)
+    raise AssertionError(field.kind)
+
+
+def _flatten(document: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """YAML mapping -> {dotted path: raw value}; unknown keys are errors with a suggestion."""
+    flat: dict[str, Any] = {}
+    for key, value in document.items():
+        if key == "version":
+            if value != SCHEMA_VERSION:
+                raise ConfigError(f"version: must be {SCHEMA_VERSION!r}, got {value!r} (from {source})")
+            continue
+        if key in _SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{key}: must be a mapping, got {value!r} (from {source})")
+            for sub, subvalue in value.items():
+                path = f"{key}.{sub}"
+                if path not in _BY_PATH:
+                    raise ConfigError(_unknown(path, source))
+                flat[path] = subvalue
+        elif key in _BY_PATH:
+            flat[key] = value
+        else:
+            raise ConfigError(_unknown(str(key), source))
+    return flat
+
+
+def _unknown(path: str, source: str) -> str:
+    hint = difflib.get_close_matches(path, list(_BY_PATH) + ["version"], n=1)
+    suggestion = f" (did you mean {hint[0]}?)" if hint else ""
+    return f"{path}: unknown key{suggestion} (from {source}); known keys: version, " + ", ".join(_BY_PATH)
+
+
+def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    source = str(path)
+    try:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {source}: {exc.strerror}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"configuration file {source} is not valid YAML: {exc}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"configuration file {source} must hold a mapping, not {type(document).__name__}")
+    return _flatten(document, source)
+
+
+def load(
+    file: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    args: argparse.Namespace | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the Config: `overrides` (YAML paths) > flags in `args` > environment > file > defaults."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    if file is not None:
+        for path, raw in _read_file(file).items():
+            values[path] = _coerce(_BY_PATH[path], raw, f"file {file}")
+    for field in FIELDS:
+        if field.env in environ:
+            values[field.path] = _coerce(field, environ[field.env], f"environment {field.env}")
+    if args is not None:
+        for field in FIELDS:
+            raw = getattr(args, field.dest, None)
+            if raw is not None:
+                values[field.path] = _coerce(field, raw, f"flag {field.flag}")
+    for path, raw in (overrides or {}).items():
+        if path not in _BY_PATH:
+            raise ConfigError(_unknown(path, "overrides"))
+        values[path] = _coerce(_BY_PATH[path], raw, "overrides")
+    for path, value in values.items():
+        problem = _BY_PATH[path].check(value)
+        if problem:
+            raise ConfigError(f"{path}: {problem}, got {value!r}")
+    return _build(values)
+
+
+def _build(values: Mapping[str, Any]) -> Config:
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for path, value in values.items():
+        attr = _BY_PATH[path].attr
+        if "." in attr:
+            section, name = attr.split(".", 1)
+            nested.setdefault(section, {})[name] = value
+        else:
+            top[attr] = value
+    base = Config()
+    for section, fields in nested.items():
+        top[section] = dataclasses.replace(getattr(base, section), **fields)
+    return dataclasses.replace(base, **top)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--config` and one flag per schema key (all optional; unset flags do not override)."""
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file (schema: docs/configuration.md)")
+    group = parser.add_argument_group("configuration (flag > environment > file)")
+    for field in FIELDS:
+        metavar = "BOOL" if field.kind is bool else "LIST" if field.kind is tuple else field.kind.__name__.upper()
+        group.add_argument(field.flag, dest=field.dest, metavar=metavar, help=f"{field.help} [{field.env}]")
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """The Config for a parsed command line made with `add_arguments`."""
+    environ = os.environ if environ is None else environ
+    file = args.config or environ.get("GPUSLICE_CONFIG") or None
+    return load(file, environ=environ, args=args)
+
+
+def describe(fields: Sequence[Field] = FIELDS) -> str:
+    """A Markdown table of the schema, for docs/configuration.md."""
+    defaults = Config()
+    rows = ["| key | flag | environment | default | meaning |", "|---|---|---|---|---|"]
+    for field in fields:
+        value: Any = defaults
+        for part in field.attr.split("."):
+            value = getattr(value, part)
+        if isinstance(value, tuple):
+            value = "[" + ", ".join(map(str, value)) + "]"
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        rows.append(f"| `{field.path}` | `{field.flag}` | `{field.env}` | `{value}` | {field.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,180 @@
+"""The resource contract between the webhook, the device plugin, the chart and the simulator.
+
+Everything another component or a user can see lives here and only here: resource names,
+unit size, device IDs, node label keys, annotation names and the environment a container gets.
+Both halves import this module; nothing in it does I/O or imports other gpuslice modules.
+
+A `Contract` is built once from the configured resource prefix and unit size, then passed down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "DEFAULT_UNIT_MIB",
+    "Contract",
+    "KAI_GPU_FRACTION",
+    "KAI_GPU_MEMORY",
+    "KAI_GPU_FRACTION_NUM_DEVICES",
+    "KAI_GPU_FRACTION_CONTAINER_NAME",
+    "KAI_ANNOTATIONS",
+    "NVIDIA_GPU",
+    "unit_device_id",
+    "parse_unit_device_id",
+    "mig_resource_suffix",
+    "label_value",
+    "units_for_mib",
+]
+
+DEFAULT_PREFIX = "gpuslice.io"
+DEFAULT_UNIT_MIB = 256
+
+# Pod annotations users already write for KAI Scheduler (KAI's names, unprefixed).
+KAI_GPU_FRACTION = "gpu-fraction"
+KAI_GPU_MEMORY = "gpu-memory"
+KAI_GPU_FRACTION_NUM_DEVICES = "gpu-fraction-num-devices"
+KAI_GPU_FRACTION_CONTAINER_NAME = "gpu-fraction-container-name"
+KAI_ANNOTATIONS = (
+    KAI_GPU_FRACTION,
+    KAI_GPU_MEMORY,
+    KAI_GPU_FRACTION_NUM_DEVICES,
+    KAI_GPU_FRACTION_CONTAINER_NAME,
+)
+
+# NVIDIA's whole-GPU resource: a placeholder in KAI manifests, converted when convertWholeGpus is on.
+NVIDIA_GPU = "nvidia.com/gpu"
+
+# Container environment set by Allocate.
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_MEMORY_LIMIT_MIB = "GPUSLICE_MEMORY_LIMIT_MIB"
+ENV_GPU_FRACTION = "GPUSLICE_GPU_FRACTION"
+ENV_GPU_COUNT = "GPUSLICE_GPU_COUNT"
+ENV_KAI_GPU_PORTION = "GPU_PORTION"
+ENV_MPS_PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_MPS_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+
+# Memory-unit device IDs are "<GPU UUID>::<unit index>": the GPU is readable from the ID alone,
+# and a 40-character NVML UUID plus "::" and 4 digits stays far below kubelet's 63 characters.
+_UNIT_SEPARATOR = "::"
+MAX_DEVICE_ID_LENGTH = 63
+
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def unit_device_id(gpu_uuid: str, index: int) -> str:
+    """The device ID of memory unit `index` of GPU `gpu_uuid`."""
+    device_id = f"{gpu_uuid}{_UNIT_SEPARATOR}{index}"
+    if len(device_id) > MAX_DEVICE_ID_LENGTH:
+        raise ValueError(
+            f"device ID {device_id!r} is {len(device_id)} characters; kubelet allows {MAX_DEVICE_ID_LENGTH}"
+        )
+    return device_id
+
+
+def parse_unit_device_id(device_id: str) -> tuple[str, int]:
+    """(GPU UUID, unit index) of a memory-unit device ID; ValueError names a malformed one."""
+    gpu_uuid, sep, index = device_id.rpartition(_UNIT_SEPARATOR)
+    if not sep or not gpu_uuid or not index.isdigit():
+        raise ValueError(f"{device_id!r} is not a gpuslice memory-unit device ID (<GPU UUID>::<unit>)")
+    return gpu_uuid, int(index)
+
+
+def mig_resource_suffix(profile: str) -> str:
+    """Resource-name form of a MIG profile ("1g.10gb+me" -> "1g.10gb.me"), as NVIDIA names them."""
+    return profile.replace("+", ".")
+
+
+def label_value(text: str) -> str:
+    """A Kubernetes label value from free text ("NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3")."""
+    value = _LABEL_VALUE_BAD.sub("-", text.strip()).strip("-_.")
+    return value[:63].rstrip("-_.")
+
+
+def units_for_mib(mib: float, unit_mib: int) -> int:
+    """Units that hold `mib` MiB: rounded up, so a pod never gets less memory than it asked for."""
+    return max(1, math.ceil(mib / unit_mib - 1e-9))
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """Names derived from the configured resource prefix and unit size."""
+
+    prefix: str = DEFAULT_PREFIX
+    unit_mib: int = DEFAULT_UNIT_MIB
+
+    # --- extended resources -------------------------------------------------------------
+    @property
+    def gpu_memory_resource(self) -> str:
+        return f"{self.prefix}/gpu-memory"
+
+    @property
+    def mig_resource_prefix(self) -> str:
+        return f"{self.prefix}/mig-"
+
+    def mig_resource(self, profile: str) -> str:
+        return f"{self.mig_resource_prefix}{mig_resource_suffix(profile)}"
+
+    def is_gpuslice_resource(self, name: str) -> bool:
+        return name == self.gpu_memory_resource or name.startswith(self.mig_resource_prefix)
+
+    def units_per_gpu(self, gpu_memory_mib: int) -> int:
+        """Memory units one GPU of `gpu_memory_mib` MiB advertises (whole units only)."""
+        return gpu_memory_mib // self.unit_mib
+
+    # --- annotations ---------------------------------------------------------------------
+    @property
+    def isolation_annotation(self) -> str:
+        """`<prefix>/isolation: mig` asks for a MIG slice instead of memory units."""
+        return f"{self.prefix}/isolation"
+
+    @property
+    def decision_annotation(self) -> str:
+        """Written by the webhook: what it converted and why, for `kubectl describe pod`."""
+        return f"{self.prefix}/decision"
+
+    # --- node labels (published by the device plugin, read by the webhook and scheduler) --
+    @property
+    def label_gpu_product(self) -> str:
+        return f"{self.prefix}/gpu.product"
+
+    @property
+    def label_gpu_memory_mib(self) -> str:
+        return f"{self.prefix}/gpu.memory-mib"
+
+    @property
+    def label_gpu_count(self) -> str:
+        return f"{self.prefix}/gpu.count"
+
+    @property
+    def label_mig_profiles(self) -> str:
+        """Dot-free list of MIG profiles present on the node, "_"-joined ("1g.10gb_3g.40gb")."""
+        return f"{self.prefix}/mig.profiles"
+
+    @property
+    def label_free_block_units(self) -> str:
+        """Largest number of free memory units on a single GPU of the node."""
+        return f"{self.prefix}/gpu.free-block-units"
+
+    @property
+    def label_free_gpus(self) -> str:
+        """Number of GPUs of the node with every memory unit free."""
+        return f"{self.prefix}/gpu.free-gpus"
+
+    def label_mig_free(self, profile: str) -> str:
+        """Number of free MIG devices of `profile` on the node."""
+        return f"{self.prefix}/mig.free.{mig_resource_suffix(profile)}"
+
+    @property
+    def label_placement_score(self) -> str:
+        """0..100: how much real free memory and idle time the node's GPUs have (NVML)."""
+        return f"{self.prefix}/gpu.placement-score"
+
+    @property
+    def label_node_enabled(self) -> str:
+        """Set by operators on GPU nodes that run the gpuslice device plugin."""
+        return f"{self.prefix}/enabled"

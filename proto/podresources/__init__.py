@@ -1,0 +1,1 @@
+"""Generated stubs live below; see gpuslice.proto."""
