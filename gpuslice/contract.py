@@ -151,11 +151,6 @@ class Contract:
         return f"{self.prefix}/gpu.count"
 
     @property
-    def label_mig_profiles(self) -> str:
-        """Dot-free list of MIG profiles present on the node, "_"-joined ("1g.10gb_3g.40gb")."""
-        return f"{self.prefix}/mig.profiles"
-
-    @property
     def label_free_block_units(self) -> str:
         """Largest number of free memory units on a single GPU of the node."""
         return f"{self.prefix}/gpu.free-block-units"
@@ -166,8 +161,17 @@ class Contract:
         return f"{self.prefix}/gpu.free-gpus"
 
     def label_mig_free(self, profile: str) -> str:
-        """Number of free MIG devices of `profile` on the node."""
-        return f"{self.prefix}/mig.free.{mig_resource_suffix(profile)}"
+        """Number of free MIG devices of `profile` on the node (present, maybe "0", where the profile exists)."""
+        return f"{self.prefix}/mig.{mig_resource_suffix(profile)}.free"
+
+    def label_mig_memory(self, profile: str) -> str:
+        """MiB of memory of one MIG device of `profile` on the node."""
+        return f"{self.prefix}/mig.{mig_resource_suffix(profile)}.memory-mib"
+
+    def mig_profile_of_label(self, key: str) -> str | None:
+        """The resource-form profile named by a `label_mig_free` key, else None."""
+        head, tail = f"{self.prefix}/mig.", ".free"
+        return key[len(head) : -len(tail)] if key.startswith(head) and key.endswith(tail) else None
 
     @property
     def label_placement_score(self) -> str:

@@ -1,0 +1,82 @@
+"""The node labels the device plugin publishes: pure functions from a node's GPUs and what
+kubelet has allocated to label keys and values (keys from gpuslice.contract).
+
+Static labels (product, memory, GPU count, MIG profiles and their memory) let the webhook learn
+the cluster's GPU classes. Steering labels (largest free block on one GPU, fully free GPUs, free
+MIG devices, placement score) let the stock scheduler filter out nodes where a pod cannot fit
+on one GPU. The simulator labels its nodes with these same functions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from gpuslice import contract as contract_
+from gpuslice.deviceplugin import inventory
+
+__all__ = ["static_labels", "steering_labels", "node_labels"]
+
+
+def static_labels(node: inventory.NodeInventory, contract: contract_.Contract) -> dict[str, str]:
+    """Labels that change only when the hardware or MIG layout changes."""
+    labels: dict[str, str] = {}
+    shared = node.memory_gpus
+    if shared:
+        model, _ = Counter(g.model for g in shared).most_common(1)[0]
+        labels[contract.label_gpu_product] = contract_.label_value(model)
+        labels[contract.label_gpu_memory_mib] = str(min(g.memory_mib for g in shared))
+        labels[contract.label_gpu_count] = str(len(shared))
+    for profile in node.mig_profiles():
+        memory = min(m.memory_mib for m in node.mig_devices() if m.profile == profile)
+        labels[contract.label_mig_memory(profile)] = str(memory)
+    return labels
+
+
+def steering_labels(
+    contract: contract_.Contract,
+    *,
+    free_units_by_gpu: Mapping[str, int],
+    units_by_gpu: Mapping[str, int],
+    free_mig_by_profile: Mapping[str, int],
+    placement_score: int | None = None,
+) -> dict[str, str]:
+    """Labels that follow allocations: what the scheduler needs to keep pods on one GPU."""
+    labels = {
+        contract.label_free_block_units: str(max(free_units_by_gpu.values(), default=0)),
+        contract.label_free_gpus: str(sum(1 for g, free in free_units_by_gpu.items() if free == units_by_gpu[g])),
+    }
+    for profile, free in free_mig_by_profile.items():
+        labels[contract.label_mig_free(profile)] = str(free)
+    if placement_score is not None:
+        labels[contract.label_placement_score] = str(max(0, min(100, placement_score)))
+    return labels
+
+
+def node_labels(
+    node: inventory.NodeInventory,
+    contract: contract_.Contract,
+    *,
+    allocated: Mapping[str, int] | None = None,
+    allocated_mig: frozenset[str] | set[str] = frozenset(),
+    placement_score: int | None = None,
+) -> dict[str, str]:
+    """Every gpuslice label of a node. `allocated`: GPU UUID -> memory units in use;
+    `allocated_mig`: UUIDs of MIG devices in use."""
+    allocated = allocated or {}
+    units = {g.uuid: contract.units_per_gpu(g.memory_mib) for g in node.memory_gpus}
+    free = {g: n - allocated.get(g, 0) for g, n in units.items()}
+    free_mig: Counter[str] = Counter()
+    for mig in node.mig_devices():
+        free_mig[mig.profile] += 0 if mig.uuid in allocated_mig else 1
+    labels = static_labels(node, contract)
+    labels.update(
+        steering_labels(
+            contract,
+            free_units_by_gpu=free,
+            units_by_gpu=units,
+            free_mig_by_profile=dict(free_mig),
+            placement_score=placement_score,
+        )
+    )
+    return labels
