@@ -44,6 +44,7 @@ def steering_labels(
     """Labels that follow allocations: what the scheduler needs to keep pods on one GPU."""
     labels = {
         contract.label_free_block_units: str(max(free_units_by_gpu.values(), default=0)),
+        contract.label_free_units: str(sum(free_units_by_gpu.values())),
         contract.label_free_gpus: str(sum(1 for g, free in free_units_by_gpu.items() if free == units_by_gpu[g])),
     }
     for profile, free in free_mig_by_profile.items():

@@ -156,6 +156,11 @@ class Contract:
         return f"{self.prefix}/gpu.free-block-units"
 
     @property
+    def label_free_units(self) -> str:
+        """Total free memory units on the node, over all its shared GPUs."""
+        return f"{self.prefix}/gpu.free-units"
+
+    @property
     def label_free_gpus(self) -> str:
         """Number of GPUs of the node with every memory unit free."""
         return f"{self.prefix}/gpu.free-gpus"
