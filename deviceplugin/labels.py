@@ -2,9 +2,10 @@
 kubelet has allocated to label keys and values (keys from gpuslice.contract).
 
 Static labels (product, memory, GPU count, MIG profiles and their memory) let the webhook learn
-the cluster's GPU classes. Steering labels (largest free block on one GPU, fully free GPUs, free
-MIG devices, placement score) let the stock scheduler filter out nodes where a pod cannot fit
-on one GPU. The simulator labels its nodes with these same functions.
+the cluster's GPU classes. Steering labels (largest free block on one GPU, largest free block on a
+partly used GPU, fully free GPUs, free MIG devices, placement score) let the stock scheduler
+filter out nodes where a pod cannot fit on one GPU, and prefer the node where it fits best.
+The simulator labels its nodes with these same functions.
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ def steering_labels(
     placement_score: int | None = None,
 ) -> dict[str, str]:
     """Labels that follow allocations: what the scheduler needs to keep pods on one GPU."""
+    fully_free = [g for g, free in free_units_by_gpu.items() if free == units_by_gpu[g]]
+    # A partly used GPU still has room but is no longer whole: shares should go there first.
+    partial = [free for g, free in free_units_by_gpu.items() if 0 < free < units_by_gpu[g]]
     labels = {
         contract.label_free_block_units: str(max(free_units_by_gpu.values(), default=0)),
+        contract.label_free_partial_block_units: str(max(partial, default=0)),
         contract.label_free_units: str(sum(free_units_by_gpu.values())),
-        contract.label_free_gpus: str(sum(1 for g, free in free_units_by_gpu.items() if free == units_by_gpu[g])),
+        contract.label_free_gpus: str(len(fully_free)),
     }
     for profile, free in free_mig_by_profile.items():
         labels[contract.label_mig_free(profile)] = str(free)
@@ -66,7 +71,8 @@ def node_labels(
     `allocated_mig`: UUIDs of MIG devices in use."""
     allocated = allocated or {}
     units = {g.uuid: contract.units_per_gpu(g.memory_mib) for g in node.memory_gpus}
-    free = {g: n - allocated.get(g, 0) for g, n in units.items()}
+    # Clamped: a stale or foreign record must never publish negative or impossible free counts.
+    free = {g: max(0, min(n, n - allocated.get(g, 0))) for g, n in units.items()}
     free_mig: Counter[str] = Counter()
     for mig in node.mig_devices():
         free_mig[mig.profile] += 0 if mig.uuid in allocated_mig else 1

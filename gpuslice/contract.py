@@ -156,6 +156,12 @@ class Contract:
         return f"{self.prefix}/gpu.free-block-units"
 
     @property
+    def label_free_partial_block_units(self) -> str:
+        """Largest number of free memory units on a single GPU that is already partly allocated
+        ("0" when none): a share that fits there does not break a fully free GPU."""
+        return f"{self.prefix}/gpu.free-partial-block-units"
+
+    @property
     def label_free_units(self) -> str:
         """Total free memory units on the node, over all its shared GPUs."""
         return f"{self.prefix}/gpu.free-units"

@@ -2,8 +2,19 @@
 considered for nodes where it fits on one GPU (or where enough whole GPUs are free), and
 preferred terms that make even the default scheduler pack.
 
-Pure functions over the contract's label keys; the mutation calls `placement_affinity` when
-`steering.enabled` and merges the result into the pod's affinity.
+Pure functions over the contract's label keys (published by gpuslice.deviceplugin.labels); the
+mutation calls `placement_affinity` when `steering.enabled` and merges the result into the
+pod's affinity. Imports only gpuslice.contract.
+
+Why the preferred terms look like this (docs/steering.md has the full argument):
+- kube-scheduler sums the weights of the preferred terms a node matches, normalises so the best
+  feasible node gets 100, and multiplies by NodeAffinity's plugin weight 2. The default profile's
+  other scores (LeastAllocated and BalancedAllocation on cpu/memory, weight 1 each) spread pods;
+  200 points of affinity against at most 200 of those is what lets packing win.
+- Weights are graded in disjoint ranges so a node matches at most one term of each family, and
+  every "fits a partly used GPU" grade outweighs every "fewer free GPUs" grade: a share never
+  breaks a fully free GPU when a partly used one (anywhere) fits.
+- Few terms (at most 7), in a fixed order: each costs the scheduler time on every node.
 """
 
 from __future__ import annotations
@@ -13,7 +24,7 @@ from typing import Any
 
 from gpuslice import contract as contract_
 
-__all__ = ["Request", "placement_affinity"]
+__all__ = ["Request", "placement_affinity", "WEIGHTS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +38,35 @@ class Request:
     units_per_gpu: int = 0  # units of one GPU of the class the pod is pinned to (0: unknown)
 
 
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """Preferred-term weights (kube-scheduler accepts 1..100 each)."""
+
+    # A share fits a partly used GPU, by slack left on the node's largest partly used block.
+    tight_fit: int = 100  # slack < 1/10 GPU
+    close_fit: int = 70  # slack < 1/4 GPU
+    loose_fit: int = 45  # any partly used GPU fits
+    # Fuller nodes: fewer fully free GPUs left (protects whole GPUs for whole-GPU pods).
+    one_free_gpu: int = 30  # 0 or 1 fully free GPU
+    few_free_gpus: int = 15  # 2 or 3
+    # Whole GPUs: the node's free GPUs fit the request exactly, or nearly.
+    exact_gpus: int = 100
+    near_gpus: int = 50  # one or two GPUs more than asked
+    # MIG: the last free slices of the profile on the node go first.
+    last_mig: int = 100
+    few_mig: int = 50
+    # Memory-aware placement score (NVML): low, so it orders nodes only among equal fits.
+    score_high: int = 10  # score >= 70
+    score_mid: int = 5  # 40 <= score < 70
+
+
+WEIGHTS = Weights()
+
+# Slack grades for shares, as fractions of one GPU: tight below 1/10, close below 1/4.
+_TIGHT_SLACK_DIVISOR = 10
+_CLOSE_SLACK_DIVISOR = 4
+
+
 def placement_affinity(
     request: Request, contract: contract_.Contract
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -36,10 +76,78 @@ def placement_affinity(
     preferred terms are appended to preferredDuringSchedulingIgnoredDuringExecution.
     """
     if request.mig_profile:
-        required = [{"key": contract.label_mig_free(request.mig_profile), "operator": "Gt", "values": ["0"]}]
-        return required, []
+        return _mig(request.mig_profile, contract)
     if request.whole_gpus:
-        required = [{"key": contract.label_free_gpus, "operator": "Gt", "values": [str(request.gpus - 1)]}]
-        return required, []
-    required = [{"key": contract.label_free_block_units, "operator": "Gt", "values": [str(request.units - 1)]}]
-    return required, []
+        if request.gpus < 1:
+            raise ValueError(f"a whole-GPU request needs at least 1 GPU, got {request.gpus}")
+        return _whole_gpus(request.gpus, contract)
+    if request.units < 1:
+        raise ValueError(f"a shared-GPU request needs at least 1 memory unit, got {request.units}")
+    return _share(request.units, request.units_per_gpu, contract)
+
+
+# --- the three kinds of request -----------------------------------------------------------
+
+
+def _share(units: int, units_per_gpu: int, contract: contract_.Contract) -> tuple[list, list]:
+    required = [_gt(contract.label_free_block_units, units - 1)]
+    if units_per_gpu > units:
+        tight = max(1, units_per_gpu // _TIGHT_SLACK_DIVISOR)
+        close = max(tight + 1, units_per_gpu // _CLOSE_SLACK_DIVISOR)
+    else:  # GPU size unknown (or the share is a whole GPU's worth): grade by the request itself
+        tight = max(1, units // 4)
+        close = max(tight + 1, units)
+    partial = contract.label_free_partial_block_units
+    preferred = [
+        _term(WEIGHTS.tight_fit, _gt(partial, units - 1), _lt(partial, units + tight)),
+        _term(WEIGHTS.close_fit, _gt(partial, units + tight - 1), _lt(partial, units + close)),
+        _term(WEIGHTS.loose_fit, _gt(partial, units + close - 1)),
+        _term(WEIGHTS.one_free_gpu, _lt(contract.label_free_gpus, 2)),
+        _term(WEIGHTS.few_free_gpus, _gt(contract.label_free_gpus, 1), _lt(contract.label_free_gpus, 4)),
+        *_score_terms(contract),
+    ]
+    return required, preferred
+
+
+def _whole_gpus(gpus: int, contract: contract_.Contract) -> tuple[list, list]:
+    free_gpus = contract.label_free_gpus
+    required = [_gt(free_gpus, gpus - 1)]
+    preferred = [
+        _term(WEIGHTS.exact_gpus, _lt(free_gpus, gpus + 1)),
+        _term(WEIGHTS.near_gpus, _gt(free_gpus, gpus), _lt(free_gpus, gpus + 3)),
+        *_score_terms(contract),
+    ]
+    return required, preferred
+
+
+def _mig(profile: str, contract: contract_.Contract) -> tuple[list, list]:
+    free = contract.label_mig_free(profile)
+    required = [_gt(free, 0)]
+    preferred = [
+        _term(WEIGHTS.last_mig, _lt(free, 2)),
+        _term(WEIGHTS.few_mig, _gt(free, 1), _lt(free, 4)),
+    ]
+    return required, preferred
+
+
+def _score_terms(contract: contract_.Contract) -> list[dict[str, Any]]:
+    score = contract.label_placement_score
+    return [
+        _term(WEIGHTS.score_high, _gt(score, 69)),
+        _term(WEIGHTS.score_mid, _gt(score, 39), _lt(score, 70)),
+    ]
+
+
+# --- nodeSelector building blocks ---------------------------------------------------------
+
+
+def _gt(key: str, value: int) -> dict[str, Any]:
+    return {"key": key, "operator": "Gt", "values": [str(value)]}
+
+
+def _lt(key: str, value: int) -> dict[str, Any]:
+    return {"key": key, "operator": "Lt", "values": [str(value)]}
+
+
+def _term(weight: int, *expressions: dict[str, Any]) -> dict[str, Any]:
+    return {"weight": weight, "preference": {"matchExpressions": list(expressions)}}

@@ -1,0 +1,278 @@
+"""Keeps the steering labels of the plugin's own Node current (issue 6).
+
+Desired labels are recomputed from kubelet's own record every time (PodResources List: device
+IDs of our resources in use; GetAllocatableResources where offered: devices kubelet no longer
+offers count as not free), never from a running tally, so a missed event or a failed write cannot make us lose
+track. Kubelet never tells a plugin that a pod ended: releases are seen by polling List every
+`steering.podResourcesPollSeconds`; allocations and health changes call `notify()` to refresh
+at once.
+
+Writes go to the API server as a merge patch of metadata.labels holding only the labels that
+changed (null removes a stale one), at most one per `steering.labelMinIntervalSeconds`:
+notifications during that interval coalesce, and the state written when it ends is the latest
+one. A failed write is retried with exponential backoff (jittered, capped), always with the
+then-current desired state.
+
+Counters go to the plugin's Prometheus registry when one is given (`registry=metrics.registry`).
+
+May import gpuslice.config, gpuslice.contract and gpuslice.deviceplugin.{allocation, inventory,
+labels, podresources}; the `kubernetes` client is used only by `KubernetesNodeApi`, in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import prometheus_client
+
+from gpuslice import config
+from gpuslice.deviceplugin import allocation, inventory, labels, podresources
+
+__all__ = ["NodeApi", "NodeApiError", "KubernetesNodeApi", "NodeLabeller"]
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 60.0
+
+
+class NodeApiError(RuntimeError):
+    """A label write did not reach the API server (error status, timeout, no credentials)."""
+
+
+class NodeApi(Protocol):
+    async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
+        """Merge `labels` into the Node's metadata.labels (None removes the key)."""
+
+
+class KubernetesNodeApi:
+    """NodeApi with the official client: in-cluster config, else the kubeconfig; calls run in a
+    thread because the client is blocking."""
+
+    def __init__(self, api_client: Any = None, *, timeout_seconds: float = 10.0) -> None:
+        self._api_client = api_client  # kubernetes.client.ApiClient; None: load config on first use
+        self._owns_client = api_client is None
+        self._timeout = timeout_seconds
+        self._core: Any = None
+
+    async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
+        await asyncio.to_thread(self._patch, node_name, {"metadata": {"labels": labels}})
+
+    def _patch(self, node_name: str, body: dict[str, Any]) -> None:
+        import kubernetes  # imported here: only the production path needs it
+
+        try:
+            if self._core is None:
+                if self._api_client is None:
+                    try:
+                        kubernetes.config.load_incluster_config()
+                    except kubernetes.config.ConfigException:
+                        kubernetes.config.load_kube_config()
+                    self._api_client = kubernetes.client.ApiClient()
+                self._core = kubernetes.client.CoreV1Api(self._api_client)
+            self._core.patch_node(
+                node_name,
+                body,
+                _content_type="application/merge-patch+json",
+                _request_timeout=self._timeout,
+            )
+        except kubernetes.client.ApiException as exc:
+            raise NodeApiError(f"PATCH node {node_name}: HTTP {exc.status} {exc.reason}") from None
+        except kubernetes.config.ConfigException as exc:
+            raise NodeApiError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from None
+        except Exception as exc:  # urllib3 timeouts and connection errors
+            raise NodeApiError(f"PATCH node {node_name}: {type(exc).__name__}: {exc}") from None
+
+    def close(self) -> None:
+        if self._owns_client and self._api_client is not None:
+            self._api_client.close()
+
+
+class NodeLabeller:
+    """Publishes `labels.node_labels(...)` for this node, from kubelet's record, rate-limited."""
+
+    def __init__(
+        self,
+        *,
+        node: inventory.NodeInventory,
+        settings: config.Config,
+        node_name: str,
+        pod_resources_socket: str,
+        api: NodeApi | None = None,
+        usage: Callable[[], int | None] | None = None,
+        registry: prometheus_client.CollectorRegistry | None = None,
+    ) -> None:
+        if not node_name:
+            raise ValueError("the node labeller needs the node's name (--node-name, from spec.nodeName)")
+        self._node = node
+        self._contract = settings.contract
+        self._node_name = node_name
+        self._socket = pod_resources_socket
+        self._own_api = api is None
+        self._api: NodeApi = api if api is not None else KubernetesNodeApi()
+        self._usage = usage
+        self._min_interval = settings.steering.label_min_interval_seconds
+        self._poll = settings.steering.pod_resources_poll_seconds
+        self._units = allocation.MemoryUnits(node, self._contract.unit_mib)
+        self._mig_ids = {m.uuid for m in node.mig_devices()}
+        self._wake = asyncio.Event()
+        self._random = random.Random()
+        # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
+        # are never in here, so they are never removed.
+        self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0))
+        self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
+        self.written: dict[str, str] | None = None  # what the API server has, as far as we know
+        self.writes = 0
+        self.write_errors = 0
+        self.read_errors = 0
+        self._failures = 0
+        self._metrics = _Metrics(registry) if registry is not None else None
+
+    def notify(self) -> None:
+        """An allocation or health change happened: refresh soon (bursts coalesce). Call it on the
+        event loop's thread (from another thread: `loop.call_soon_threadsafe(labeller.notify)`)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        loop = asyncio.get_running_loop()
+        next_write_at = loop.time()
+        client = podresources.Client(self._socket)
+        try:
+            while True:
+                await self._refresh(client)
+                delta = self._delta()
+                if not delta:
+                    await self._sleep_or_wake(self._poll)
+                    continue
+                wait = next_write_at - loop.time()
+                if wait > 0:  # rate limit: re-read kubelet when the slot opens, write the latest
+                    await self._sleep_or_wake(wait)
+                    continue
+                if await self._write(delta):
+                    next_write_at = loop.time() + self._min_interval
+                else:
+                    next_write_at = loop.time() + self._backoff()
+        finally:
+            await client.close()
+            if self._own_api and isinstance(self._api, KubernetesNodeApi):
+                self._api.close()
+
+    # --- steps ------------------------------------------------------------------------------
+
+    async def _refresh(self, client: podresources.Client) -> None:
+        wanted = self._contract.is_gpuslice_resource
+        try:
+            in_use = await client.devices_in_use(wanted)
+            allocatable = await client.allocatable_devices(wanted)
+        except podresources.PodResourcesError as exc:
+            self.read_errors += 1
+            if self._metrics:
+                self._metrics.reads.labels("error").inc()
+            log.warning("node labels not refreshed: %s (retrying in %.1fs)", exc, self._poll)
+            return
+        if self._metrics:
+            self._metrics.reads.labels("ok").inc()
+        score = await self._score()
+        self.desired = self._labels_for(in_use, allocatable, score)
+
+    def _labels_for(
+        self,
+        in_use: Mapping[str, set[str]],
+        allocatable: Mapping[str, set[str]] | None,
+        score: int | None,
+    ) -> dict[str, str]:
+        """Labels from kubelet's record: units in use per GPU, MIG devices in use; devices kubelet
+        does not offer as allocatable count as in use."""
+        memory = self._contract.gpu_memory_resource
+        taken_units = set(in_use.get(memory, ()))
+        taken_mig = {d for name, ids in in_use.items() if name != memory for d in ids}
+        if allocatable is not None:
+            # Only trust the allocatable view for a resource kubelet reports at all: right after
+            # registration it may not list ours yet, and "none allocatable" would hide the node.
+            if allocatable.get(memory):
+                taken_units |= set(self._units.device_ids) - allocatable[memory]
+            offered_mig = {d for name, ids in allocatable.items() if name != memory for d in ids}
+            if offered_mig:
+                taken_mig |= self._mig_ids - offered_mig
+        allocated: dict[str, int] = {}
+        for device_id in taken_units:
+            gpu = self._units.gpu_of.get(device_id)
+            if gpu is not None:  # IDs from another unit size or node layout are not ours to count
+                allocated[gpu] = allocated.get(gpu, 0) + 1
+        return labels.node_labels(
+            self._node,
+            self._contract,
+            allocated=allocated,
+            allocated_mig=taken_mig & self._mig_ids,
+            placement_score=score,
+        )
+
+    async def _score(self) -> int | None:
+        if self._usage is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._usage)  # NVML calls block
+        except Exception as exc:
+            log.warning("placement score unavailable: %s", exc)
+            return None
+
+    def _delta(self) -> dict[str, str | None]:
+        if self.desired is None:
+            return {}
+        previous = self.written if self.written is not None else dict.fromkeys(self._owned_keys, "")
+        delta: dict[str, str | None] = {k: v for k, v in self.desired.items() if previous.get(k) != v}
+        for key in previous.keys() - self.desired.keys():
+            delta[key] = None
+        return delta
+
+    async def _write(self, delta: dict[str, str | None]) -> bool:
+        assert self.desired is not None
+        desired = dict(self.desired)
+        try:
+            await self._api.patch_labels(self._node_name, delta)
+        except Exception as exc:
+            self.write_errors += 1
+            self._failures += 1
+            if self._metrics:
+                self._metrics.writes.labels("error").inc()
+            log.warning("node %s labels not written (attempt %d): %s", self._node_name, self._failures, exc)
+            return False
+        self.writes += 1
+        self._failures = 0
+        if self._metrics:
+            self._metrics.writes.labels("ok").inc()
+        self.written = desired
+        self._owned_keys |= desired.keys()
+        return True
+
+    def _backoff(self) -> float:
+        ceiling = max(MAX_BACKOFF_SECONDS, self._min_interval)
+        delay = min(ceiling, self._min_interval * 2 ** min(self._failures, 30))
+        return delay * self._random.uniform(0.5, 1.0)  # jitter: nodes recovering together spread out
+
+    async def _sleep_or_wake(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, seconds))
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+
+class _Metrics:
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self.writes = prometheus_client.Counter(
+            "gpuslice_node_label_writes",
+            "Label patches of the plugin's own Node, by result (ok, error)",
+            ["result"],
+            registry=registry,
+        )
+        self.reads = prometheus_client.Counter(
+            "gpuslice_pod_resources_reads",
+            "Reads of kubelet's PodResources API, by result (ok, error)",
+            ["result"],
+            registry=registry,
+        )

@@ -1,0 +1,160 @@
+"""`gpuslice-device-plugin`: wires configuration, discovery, plugins, health and HTTP together.
+
+    gpuslice-device-plugin [--config FILE] [--node-file FILE] [--kubelet-dir DIR]
+                           [--pod-resources-socket PATH] [--node-name NAME] [--http-port N]
+                           [every configuration flag, see docs/configuration.md]
+
+Configuration and node-file errors print one line and exit 2. SIGTERM/SIGINT stop serving,
+remove the plugin sockets, cancel and await every task, and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from gpuslice import config as config_
+from gpuslice.deviceplugin import health, inventory, manager, metrics, nodefile, nvml_source
+
+__all__ = ["main", "parse_args", "run", "Options"]
+
+log = logging.getLogger("gpuslice.deviceplugin")
+
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_HTTP_PORT = 9400
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Where this plugin runs (the command line's non-schema flags)."""
+
+    kubelet_dir: str = DEFAULT_KUBELET_DIR
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    node_name: str = ""
+    node_file: str | None = None
+    http_port: int = DEFAULT_HTTP_PORT
+    poll_interval: float = 0.5
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuslice-device-plugin",
+        description="Kubelet device plugin: GPU memory as gpu-memory units and MIG slices as mig-<profile>.",
+    )
+    parser.add_argument("--node-file", metavar="FILE", help="use a simulated node (docs/node-file.md) instead of NVML")
+    parser.add_argument("--kubelet-dir", metavar="DIR", default=DEFAULT_KUBELET_DIR, help="kubelet's device-plugin directory")
+    parser.add_argument(
+        "--pod-resources-socket", metavar="PATH", default=DEFAULT_POD_RESOURCES_SOCKET, help="kubelet's PodResources socket"
+    )
+    parser.add_argument("--node-name", metavar="NAME", default=os.environ.get("NODE_NAME", ""), help="this node [NODE_NAME]")
+    parser.add_argument(
+        "--http-port", metavar="N", type=int, default=DEFAULT_HTTP_PORT, help="/healthz, /readyz, /metrics port (0: off)"
+    )
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    config_.add_arguments(parser)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[config_.Config, Options, str]:
+    """(Config, Options, log level); SystemExit(2) with one clear line on bad input."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = config_.from_args(args)
+    except config_.ConfigError as exc:
+        parser.exit(2, f"gpuslice-device-plugin: configuration error: {exc}\n")
+    if not 0 <= args.http_port <= 65535:
+        parser.exit(2, f"gpuslice-device-plugin: --http-port must be 0..65535, got {args.http_port}\n")
+    options = Options(
+        kubelet_dir=args.kubelet_dir,
+        pod_resources_socket=args.pod_resources_socket,
+        node_name=args.node_name,
+        node_file=args.node_file,
+        http_port=args.http_port,
+    )
+    return settings, options, args.log_level
+
+
+async def run(
+    settings: config_.Config,
+    options: Options,
+    node: inventory.NodeInventory,
+    *,
+    nvml: nvml_source.Nvml | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None); returns the exit status."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    plugin_metrics = metrics.Metrics()
+    health_state = health.HealthState()
+    resources = manager.build_resources(node, settings)
+    if not resources:
+        log.warning("node %s has no GPU to advertise", options.node_name or "(unnamed)")
+    plugins = manager.PluginManager(
+        resources,
+        kubelet_dir=options.kubelet_dir,
+        health_state=health_state,
+        plugin_metrics=plugin_metrics,
+        poll_interval=options.poll_interval,
+    )
+    monitor = health.HealthMonitor(nvml, node, settings.health, health_state) if nvml is not None else None
+    runner = None
+    try:
+        if options.http_port:
+            runner = await metrics.serve(metrics.build_app(plugin_metrics, plugins.registration_state), options.http_port)
+        if monitor is not None:
+            await monitor.start()
+        await plugins.start()
+        log.info(
+            "advertising %s from %s",
+            ", ".join(f"{r.name} ({len(r.device_ids)})" for r in resources) or "nothing",
+            node.source,
+        )
+        await stop.wait()
+        log.info("stopping: removing plugin sockets")
+    finally:
+        await plugins.stop()
+        if monitor is not None:
+            await monitor.stop()
+        if runner is not None:
+            await runner.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings, options, level = parse_args(argv)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    nvml = None
+    try:
+        if options.node_file:
+            node = nodefile.load(options.node_file)
+        else:
+            nvml = nvml_source.load_pynvml()
+            node = nvml_source.discover(nvml)
+    except nodefile.NodeFileError as exc:
+        print(f"gpuslice-device-plugin: node file error: {exc}", file=sys.stderr)
+        return 2
+    except nvml_source.NvmlUnavailable as exc:
+        print(f"gpuslice-device-plugin: {exc} (use --node-file for a simulated node)", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(run(settings, options, node, nvml=nvml))
+    finally:
+        if nvml is not None:
+            nvml.nvmlShutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The packing replay: trace pods through the real webhook conversion, the scheduler model and
+the simulated nodes' kubelet + real device-plugin allocation, with the FGD paper's protocol
+(shuffle with a seed, resample to a share of cluster GPU capacity, no deletions, no retries).
+
+For every pod of a gpuslice configuration:
+  user manifest (trace.user_pod) -> webhook mutation.mutate (real) -> JSON patch applied (jsonpatch)
+  -> scheduler.Scheduler.schedule -> node.SimNode.admit (kubelet model + real allocation policy)
+  -> bind -> the node's new labels reach the webhook's ClusterView and the scheduler's node
+     objects after the configured delay (binds and/or simulated seconds).
+
+May import numpy, jsonpatch, gpuslice.config/contract, gpuslice.deviceplugin, gpuslice.webhook
+and the other gpuslice.sim modules.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jsonpatch
+import numpy as np
+
+from gpuslice import config
+from gpuslice.sim import node as node_
+from gpuslice.sim import scheduler, trace
+from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import mutation
+
+__all__ = [
+    "CONFIGURATION_NAMES",
+    "Configuration",
+    "LabelDelay",
+    "Result",
+    "configurations",
+    "workload",
+    "replay",
+]
+
+CONFIGURATION_NAMES = ("whole-gpu", "gpuslice-default", "gpuslice-binpack")
+_MIB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    name: str
+    sharing: bool  # False: stock Kubernetes with NVIDIA's whole-GPU resource
+    profile: scheduler.Profile
+    settings: config.Config  # what the webhook runs with
+
+
+def configurations(
+    settings: config.Config, *, percentage_of_nodes_to_score: int = 0, binpack_strategy: str = "MostAllocated"
+) -> dict[str, Configuration]:
+    """The three compared configurations; trace pods ask for whole GPUs with nvidia.com/gpu, so the
+    webhook converts them (convertWholeGpus on)."""
+    gpuslice_settings = dataclasses.replace(settings, convert_whole_gpus=True)
+    default = scheduler.default_profile(percentage_of_nodes_to_score=percentage_of_nodes_to_score)
+    binpack = scheduler.binpack_profile(
+        settings.contract.gpu_memory_resource,
+        strategy=binpack_strategy,
+        percentage_of_nodes_to_score=percentage_of_nodes_to_score,
+    )
+    return {
+        "whole-gpu": Configuration("whole-gpu", False, default, settings),
+        "gpuslice-default": Configuration("gpuslice-default", True, default, gpuslice_settings),
+        "gpuslice-binpack": Configuration(
+            "gpuslice-binpack", True, binpack, dataclasses.replace(gpuslice_settings, scheduler_name="gpuslice-binpack")
+        ),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelDelay:
+    """How late a node's new labels reach the webhook and the scheduler after a bind: once at least
+    `binds` further binds and `seconds` of simulated time (pods arrive `pod_interval_seconds` apart)
+    have passed. Zero and zero: at once."""
+
+    binds: int = 0
+    seconds: float = 0.0
+    pod_interval_seconds: float = 1.0
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    pods: int
+    placed_pods: int
+    failed_pods: int  # no feasible node (FailedScheduling)
+    admission_failures: int  # scheduled, then refused by kubelet (Allocate / device manager)
+    denied_pods: int  # refused by the webhook
+    gpu_allocation_ratio: float  # 0..1 at the end of the replay
+    allocation_curve: list[float]  # one value per percent of arrived GPU demand, 0..demand*100
+    total_gpus: int
+    unallocated_gpus: float  # GPUs minus allocated GPU milli / 1000 (the paper's figure)
+    fragmented_gpus: float  # unallocated share on GPUs that hold at least one pod
+    idle_gpus: int  # GPUs with no pod at all
+    runtime_s: float
+    failure_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+    admission_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def at_demand(self, percent: int) -> float:
+        return self.allocation_curve[min(percent, len(self.allocation_curve) - 1)]
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["gpu_allocation_ratio"] = round(self.gpu_allocation_ratio, 6)
+        out["allocation_curve"] = [round(v, 6) for v in self.allocation_curve]
+        out["unallocated_gpus"] = round(self.unallocated_gpus, 3)
+        out["fragmented_gpus"] = round(self.fragmented_gpus, 3)
+        out["runtime_s"] = round(self.runtime_s, 3)
+        return out
+
+
+def gpu_capacity_milli(nodes: Sequence[trace.TraceNode]) -> int:
+    return sum(n.gpus for n in nodes) * 1000
+
+
+def workload(
+    pods: Sequence[trace.TracePod], capacity_milli: int, demand: float, rng: np.random.Generator
+) -> list[trace.TracePod]:
+    """The arrival order: the trace's pods shuffled, resampled at random (with replacement) until
+    their GPU demand reaches `demand` x capacity, or cut there when the trace asks for more."""
+    if demand <= 0:
+        raise ValueError(f"demand must be greater than 0, got {demand}")
+    target = demand * capacity_milli
+    chosen = [pods[i] for i in rng.permutation(len(pods))]
+    total = sum(p.gpu_demand_milli for p in chosen)
+    if total >= target:
+        cut, running = 0, 0
+        for cut, pod in enumerate(chosen, start=1):
+            running += pod.gpu_demand_milli
+            if running >= target:
+                break
+        return chosen[:cut]
+    if not any(p.gpu_demand_milli for p in pods):
+        raise ValueError("the pod list asks for no GPUs: it cannot be resampled to a GPU demand")
+    copies: collections.Counter[str] = collections.Counter()
+    while total < target:
+        pod = pods[int(rng.integers(len(pods)))]
+        copies[pod.name] += 1
+        chosen.append(dataclasses.replace(pod, name=f"{pod.name}-r{copies[pod.name]}"))
+        total += pod.gpu_demand_milli
+    return [chosen[i] for i in rng.permutation(len(chosen))]
+
+
+class _LabelPipe:
+    """Node label updates on their way to the webhook's view and the scheduler's node objects."""
+
+    def __init__(self, delay: LabelDelay) -> None:
+        self.delay = delay
+        self.pending: collections.deque[tuple[int, float, int, dict[str, str]]] = collections.deque()
+
+    def publish(self, binds: int, now: float, node: int, labels: dict[str, str]) -> None:
+        self.pending.append((binds + self.delay.binds, now + self.delay.seconds, node, labels))
+
+    def due(self, binds: int, now: float) -> list[tuple[int, dict[str, str]]]:
+        out = []
+        while self.pending and self.pending[0][0] <= binds and self.pending[0][1] <= now + 1e-9:
+            _, _, node, labels = self.pending.popleft()
+            out.append((node, labels))
+        return out
+
+
+def replay(
+    nodes: Sequence[trace.TraceNode],
+    arrivals: Sequence[trace.TracePod],
+    configuration: Configuration,
+    *,
+    seed: int,
+    label_delay: LabelDelay = LabelDelay(),
+    gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
+) -> Result:
+    """Place `arrivals` in order on `nodes` under `configuration`; pods never leave, nothing is retried."""
+    started = time.perf_counter()
+    settings = configuration.settings
+    contract = settings.contract
+    steering = settings.steering.enabled and configuration.sharing
+    sim_nodes = [
+        node_.SimNode(n.name, trace.node_inventory(n, gpu_memory_mib), contract, sharing=configuration.sharing)
+        for n in nodes
+    ]
+    node_labels = [{"kubernetes.io/hostname": n.name, **s.labels(steering=steering)} for n, s in zip(nodes, sim_nodes)]
+    allocatable = [
+        {scheduler.CPU: n.cpu_milli, scheduler.MEMORY: n.memory_mib * _MIB, **s.allocatable()}
+        for n, s in zip(nodes, sim_nodes)
+    ]
+    state = scheduler.Cluster([n.name for n in nodes], allocatable, node_labels)
+    sched = scheduler.Scheduler(state, configuration.profile, np.random.default_rng(seed))
+    view = cluster_.ClusterView(contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
+    for n, labels in zip(nodes, node_labels):
+        view.update_node(n.name, labels)
+    pipe = _LabelPipe(label_delay)
+
+    capacity = gpu_capacity_milli(nodes)
+    allocated = 0
+    arrived = 0
+    binds = 0
+    arrived_after = np.zeros(len(arrivals), dtype=np.int64)
+    allocated_after = np.zeros(len(arrivals), dtype=np.int64)
+    failed = admission = denied = 0
+    failure_reasons: collections.Counter[str] = collections.Counter()
+    admission_reasons: collections.Counter[str] = collections.Counter()
+
+    for i, pod in enumerate(arrivals):
+        now = i * label_delay.pod_interval_seconds
+        for index, labels in pipe.due(binds, now):
+            state.set_labels(index, labels)
+            view.update_node(state.names[index], labels)
+        arrived += pod.gpu_demand_milli
+        arrived_after[i] = arrived
+        manifest = _pod_for(pod, configuration, view)
+        if manifest is None:
+            denied += 1
+            allocated_after[i] = allocated
+            continue
+        request = scheduler.read_pod(manifest)
+        decision = sched.schedule(request)
+        if decision.node is None:
+            failed += 1
+            failure_reasons[decision.message] += 1
+            allocated_after[i] = allocated
+            continue
+        target = sim_nodes[decision.node]
+        try:
+            target.admit(f"default/{pod.name}", request.container_devices)
+        except node_.AdmissionFailure as exc:
+            admission += 1
+            admission_reasons[_reason_kind(str(exc))] += 1
+            allocated_after[i] = allocated
+            continue
+        state.bind(decision.node, request)
+        binds += 1
+        allocated += pod.gpu_demand_milli
+        allocated_after[i] = allocated
+        if steering and request.container_devices:
+            pipe.publish(binds, now, decision.node, {"kubernetes.io/hostname": target.name, **target.labels(steering=True)})
+        for index, labels in pipe.due(binds, now):
+            state.set_labels(index, labels)
+            view.update_node(state.names[index], labels)
+
+    total_gpus = capacity // 1000
+    gpus_in_use = sum(s.gpus_in_use() for s in sim_nodes)
+    return Result(
+        name=configuration.name,
+        pods=len(arrivals),
+        placed_pods=binds,
+        failed_pods=failed,
+        admission_failures=admission,
+        denied_pods=denied,
+        gpu_allocation_ratio=allocated / capacity if capacity else 0.0,
+        allocation_curve=_curve(arrived_after, allocated_after, capacity),
+        total_gpus=total_gpus,
+        unallocated_gpus=total_gpus - allocated / 1000,
+        fragmented_gpus=gpus_in_use - allocated / 1000,
+        idle_gpus=total_gpus - gpus_in_use,
+        runtime_s=time.perf_counter() - started,
+        failure_reasons=dict(failure_reasons.most_common(5)),
+        admission_reasons=dict(admission_reasons.most_common(5)),
+    )
+
+
+def _pod_for(pod: trace.TracePod, configuration: Configuration, view: cluster_.ClusterView) -> dict[str, Any] | None:
+    """The pod the scheduler sees: the webhook's patch applied (gpuslice) or the stock request."""
+    contract = configuration.settings.contract
+    if not configuration.sharing:
+        return trace.user_pod(pod, contract, whole_gpus_only=True)
+    manifest = trace.user_pod(pod, contract)
+    outcome = mutation.mutate(manifest, settings=configuration.settings, cluster=view)
+    if not outcome.allowed:
+        return None
+    if not outcome.patch:
+        return manifest
+    # The manifest is ours and fresh: patch it in place (a deep copy per pod costs more than the rest).
+    patched: dict[str, Any] = jsonpatch.apply_patch(manifest, outcome.patch, in_place=True)
+    return patched
+
+
+def _reason_kind(message: str) -> str:
+    """Group admission messages by kind (drop device IDs and counts) for the summary."""
+    if "span" in message:
+        return "units span GPUs (no single GPU had room)"
+    if "unavailable" in message:
+        return "requested number of devices unavailable"
+    return message[:120]
+
+
+def _curve(arrived_after: np.ndarray, allocated_after: np.ndarray, capacity: int) -> list[float]:
+    """Allocation ratio at each whole percent of arrived GPU demand (state when demand first reaches it)."""
+    if capacity <= 0 or len(arrived_after) == 0:
+        return []
+    last = int(np.floor(arrived_after[-1] * 100 / capacity + 1e-9))
+    thresholds = np.arange(last + 1) * capacity / 100
+    positions = np.minimum(np.searchsorted(arrived_after, thresholds - 1e-9, side="left"), len(arrived_after) - 1)
+    return [float(v) for v in allocated_after[positions] / capacity]

@@ -1,0 +1,213 @@
+"""Helpers for the Helm chart tests: find the pinned helm, render the chart, pick objects out.
+
+Used by tests/test_chart*.py only. Renders are cached per (values, options) for the whole test
+session, so each combination runs `helm template` once however many tests look at it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import importlib.resources
+import json
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import referencing
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "gpuslice"
+HELM = pathlib.Path(os.environ.get("GPUSLICE_HELM", REPO / ".tools" / "helm"))
+RELEASE = "gpuslice"
+NAMESPACE = "gpuslice"
+KUBE_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0")
+
+# The combinations of values the chart is tested with (ids are what pytest shows).
+COMBINATIONS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "cert-manager": {"certManager": {"enabled": True}},
+    "binpack-scheduler": {"scheduler": {"enabled": True}},
+    "mps": {"config": {"mps": {"enabled": True}}},
+    "whole-gpu-conversion": {"config": {"convertWholeGpus": True}},
+    "cdi-cri": {"config": {"deviceListStrategy": "cdi-cri"}},
+    "service-monitor": {"serviceMonitor": {"enabled": True}},
+    "driver-root": {"devicePlugin": {"runtimeClassName": "", "driverRoot": "/run/nvidia/driver"}},
+    "custom-prefix": {
+        "config": {"resourcePrefix": "gpu.example.com", "memoryUnitMiB": 512, "ignoredNamespaces": ["batch-system"]},
+        "scheduler": {"enabled": True, "weights": {"gpuMemory": 25}},
+    },
+    "everything": {
+        "certManager": {"enabled": True},
+        "scheduler": {"enabled": True},
+        "serviceMonitor": {"enabled": True},
+        "config": {"mps": {"enabled": True}, "convertWholeGpus": True, "deviceListStrategy": "cdi-cri"},
+    },
+}
+
+
+def require_helm() -> pathlib.Path:
+    """The helm binary; a missing one fails under CI (make test installs it) and skips elsewhere."""
+    if HELM.is_file() and os.access(HELM, os.X_OK):
+        return HELM
+    message = f"helm not found at {HELM}: run `make helm` (tools/install-helm.py) or set GPUSLICE_HELM"
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def run_helm(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    helm = require_helm()
+    full_env = {**os.environ, **(env or {})}
+    # Keep helm away from the user's own cluster, cache and repositories.
+    full_env.setdefault("KUBECONFIG", os.devnull)
+    with tempfile.TemporaryDirectory(prefix="gpuslice-helm-home-") as home:
+        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            full_env.setdefault(var, home)
+        return subprocess.run([str(helm), *args], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+def values_file(values: Mapping[str, Any], directory: pathlib.Path) -> pathlib.Path:
+    path = directory / "values.json"  # JSON is YAML
+    path.write_text(json.dumps(values))
+    return path
+
+
+def template_args(values: Mapping[str, Any], directory: pathlib.Path, *extra: str) -> list[str]:
+    return ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file(values, directory)), *extra]
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifests:
+    """The objects of one render, with lookups by kind and component."""
+
+    objects: tuple[dict[str, Any], ...]
+
+    def all(self, kind: str, component: str | None = None) -> list[dict[str, Any]]:
+        return [
+            obj
+            for obj in self.objects
+            if obj["kind"] == kind
+            and (component is None or obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component)
+        ]
+
+    def one(self, kind: str, component: str | None = None) -> dict[str, Any]:
+        found = self.all(kind, component)
+        assert len(found) == 1, f"expected one {kind} ({component}), found {[o['metadata']['name'] for o in found]}"
+        return found[0]
+
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        found = [obj for obj in self.objects if obj["kind"] == kind and obj["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} named {name}, found {len(found)}"
+        return found[0]
+
+    def kinds(self) -> set[str]:
+        return {obj["kind"] for obj in self.objects}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.objects)
+
+
+def parse(text: str) -> Manifests:
+    return Manifests(tuple(doc for doc in yaml.safe_load_all(text) if doc))
+
+
+@functools.cache
+def _render_cached(values_json: str, kube_version: str) -> Manifests:
+    with tempfile.TemporaryDirectory(prefix="gpuslice-chart-") as tmp:
+        args = template_args(json.loads(values_json), pathlib.Path(tmp), "--kube-version", kube_version)
+        result = run_helm(*args)
+    if result.returncode != 0:
+        raise AssertionError(f"helm template failed for {values_json} on {kube_version}:\n{result.stderr}")
+    return parse(result.stdout)
+
+
+def render(values: Mapping[str, Any] | None = None, kube_version: str = KUBE_VERSIONS[-1]) -> Manifests:
+    """`helm template` of the chart with `values` for `kube_version`, cached for the session."""
+    return _render_cached(json.dumps(values or {}, sort_keys=True), kube_version)
+
+
+# --- schema validation ---------------------------------------------------------------------
+
+
+class NoSchema(LookupError):
+    """kubernetes-validate has no schema for this kind (a custom resource)."""
+
+
+@functools.cache
+def _schema_validator(kube_version: str, api_version: str, kind: str) -> jsonschema.Validator:
+    """kubernetes-validate's strict schema for a kind, compiled once.
+
+    kubernetes_validate.validate() re-reads its multi-megabyte definitions file on every call
+    (about 15 ms an object); the chart tests validate a thousand objects, so they build the same
+    validator from the same schema files once per kind and version. A test checks that both agree.
+    """
+    root = importlib.resources.files(kubernetes_validate) / "kubernetes-json-schema" / f"v{kube_version}-local-strict"
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    try:
+        schema = json.loads((root / f"{kind.lower()}-{group_version}.json").read_text())
+    except FileNotFoundError:
+        raise NoSchema(f"no schema for {api_version} {kind} in Kubernetes {kube_version}") from None
+    definitions = _definitions(kube_version)
+    # Both files carry an $id; the kind's schema refers to the definitions by it.
+    registry = referencing.Resource.from_contents(schema) @ (definitions @ referencing.Registry())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+@functools.cache
+def _definitions(kube_version: str) -> referencing.Resource:
+    root = importlib.resources.files(kubernetes_validate) / "kubernetes-json-schema" / f"v{kube_version}-local-strict"
+    return referencing.Resource.from_contents(json.loads((root / "_definitions.json").read_text()))
+
+
+def schema_errors(obj: Mapping[str, Any], kube_version: str) -> list[str]:
+    """What is wrong with `obj` for Kubernetes `kube_version` (strict: unknown fields are errors)."""
+    validator = _schema_validator(kube_version, obj["apiVersion"], obj["kind"])
+    return [
+        f"{'.'.join(map(str, error.absolute_path)) or '<root>'}: {error.message}"
+        for error in validator.iter_errors(obj)
+    ]
+
+
+# --- reading objects -------------------------------------------------------------------------
+
+
+def pod_spec(workload: Mapping[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def container(workload: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
+    containers = pod_spec(workload)["containers"]
+    if name is None:
+        assert len(containers) == 1
+        return containers[0]
+    return next(c for c in containers if c["name"] == name)
+
+
+def arg_value(container_spec: Mapping[str, Any], flag: str) -> str:
+    """The value of `--flag=value` in a container's args (or command)."""
+    words = [*container_spec.get("command", []), *container_spec.get("args", [])]
+    values = [w.split("=", 1)[1] for w in words if w.startswith(flag + "=")]
+    assert len(values) == 1, f"{flag} appears {len(values)} times in {words}"
+    return values[0]
+
+
+def volume(workload: Mapping[str, Any], name: str) -> dict[str, Any]:
+    return next(v for v in pod_spec(workload)["volumes"] if v["name"] == name)
+
+
+def mount_for(container_spec: Mapping[str, Any], path: str) -> dict[str, Any] | None:
+    return next((m for m in container_spec.get("volumeMounts", []) if m["mountPath"] == path), None)
+
+
+def secret_bytes(secret: Mapping[str, Any], key: str) -> bytes:
+    return base64.b64decode(secret["data"][key])

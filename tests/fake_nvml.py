@@ -1,0 +1,350 @@
+"""A hand-written fake of the `pynvml` functions gpuslice calls (deviceplugin/nvml_source.Nvml),
+built from a NodeInventory so it can present the demo node or any node file.
+
+Beyond discovery it can: inject XID events (`inject_xid`), make a GPU stop answering
+(`fail_gpu`) and answer again (`recover_gpu`), and report settable used memory and utilisation
+(`set_memory_used`, `set_utilization`). Return shapes follow nvidia-ml-py: struct-like objects
+with the same field names, bytes for c_char fields (pci busId, profile name), NVMLError
+subclasses named as pynvml names them. Thread-safe where the plugin calls it from a worker
+thread (event waits).
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import types
+from typing import Any
+
+from gpuslice.deviceplugin import inventory
+
+_MIB = 1 << 20
+NOT_MIG_SPECIFIC = 0xFFFFFFFF
+
+
+class NVMLError(Exception):
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or type(self).__name__)
+
+
+class NVMLError_Timeout(NVMLError):  # noqa: N801 - pynvml's names
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801
+    pass
+
+
+class NVMLError_NotFound(NVMLError):  # noqa: N801
+    pass
+
+
+class NVMLError_GpuIsLost(NVMLError):  # noqa: N801
+    pass
+
+
+class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
+    pass
+
+
+# GPU-instance profiles of an A100 80GB: (NVML constant name, constant, slices, profile id, name suffix)
+_GI_PROFILES = (
+    ("NVML_GPU_INSTANCE_PROFILE_1_SLICE", 0, 1, 19, ""),
+    ("NVML_GPU_INSTANCE_PROFILE_2_SLICE", 1, 2, 14, ""),
+    ("NVML_GPU_INSTANCE_PROFILE_3_SLICE", 2, 3, 9, ""),
+    ("NVML_GPU_INSTANCE_PROFILE_4_SLICE", 3, 4, 5, ""),
+    ("NVML_GPU_INSTANCE_PROFILE_7_SLICE", 4, 7, 0, ""),
+    ("NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1", 7, 1, 20, "+me"),
+    ("NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME", 0xF, 1, 21, "+me.all"),
+)
+_PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb([+-].*)?$")
+
+
+class _Gpu:
+    def __init__(self, gpu: inventory.Gpu, bus_id: str) -> None:
+        self.info = gpu
+        self.uuid = gpu.uuid
+        self.bus_id = bus_id
+        self.used_mib = 0
+        self.utilization = 0
+        self.lost = False
+        self.migs: list[_Mig] = []
+        self.links: list[str] = []  # remote bus id per NVLink
+
+
+class _Mig:
+    def __init__(self, mig: inventory.MigDevice, parent: _Gpu, gi: int, ci: int) -> None:
+        self.info = mig
+        self.uuid = mig.uuid
+        self.parent = parent
+        self.gi = gi
+        self.ci = ci
+        match = _PROFILE_RE.match(mig.profile)
+        assert match, mig.profile
+        self.gpu_slices = int(match.group(2))
+        self.compute_slices = int(match.group(1) or match.group(2))
+        self.suffix = match.group(4) or ""
+        self.used_mib = 0
+
+
+class _EventSet:
+    def __init__(self) -> None:
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.registered: dict[str, int] = {}  # GPU uuid -> mask
+
+
+class FakeNvml:
+    """Stands in for the `pynvml` module: pass it wherever nvml_source.Nvml is expected."""
+
+    NVMLError = NVMLError
+    NVMLError_Timeout = NVMLError_Timeout
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_NotFound = NVMLError_NotFound
+    NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_DEVICE_MIG_DISABLE = 0
+    NVML_FEATURE_ENABLED = 1
+    NVML_FEATURE_DISABLED = 0
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+    nvmlEventTypeSingleBitEccError = 0x1
+    nvmlEventTypeDoubleBitEccError = 0x2
+    nvmlEventTypeXidCriticalError = 0x8
+
+    def __init__(self, node: inventory.NodeInventory) -> None:
+        for name, constant, *_ in _GI_PROFILES:
+            setattr(self, name, constant)
+        self._lock = threading.Lock()
+        self.initialised = False
+        self.calls = 0
+        self.gpus: list[_Gpu] = []
+        for gpu in sorted(node.gpus, key=lambda g: g.index):
+            bus_id = gpu.pci_bus_id or f"00000000:{0x10 + gpu.index:02X}:00.0"
+            fake = _Gpu(gpu, bus_id)
+            for i, mig in enumerate(gpu.mig):
+                fake.migs.append(_Mig(mig, fake, gi=i + 1, ci=0))
+            self.gpus.append(fake)
+        by_uuid = {g.uuid: g for g in self.gpus}
+        for fake in self.gpus:
+            for peer, count in sorted(fake.info.nvlinks.items()):
+                fake.links.extend([by_uuid[peer].bus_id] * count)
+        # a node file may list more point-to-point links than a real GPU has (NVSwitch nodes)
+        self.NVML_NVLINK_MAX_LINKS = max(18, *(len(g.links) for g in self.gpus)) if self.gpus else 18
+        self._by_uuid: dict[str, Any] = {**by_uuid, **{m.uuid: m for g in self.gpus for m in g.migs}}
+        self.event_sets: list[_EventSet] = []
+
+    # --- test controls ------------------------------------------------------------------
+
+    def inject_xid(self, uuid: str, xid: int, *, gpu_instance: int = NOT_MIG_SPECIFIC, compute_instance: int = NOT_MIG_SPECIFIC) -> None:
+        """An XID critical error on GPU `uuid` (optionally on one MIG instance of it)."""
+        gpu = self._by_uuid[uuid]
+        event = types.SimpleNamespace(
+            device=gpu,
+            eventType=self.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=gpu_instance,
+            computeInstanceId=compute_instance,
+        )
+        for event_set in self.event_sets:
+            if uuid in event_set.registered:
+                event_set.events.put(event)
+
+    def mig_instance(self, mig_uuid: str) -> tuple[int, int]:
+        mig = self._by_uuid[mig_uuid]
+        return mig.gi, mig.ci
+
+    def fail_gpu(self, uuid: str) -> None:
+        """The GPU stops answering NVML (GpuIsLost), as after XID 79."""
+        self._by_uuid[uuid].lost = True
+
+    def recover_gpu(self, uuid: str) -> None:
+        self._by_uuid[uuid].lost = False
+
+    def set_memory_used(self, uuid: str, mib: int) -> None:
+        self._by_uuid[uuid].used_mib = mib
+
+    def set_utilization(self, uuid: str, percent: int) -> None:
+        self._by_uuid[uuid].utilization = percent
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _check(self, handle: Any) -> Any:
+        with self._lock:
+            self.calls += 1
+        if not self.initialised:
+            raise NVMLError("Uninitialized")
+        if not isinstance(handle, (_Gpu, _Mig)):
+            raise NVMLError_InvalidArgument()
+        gpu = handle.parent if isinstance(handle, _Mig) else handle
+        if gpu.lost:
+            raise NVMLError_GpuIsLost()
+        return handle
+
+    def _gpu(self, handle: Any) -> _Gpu:
+        handle = self._check(handle)
+        if not isinstance(handle, _Gpu):
+            raise NVMLError_InvalidArgument()
+        return handle
+
+    # --- lifecycle / enumeration --------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Gpu:
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError_InvalidArgument()
+        return self._gpu(self.gpus[index])
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        handle = self._by_uuid.get(uuid)
+        if handle is None:
+            raise NVMLError_NotFound()
+        return self._check(handle)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._check(handle).uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        handle = self._check(handle)
+        return handle.info.model if isinstance(handle, _Gpu) else f"{handle.parent.info.model} MIG {handle.info.profile}"
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        return self._gpu(handle).info.index
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        if gpu.info.minor_number is None:
+            raise NVMLError_NotSupported()
+        return gpu.info.minor_number
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        gpu = self._gpu(handle)
+        return types.SimpleNamespace(busId=gpu.bus_id.encode(), busIdLegacy=gpu.bus_id[4:].encode())
+
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        if gpu.info.numa_node is None:
+            raise NVMLError_NotSupported()
+        return gpu.info.numa_node
+
+    # --- memory / utilisation -----------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+        handle = self._check(handle)
+        total = handle.info.memory_mib * _MIB
+        used = handle.used_mib * _MIB
+        return types.SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        handle = self._check(handle)
+        if isinstance(handle, _Mig):
+            raise NVMLError_NotSupported()
+        return types.SimpleNamespace(gpu=handle.utilization, memory=0)
+
+    # --- MIG ----------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        mode = int(self._gpu(handle).info.mig_enabled)
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        return 7 if self._gpu(handle).info.mig_enabled else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> _Mig:
+        gpu = self._gpu(handle)
+        if not 0 <= index < 7:
+            raise NVMLError_InvalidArgument()
+        if index >= len(gpu.migs):
+            raise NVMLError_NotFound()
+        return gpu.migs[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, mig: Any) -> int:
+        return self._check(mig).gi
+
+    def nvmlDeviceGetComputeInstanceId(self, mig: Any) -> int:
+        return self._check(mig).ci
+
+    def nvmlDeviceGetAttributes(self, mig: Any) -> Any:
+        mig = self._check(mig)
+        return types.SimpleNamespace(
+            gpuInstanceSliceCount=mig.gpu_slices,
+            computeInstanceSliceCount=mig.compute_slices,
+            memorySizeMB=mig.info.memory_mib,
+            multiprocessorCount=14 * mig.compute_slices,
+        )
+
+    def _profile_memory(self, gpu: _Gpu, slices: int, suffix: str) -> int:
+        for mig in gpu.migs:
+            if mig.gpu_slices == slices and mig.suffix == suffix:
+                return mig.info.memory_mib
+        return gpu.info.memory_mib * slices // 8
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
+        gpu = self._gpu(handle)
+        for name, constant, slices, profile_id, suffix in _GI_PROFILES:
+            if constant == profile:
+                return types.SimpleNamespace(
+                    id=profile_id,
+                    sliceCount=slices,
+                    memorySizeMB=self._profile_memory(gpu, slices, suffix),
+                    name=f"MIG {slices}g".encode(),
+                )
+        raise NVMLError_NotSupported()
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int) -> Any:
+        gpu = self._gpu(handle)
+        for mig in gpu.migs:
+            if mig.gi == gpu_instance_id:
+                return mig
+        raise NVMLError_NotFound()
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: Any) -> Any:
+        mig = self._check(gpu_instance)
+        profile_id = next(p for _, _, s, p, suffix in _GI_PROFILES if s == mig.gpu_slices and suffix == mig.suffix)
+        return types.SimpleNamespace(id=mig.gi, profileId=profile_id, device=mig.parent)
+
+    # --- NVLink -------------------------------------------------------------------------
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        gpu = self._gpu(handle)
+        if link >= len(gpu.links):
+            raise NVMLError_NotSupported()
+        return self.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> Any:
+        gpu = self._gpu(handle)
+        if link >= len(gpu.links):
+            raise NVMLError_NotSupported()
+        return types.SimpleNamespace(busId=gpu.links[link].encode())
+
+    # --- events -------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        event_set = _EventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        self._gpu(handle)
+        return self.nvmlEventTypeXidCriticalError | self.nvmlEventTypeDoubleBitEccError | self.nvmlEventTypeSingleBitEccError
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: _EventSet) -> None:
+        event_set.registered[self._gpu(handle).uuid] = mask
+
+    def nvmlEventSetWait(self, event_set: _EventSet, timeout_ms: int) -> Any:
+        try:
+            return event_set.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise NVMLError_Timeout() from None
+
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
+        if event_set in self.event_sets:
+            self.event_sets.remove(event_set)

@@ -1,0 +1,215 @@
+"""The chart against an API server: its generated TLS stays the same across `helm upgrade`, and it
+adapts to the cluster's version.
+
+helm renders with `--dry-run=server`, which is what install and upgrade do before applying: it asks
+the API server for its version and resources (discovery) and answers the chart's `lookup` calls. The
+API server here is a small aiohttp app that answers exactly those reads, as kube-apiserver does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+import chartkit
+
+pytestmark = pytest.mark.helm
+
+# Discovery of the kinds the chart creates: group -> (version, [(resource, kind, namespaced)]).
+RESOURCES: dict[str, tuple[str, list[tuple[str, str, bool]]]] = {
+    "": (
+        "v1",
+        [
+            ("configmaps", "ConfigMap", True),
+            ("secrets", "Secret", True),
+            ("services", "Service", True),
+            ("serviceaccounts", "ServiceAccount", True),
+            ("namespaces", "Namespace", False),
+        ],
+    ),
+    "apps": ("v1", [("deployments", "Deployment", True), ("daemonsets", "DaemonSet", True)]),
+    "policy": ("v1", [("poddisruptionbudgets", "PodDisruptionBudget", True)]),
+    "rbac.authorization.k8s.io": (
+        "v1",
+        [
+            ("clusterroles", "ClusterRole", False),
+            ("clusterrolebindings", "ClusterRoleBinding", False),
+            ("roles", "Role", True),
+            ("rolebindings", "RoleBinding", True),
+        ],
+    ),
+    "admissionregistration.k8s.io": (
+        "v1",
+        [
+            ("mutatingwebhookconfigurations", "MutatingWebhookConfiguration", False),
+            ("validatingadmissionpolicies", "ValidatingAdmissionPolicy", False),
+            ("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", False),
+        ],
+    ),
+}
+
+
+@dataclasses.dataclass
+class FakeApiServer:
+    """The reads helm makes: /version, discovery, and GET of single namespaced objects."""
+
+    git_version: str = "v1.31.2"
+    objects: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # path -> object
+    requests: list[str] = dataclasses.field(default_factory=list)
+
+    def store(self, obj: dict[str, Any]) -> None:
+        """Keep `obj` as helm would have left it: with the release's ownership metadata."""
+        obj = copy.deepcopy(obj)
+        obj["metadata"].setdefault("annotations", {}).update(
+            {"meta.helm.sh/release-name": chartkit.RELEASE, "meta.helm.sh/release-namespace": chartkit.NAMESPACE}
+        )
+        (resource,) = [r for r, kind, _ in RESOURCES[""][1] if kind == obj["kind"]]
+        self.objects[f"/api/v1/namespaces/{obj['metadata']['namespace']}/{resource}/{obj['metadata']['name']}"] = obj
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests.append(f"{request.method} {request.path}")
+        path = request.path
+        if path == "/version":
+            major, minor = self.git_version.lstrip("v").split(".")[:2]
+            return web.json_response({"major": major, "minor": minor, "gitVersion": self.git_version})
+        if path == "/api":
+            return web.json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+        if path == "/apis":
+            groups = [
+                {
+                    "name": group,
+                    "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
+                    "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version},
+                }
+                for group, (version, _) in RESOURCES.items()
+                if group
+            ]
+            return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        for group, (version, resources) in RESOURCES.items():
+            group_version = f"{group}/{version}" if group else version
+            if path == ("/api/v1" if not group else f"/apis/{group_version}"):
+                return web.json_response(
+                    {
+                        "kind": "APIResourceList",
+                        "apiVersion": "v1",
+                        "groupVersion": group_version,
+                        "resources": [
+                            {"name": name, "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": ["get", "list", "create", "update", "patch", "delete"]}
+                            for name, kind, namespaced in resources
+                        ],
+                    }
+                )
+        if request.method == "GET" and path in self.objects:
+            return web.json_response(self.objects[path])
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "details": {}},
+            status=404,
+        )
+
+
+@pytest.fixture
+async def api_server(tmp_path: pathlib.Path):
+    """A running FakeApiServer and a kubeconfig file that points helm at it."""
+    chartkit.require_helm()
+    server = FakeApiServer()
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                    "users": [{"name": "test", "user": {"token": "test"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "test", "namespace": chartkit.NAMESPACE}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        yield server, kubeconfig
+    finally:
+        await runner.cleanup()
+
+
+async def render_against(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, values: dict[str, Any] | None = None):
+    """helm's pre-apply render of an install or upgrade, against the fake API server."""
+    args = chartkit.template_args(values or {}, tmp_path, "--dry-run=server", "--disable-openapi-validation")
+    home = tmp_path / "helm-home"
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(home), "HELM_CONFIG_HOME": str(home), "HELM_DATA_HOME": str(home)}
+    process = await asyncio.create_subprocess_exec(
+        str(chartkit.HELM), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, stderr.decode()
+    return chartkit.parse(stdout.decode())
+
+
+def tls_of(manifests: chartkit.Manifests) -> tuple[dict[str, Any], str]:
+    secret = manifests.one("Secret", "webhook")
+    (hook,) = manifests.one("MutatingWebhookConfiguration")["webhooks"]
+    return secret, hook["clientConfig"]["caBundle"]
+
+
+async def test_generated_ca_and_certificate_survive_helm_upgrade(api_server, tmp_path):
+    server, kubeconfig = api_server
+    install = await render_against(kubeconfig, tmp_path)
+    secret, ca_bundle = tls_of(install)
+    assert base64.b64decode(secret["data"]["ca.crt"]) == base64.b64decode(ca_bundle)
+    secret_path = f"/api/v1/namespaces/{chartkit.NAMESPACE}/secrets/{secret['metadata']['name']}"
+    assert f"GET {secret_path}" in server.requests  # the chart looked for an existing Secret
+
+    server.store(secret)  # what `helm install` left in the cluster
+    upgrade = await render_against(kubeconfig, tmp_path, {"config": {"memoryUnitMiB": 512}})
+    upgraded_secret, upgraded_bundle = tls_of(upgrade)
+    assert upgraded_bundle == ca_bundle
+    assert upgraded_secret["data"] == secret["data"]
+
+    # Without the Secret in the cluster each render makes a new CA: the stability comes from lookup.
+    server.objects.clear()
+    fresh_secret, fresh_bundle = tls_of(await render_against(kubeconfig, tmp_path))
+    assert fresh_bundle != ca_bundle and fresh_secret["data"]["tls.key"] != secret["data"]["tls.key"]
+
+
+async def test_a_secret_missing_keys_is_replaced_not_half_reused(api_server, tmp_path):
+    server, kubeconfig = api_server
+    secret, ca_bundle = tls_of(await render_against(kubeconfig, tmp_path))
+    broken = copy.deepcopy(secret)
+    del broken["data"]["ca.crt"]
+    server.store(broken)
+    new_secret, new_bundle = tls_of(await render_against(kubeconfig, tmp_path))
+    assert set(new_secret["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    assert new_bundle == new_secret["data"]["ca.crt"] != ca_bundle
+
+
+@pytest.mark.parametrize(
+    ("git_version", "scheduler_tag", "node_policy"),
+    [("v1.29.7", "v1.29.7", False), ("v1.31.2", "v1.31.2", True), ("v1.30.4-eks-a737599", "v1.30.4", True)],
+)
+async def test_chart_follows_the_cluster_version(api_server, tmp_path, git_version, scheduler_tag, node_policy):
+    server, kubeconfig = api_server
+    server.git_version = git_version
+    manifests = await render_against(kubeconfig, tmp_path, {"scheduler": {"enabled": True}})
+    scheduler = chartkit.container(manifests.one("Deployment", "scheduler"))
+    assert scheduler["image"] == f"registry.k8s.io/kube-scheduler:{scheduler_tag}"
+    assert ("ValidatingAdmissionPolicy" in manifests.kinds()) is node_policy

@@ -1,0 +1,195 @@
+"""Allocation through the real v1beta1 gRPC API: kubelet emulator -> plugin sockets."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gpuslice import config, contract
+from gpuslice.deviceplugin import allocation, nodefile, response
+from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from kubelet_emulator import AdmissionError, kubelet, plugins, socket_dir  # noqa: F401 - fixtures
+
+MEMORY = "gpuslice.io/gpu-memory"
+H100_A = "GPU-21302f2a-76fb-5940-b684-dae50f92c162"
+H100_B = "GPU-eeca949e-f642-56d1-9ca3-6efaa80acfb1"
+UNITS_PER_H100 = 81559 // 256  # 318
+
+
+def gpus_of(kubelet, owner: str) -> set[str]:
+    return {contract.parse_unit_device_id(d)[0] for d in kubelet.allocated(owner)[MEMORY]}
+
+
+async def test_shares_are_packed_best_fit_one_gpu_each(kubelet, socket_dir, demo_node):
+    async with plugins(demo_node, socket_dir):
+        await kubelet.wait_for_resource(MEMORY, 2 * UNITS_PER_H100)
+        # (owner, units, GPU expected): tightest fit wins, lowest index on ties
+        plan = [("ns/a/c", 100, H100_A), ("ns/b/c", 50, H100_A), ("ns/c/c", 250, H100_B), ("ns/d/c", 150, H100_A),
+                ("ns/e/c", 60, H100_B)]
+        for owner, units, expected in plan:
+            answer = await kubelet.allocate(MEMORY, units, owner)
+            envs = answer.container_responses[0].envs
+            assert gpus_of(kubelet, owner) == {expected}, owner
+            assert envs["NVIDIA_VISIBLE_DEVICES"] == expected
+            assert envs["GPUSLICE_MEMORY_LIMIT_MIB"] == str(units * 256)
+            assert envs["GPUSLICE_GPU_COUNT"] == "1"
+        assert len(kubelet.resources[MEMORY].available()) == 2 * UNITS_PER_H100 - 610
+
+
+async def test_a_request_of_whole_gpus_gets_fully_free_gpus(kubelet, socket_dir, demo_node):
+    async with plugins(demo_node, socket_dir):
+        await kubelet.wait_for_resource(MEMORY, 2 * UNITS_PER_H100)
+        answer = await kubelet.allocate(MEMORY, 2 * UNITS_PER_H100, "ns/train/c")
+        envs = answer.container_responses[0].envs
+        assert set(envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == {H100_A, H100_B}
+        assert (envs["GPUSLICE_GPU_FRACTION"], envs["GPUSLICE_GPU_COUNT"], envs["GPU_PORTION"]) == ("1", "2", "1")
+
+
+def four_gpus_with_one_nvlinked_pair():
+    gpus = []
+    for i in range(4):
+        links = {"GPU-3": 18} if i == 1 else {"GPU-1": 18} if i == 3 else {"GPU-2": 2} if i == 0 else {}
+        gpus.append({"uuid": f"GPU-{i}", "model": "NVIDIA H100", "memoryMiB": 1024, "index": i, "nvlinks": links})
+    return nodefile.parse({"gpus": gpus})
+
+
+async def test_whole_gpus_prefer_the_set_best_connected_by_nvlink(kubelet, socket_dir):
+    async with plugins(four_gpus_with_one_nvlinked_pair(), socket_dir):
+        await kubelet.wait_for_resource(MEMORY, 16)
+        await kubelet.allocate(MEMORY, 8, "ns/pair/c")
+        assert gpus_of(kubelet, "ns/pair/c") == {"GPU-1", "GPU-3"}
+        await kubelet.allocate(MEMORY, 8, "ns/rest/c")
+        assert gpus_of(kubelet, "ns/rest/c") == {"GPU-0", "GPU-2"}
+
+
+async def test_mig_slices_are_their_own_resources(kubelet, socket_dir, demo_node):
+    async with plugins(demo_node, socket_dir):
+        await kubelet.wait_for_resource("gpuslice.io/mig-1g.10gb", 2)
+        await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb", 1)
+        answer = await kubelet.allocate("gpuslice.io/mig-1g.10gb", 1, "ns/small/c")
+        envs = answer.container_responses[0].envs
+        assert envs["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+        assert envs["GPUSLICE_MEMORY_LIMIT_MIB"] == "9728"
+        assert kubelet.allocated("ns/small/c")["gpuslice.io/mig-1g.10gb"] == (envs["NVIDIA_VISIBLE_DEVICES"],)
+        with pytest.raises(AdmissionError, match="Requested: 2, Available: 1"):
+            await kubelet.allocate("gpuslice.io/mig-1g.10gb", 2, "ns/big/c")
+
+
+async def test_a_share_that_fits_on_no_single_gpu_is_rejected_with_the_reason(kubelet, socket_dir, demo_node):
+    async with plugins(demo_node, socket_dir):
+        await kubelet.wait_for_resource(MEMORY, 2 * UNITS_PER_H100)
+        await kubelet.allocate(MEMORY, 100, "ns/a/c")  # GPU A: 218 free
+        await kubelet.allocate(MEMORY, 200, "ns/b/c")  # best fit, GPU A: 18 free
+        await kubelet.allocate(MEMORY, 200, "ns/c/c")  # GPU B: 118 free
+        with pytest.raises(AdmissionError) as failure:  # 136 free units, but 130 fit on neither GPU
+            await kubelet.allocate(MEMORY, 130, "ns/d/c")
+        message = str(failure.value)
+        assert "code = INVALID_ARGUMENT" in message
+        assert "130 gpu-memory units span 2 GPUs" in message and "must fit on one GPU" in message
+        assert "ns/d/c" not in kubelet.resources[MEMORY].allocated
+
+
+async def plugin_stub(socket_dir, name="gpuslice.io-gpu-memory.sock"):
+    channel = grpc.aio.insecure_channel(f"unix://{socket_dir / name}")
+    return channel, api_pb2_grpc.DevicePluginStub(channel)
+
+
+@pytest.mark.parametrize(
+    ("device_ids", "message"),
+    [
+        (["GPU-nope::1"], "unknown device ID(s) GPU-nope::1"),
+        ([f"{H100_A}::0", f"{H100_A}::0"], "requested twice"),
+        ([f"{H100_A}::0", f"{H100_B}::0"], "2 gpu-memory units span 2 GPUs"),
+        ([], "no gpu-memory devices"),
+    ],
+    ids=["unknown-id", "duplicate-id", "cross-gpu", "empty"],
+)
+async def test_allocate_rejects_bad_device_lists_with_a_message(socket_dir, kubelet, demo_node, device_ids, message):
+    async with plugins(demo_node, socket_dir):
+        await kubelet.wait_for_resource(MEMORY)
+        channel, stub = await plugin_stub(socket_dir)
+        async with channel:
+            request = api_pb2.AllocateRequest()
+            request.container_requests.add(devices_ids=[f"{H100_B}::5"])  # fine, but the next one is not
+            request.container_requests.add(devices_ids=device_ids)
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await stub.Allocate(request)
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in failure.value.details()
+        assert failure.value.details().startswith(MEMORY)
+
+
+async def test_preferred_allocation_honours_must_include(socket_dir, kubelet, demo_node):
+    async with plugins(demo_node, socket_dir):
+        await kubelet.wait_for_resource(MEMORY)
+        channel, stub = await plugin_stub(socket_dir)
+        async with channel:
+            request = api_pb2.PreferredAllocationRequest()
+            available = kubelet.resources[MEMORY].available()
+            request.container_requests.add(
+                available_deviceIDs=available, must_include_deviceIDs=[f"{H100_B}::7"], allocation_size=4
+            )
+            answer = await stub.GetPreferredAllocation(request)
+        chosen = list(answer.container_responses[0].deviceIDs)
+        assert len(chosen) == 4 and f"{H100_B}::7" in chosen
+        assert {contract.parse_unit_device_id(d)[0] for d in chosen} == {H100_B}
+
+
+# --- what the container gets ---------------------------------------------------------------
+
+SHARE = allocation.MemoryGrant(gpu_uuids=(H100_A,), units=159, memory_mib=159 * 256, fraction=0.5)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "envs", "cdi", "mounts"),
+    [
+        (
+            {},
+            {"NVIDIA_VISIBLE_DEVICES": H100_A, "GPUSLICE_MEMORY_LIMIT_MIB": "40704", "GPUSLICE_GPU_FRACTION": "0.5",
+             "GPUSLICE_GPU_COUNT": "1", "GPU_PORTION": "0.5"},
+            [],
+            [],
+        ),
+        (
+            {"deviceListStrategy": "cdi-cri"},
+            {"GPUSLICE_MEMORY_LIMIT_MIB": "40704", "GPUSLICE_GPU_FRACTION": "0.5", "GPUSLICE_GPU_COUNT": "1",
+             "GPU_PORTION": "0.5"},
+            [f"nvidia.com/gpu={H100_A}"],
+            [],
+        ),
+        (
+            {"mps.enabled": True, "mps.pipeDirectory": "/run/gpuslice/mps", "mps.containerPipeDirectory": "/mps"},
+            {"NVIDIA_VISIBLE_DEVICES": H100_A, "GPUSLICE_MEMORY_LIMIT_MIB": "40704", "GPUSLICE_GPU_FRACTION": "0.5",
+             "GPUSLICE_GPU_COUNT": "1", "GPU_PORTION": "0.5",
+             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{H100_A}=40704M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+             "CUDA_MPS_PIPE_DIRECTORY": "/mps"},
+            [],
+            [("/mps", "/run/gpuslice/mps", False)],
+        ),
+    ],
+    ids=["envvar", "cdi-cri", "mps"],
+)
+def test_the_container_environment_follows_the_strategy(overrides, envs, cdi, mounts):
+    settings = config.load(environ={}, overrides=overrides)
+    answer = response.memory_response(SHARE, settings)
+    assert dict(answer.envs) == envs
+    assert [d.name for d in answer.cdi_devices] == cdi
+    assert [(m.container_path, m.host_path, m.read_only) for m in answer.mounts] == mounts
+
+
+@pytest.mark.parametrize(
+    ("fraction", "text"), [(0.5, "0.5"), (1.0, "1"), (1 / 3, "0.3333"), (0.99999, "0.9999"), (0.00001, "0")]
+)
+def test_fractions_are_short_and_never_more_than_granted(fraction, text):
+    assert response.format_fraction(fraction) == text
+
+
+async def test_mps_limits_reach_the_container_through_allocate(kubelet, socket_dir, demo_node):
+    settings = config.load(environ={}, overrides={"mps.enabled": True, "deviceListStrategy": "cdi-cri"})
+    async with plugins(demo_node, socket_dir, settings=settings):
+        await kubelet.wait_for_resource(MEMORY)
+        answer = (await kubelet.allocate(MEMORY, 80, "ns/mps/c")).container_responses[0]
+        assert answer.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{H100_A}={80 * 256}M"
+        assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(80 / 318 * 100))
+        assert [d.name for d in answer.cdi_devices] == [f"nvidia.com/gpu={H100_A}"]
+        assert answer.mounts[0].host_path == settings.mps.pipe_directory

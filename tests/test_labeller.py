@@ -1,0 +1,354 @@
+"""The node labeller against real local servers: kubelet's PodResources v1 API served by grpc.aio
+on a unix socket (kubelet's side emulated from the reference: List, GetAllocatableResources), and
+a fake API server (aiohttp on loopback) speaking PATCH /api/v1/nodes/<name> with a JSON merge
+patch, reached through the official kubernetes client. The API server can fail on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import pathlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import kubernetes
+import prometheus_client
+import pytest
+from aiohttp import web
+
+from gpuslice import config, contract
+from gpuslice.deviceplugin import allocation, labeller, labels
+from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
+
+NODE = "gpu-node-1"
+CONTRACT = contract.Contract()
+OPERATOR_LABEL = CONTRACT.label_node_enabled
+
+
+# --- kubelet's side: PodResources v1 ------------------------------------------------------
+
+
+class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
+    """Answers List from `pods` (pod name -> resource -> device IDs), like kubelet does."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, list[str]]] = {}
+        self.allocatable: dict[str, list[str]] | None = None  # None: UNIMPLEMENTED (old kubelet)
+        self.lists = 0
+
+    async def List(self, request, context):
+        self.lists += 1
+        response = api_pb2.ListPodResourcesResponse()
+        for name, resources in sorted(self.pods.items()):
+            pod = response.pod_resources.add(name=name, namespace="default")
+            container = pod.containers.add(name="main")
+            for resource, ids in resources.items():
+                container.devices.add(resource_name=resource, device_ids=ids)
+        return response
+
+    async def GetAllocatableResources(self, request, context):
+        if self.allocatable is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not offered")
+        response = api_pb2.AllocatableResourcesResponse()
+        for resource, ids in self.allocatable.items():
+            response.devices.add(resource_name=resource, device_ids=ids)
+        return response
+
+
+@dataclasses.dataclass
+class KubeletSocket:
+    path: str
+    kubelet: FakeKubelet
+    server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        self.server = grpc.aio.server()
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self.kubelet, self.server)
+        self.server.add_insecure_port(f"unix://{self.path}")
+        await self.server.start()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(0)
+            self.server = None
+
+
+@pytest.fixture
+async def kubelet_socket() -> AsyncIterator[KubeletSocket]:
+    directory = tempfile.mkdtemp(prefix="gs-pr-", dir="/tmp")  # unix socket paths must stay short
+    socket = KubeletSocket(path=f"{directory}/kubelet.sock", kubelet=FakeKubelet())
+    await socket.start()
+    try:
+        yield socket
+    finally:
+        await socket.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# --- the API server's side: PATCH /api/v1/nodes/<name> ------------------------------------
+
+
+@dataclasses.dataclass
+class FakeApiServer:
+    labels: dict[str, str] = dataclasses.field(default_factory=lambda: {OPERATOR_LABEL: "true"})
+    patches: list[dict[str, str | None]] = dataclasses.field(default_factory=list)
+    fail_next: int = 0  # answer this many PATCHes with 500
+    hang_next: int = 0  # leave this many PATCHes unanswered past the client's timeout
+    content_types: list[str] = dataclasses.field(default_factory=list)
+
+    async def patch_node(self, request: web.Request) -> web.Response:
+        if request.match_info["name"] != NODE:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        self.content_types.append(request.content_type)
+        body = await request.json()
+        if self.hang_next:
+            self.hang_next -= 1
+            await asyncio.sleep(3)
+        if self.fail_next:
+            self.fail_next -= 1
+            return web.json_response({"kind": "Status", "code": 500, "message": "etcdserver: timeout"}, status=500)
+        patch = body["metadata"]["labels"]
+        self.patches.append(patch)
+        for key, value in patch.items():  # JSON merge patch: null deletes
+            if value is None:
+                self.labels.pop(key, None)
+            else:
+                self.labels[key] = value
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": self.labels}}
+        return web.json_response(node)
+
+
+@pytest.fixture
+async def api_server(aiohttp_server) -> tuple[FakeApiServer, labeller.KubernetesNodeApi]:
+    fake = FakeApiServer()
+    app = web.Application()
+    app.router.add_patch("/api/v1/nodes/{name}", fake.patch_node)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.port}"
+    api_client = kubernetes.client.ApiClient(configuration)
+    yield fake, labeller.KubernetesNodeApi(api_client, timeout_seconds=0.5)
+    api_client.close()
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def steering_settings(*, min_interval: float = 0.01, poll: float = 60.0) -> config.Config:
+    return config.load(
+        overrides={"steering.labelMinIntervalSeconds": min_interval, "steering.podResourcesPollSeconds": poll},
+        environ={},
+    )
+
+
+async def eventually(condition: Callable[[], bool], what: str, limit: float = 10.0) -> None:
+    """Wait for `condition` (a bound on failure, not a speed check)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.01)
+
+
+class Running:
+    """A labeller task that is always cancelled and awaited."""
+
+    def __init__(self, instance: labeller.NodeLabeller) -> None:
+        self.labeller = instance
+        self.task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> labeller.NodeLabeller:
+        self.task = asyncio.create_task(self.labeller.run(), name="test-node-labeller")
+        return self.labeller
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await self.task
+
+
+def units_of(node, gpu_index: int, count: int, start: int = 0) -> list[str]:
+    gpu = node.memory_gpus[gpu_index].uuid
+    return [contract.unit_device_id(gpu, i) for i in range(start, start + count)]
+
+
+def per_gpu(node) -> int:
+    return CONTRACT.units_per_gpu(node.memory_gpus[0].memory_mib)
+
+
+def make(node, socket, api, **options) -> labeller.NodeLabeller:
+    settings = options.pop("settings", steering_settings())
+    return labeller.NodeLabeller(
+        node=node, settings=settings, node_name=NODE, pod_resources_socket=socket.path, api=api, **options
+    )
+
+
+# --- behaviour ----------------------------------------------------------------------------
+
+
+async def test_labels_reflect_kubelets_record_and_leave_operator_labels_alone(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    mig = next(m for m in demo_node.mig_devices())
+    kubelet_socket.kubelet.pods = {
+        "half": {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 160)},
+        "slice": {CONTRACT.mig_resource(mig.profile): [mig.uuid]},
+        "cpu-thing": {"example.com/other": ["x"]},
+    }
+    async with Running(make(demo_node, kubelet_socket, api)):
+        await eventually(lambda: CONTRACT.label_free_block_units in fake.labels, "first label write")
+    expected = labels.node_labels(
+        demo_node, CONTRACT, allocated={demo_node.memory_gpus[0].uuid: 160}, allocated_mig={mig.uuid}
+    )
+    assert {k: v for k, v in fake.labels.items() if k != OPERATOR_LABEL} == expected
+    assert fake.labels[OPERATOR_LABEL] == "true"
+    assert fake.labels[CONTRACT.label_free_partial_block_units] == str(per_gpu(demo_node) - 160)
+    assert fake.labels[CONTRACT.label_free_gpus] == "1"
+    assert set(fake.content_types) == {"application/merge-patch+json"}
+
+
+async def test_an_allocation_is_published_on_notify_without_waiting_for_the_poll(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=3600))) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "initial labels")
+        kubelet_socket.kubelet.pods["whole"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 1, per_gpu(demo_node))}
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocation after notify")
+    # Only changed labels travel: the second patch holds no static label.
+    assert CONTRACT.label_gpu_product not in fake.patches[-1]
+    assert fake.patches[-1][CONTRACT.label_free_units] == str(per_gpu(demo_node))
+
+
+async def test_a_release_is_published_by_the_poll_alone(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    kubelet_socket.kubelet.pods["whole"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, per_gpu(demo_node))}
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))):
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocated")
+        del kubelet_socket.kubelet.pods["whole"]  # kubelet never tells the plugin
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "release seen by polling")
+
+
+async def test_a_burst_of_allocations_is_coalesced_and_the_last_state_is_written(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    settings = steering_settings(min_interval=1.0, poll=3600)
+    async with Running(make(demo_node, kubelet_socket, api, settings=settings)) as running:
+        await eventually(lambda: len(fake.patches) == 1, "first write")
+        for i in range(20):
+            kubelet_socket.kubelet.pods[f"pod-{i}"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 4, 4 * i)}
+            running.notify()
+            await asyncio.sleep(0)
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_partial_block_units) == str(per_gpu(demo_node) - 80), "last state")
+    assert len(fake.patches) <= 3, fake.patches  # 20 changes inside one interval: one or two writes after the first
+
+
+async def test_api_server_errors_are_retried_with_backoff_until_written(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    fake.fail_next = 3
+    registry = prometheus_client.CollectorRegistry()
+    kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 1, 100)}
+    async with Running(make(demo_node, kubelet_socket, api, registry=registry)) as running:
+        await eventually(lambda: CONTRACT.label_free_block_units in fake.labels, "written after failures")
+        assert running.write_errors == 3 and running.writes == 1
+        assert registry.get_sample_value("gpuslice_node_label_writes_total", {"result": "error"}) == 3
+        assert registry.get_sample_value("gpuslice_node_label_writes_total", {"result": "ok"}) == 1
+        assert fake.labels[CONTRACT.label_free_partial_block_units] == str(per_gpu(demo_node) - 100)
+        # Writes succeed again and the labeller keeps following kubelet.
+        kubelet_socket.kubelet.pods.clear()
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "follows after recovery")
+
+
+async def test_a_hung_api_server_times_out_and_the_write_is_retried(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    fake.hang_next = 1
+    async with Running(make(demo_node, kubelet_socket, api)) as running:
+        await eventually(lambda: running.writes == 1, "written after a timeout", limit=20)
+        assert running.write_errors == 1
+    assert fake.labels[CONTRACT.label_free_gpus] == "2"
+
+
+async def test_nothing_is_written_until_kubelet_answers_then_labels_appear(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    await kubelet_socket.stop()  # kubelet restarting: the socket is gone
+    pathlib.Path(kubelet_socket.path).unlink(missing_ok=True)
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))) as running:
+        await eventually(lambda: running.read_errors >= 2, "read errors while kubelet is away")
+        assert fake.patches == []  # never publish "all free" on a guess
+        kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 10)}
+        await kubelet_socket.start()
+        await eventually(
+            lambda: fake.labels.get(CONTRACT.label_free_partial_block_units) == str(per_gpu(demo_node) - 10), "labels after"
+        )
+
+
+async def test_a_placement_score_that_goes_away_is_removed_from_the_node(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    scores = iter([80, 80, None])
+    last: list[int | None] = []
+
+    def usage() -> int | None:
+        last.append(next(scores, None))
+        return last[-1]
+
+    async with Running(make(demo_node, kubelet_socket, api, usage=usage)) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_placement_score) == "80", "score published")
+        running.notify()
+        await eventually(lambda: len(last) >= 2, "second refresh")
+        running.notify()
+        await eventually(lambda: CONTRACT.label_placement_score not in fake.labels, "stale score removed")
+    assert fake.patches[-1] == {CONTRACT.label_placement_score: None}
+
+
+async def test_a_failing_usage_reader_only_drops_the_score(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+
+    def broken() -> int | None:
+        raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    async with Running(make(demo_node, kubelet_socket, api, usage=broken)):
+        await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels without a score")
+    assert CONTRACT.label_placement_score not in fake.labels
+
+
+async def test_devices_kubelet_no_longer_offers_are_not_advertised_as_free(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    units = allocation.MemoryUnits(demo_node, CONTRACT.unit_mib)
+    lost_gpu = demo_node.memory_gpus[1].uuid
+    kubelet_socket.kubelet.allocatable = {
+        CONTRACT.gpu_memory_resource: [d for d in units.device_ids if units.gpu_of[d] != lost_gpu]
+    }
+    async with Running(make(demo_node, kubelet_socket, api)):
+        await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels")
+    assert fake.labels[CONTRACT.label_free_gpus] == "1"
+    assert fake.labels[CONTRACT.label_free_units] == str(per_gpu(demo_node))
+
+
+async def test_device_ids_of_another_layout_are_ignored(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    kubelet_socket.kubelet.pods["stale"] = {CONTRACT.gpu_memory_resource: ["GPU-not-here::3", "garbage"]}
+    async with Running(make(demo_node, kubelet_socket, api)):
+        await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels")
+    assert fake.labels[CONTRACT.label_free_gpus] == "2"
+
+
+def test_a_labeller_needs_a_node_name(demo_node, settings):
+    with pytest.raises(ValueError, match="node's name"):
+        labeller.NodeLabeller(node=demo_node, settings=settings, node_name="", pod_resources_socket="/x", api=None)
+
+
+async def test_missing_credentials_are_a_clear_write_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    api = labeller.KubernetesNodeApi()
+    with pytest.raises(labeller.NodeApiError, match="credentials|PATCH"):
+        await api.patch_labels(NODE, {"a": "b"})
+    api.close()
+
+
+def test_the_fake_api_server_speaks_json(api_server):
+    fake, _ = api_server
+    assert json.loads(json.dumps(fake.labels)) == {OPERATOR_LABEL: "true"}

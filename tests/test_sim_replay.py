@@ -1,0 +1,179 @@
+"""The replay: FGD protocol (shuffle, resample to a demand, no retries), the allocation curve,
+and that every pod really goes through the webhook's conversion and the plugin's allocation."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+import pytest
+
+from gpuslice import config
+from gpuslice.sim import replay, trace
+
+TINY = pathlib.Path(__file__).parent / "data" / "trace"
+NODES = trace.load_nodes(TINY / trace.DEFAULT_NODE_FILE)
+PODS = trace.load_pods(TINY / trace.DEFAULT_POD_FILE)
+
+
+def _settings(*, steering: bool = True) -> config.Config:
+    return config.load(environ={}, overrides={"steering.enabled": steering})
+
+
+def _config(name: str, *, steering: bool = True) -> replay.Configuration:
+    return replay.configurations(_settings(steering=steering))[name]
+
+
+def _t4_node(name: str = "t4-node") -> trace.TraceNode:
+    return trace.TraceNode(name=name, cpu_milli=64000, memory_mib=262144, gpus=2, model="T4")
+
+
+def _share(name: str, milli: int, spec: tuple[str, ...] = ()) -> trace.TracePod:
+    return trace.TracePod(name=name, cpu_milli=1000, memory_mib=1024, num_gpu=1, gpu_milli=milli, gpu_spec=spec)
+
+
+# --- the protocol ------------------------------------------------------------------------
+
+
+def test_resampling_adds_pods_until_the_gpu_demand_reaches_the_target() -> None:
+    capacity = replay.gpu_capacity_milli(NODES)
+    arrivals = replay.workload(PODS, capacity, 1.3, np.random.default_rng(1))
+    demand = sum(p.gpu_demand_milli for p in arrivals)
+    assert demand >= 1.3 * capacity
+    assert len(arrivals) > len(PODS)
+    assert len({p.name for p in arrivals}) == len(arrivals)  # resampled copies get their own names
+    assert {p.name for p in PODS} <= {p.name for p in arrivals}
+
+
+def test_a_demand_below_the_trace_keeps_a_shuffled_prefix() -> None:
+    capacity = replay.gpu_capacity_milli(NODES)
+    arrivals = replay.workload(PODS, capacity, 0.2, np.random.default_rng(1))
+    demand = sum(p.gpu_demand_milli for p in arrivals)
+    assert demand >= 0.2 * capacity
+    assert demand - arrivals[-1].gpu_demand_milli < 0.2 * capacity
+    assert len(arrivals) < len(PODS)
+
+
+def test_the_seed_fixes_the_arrival_order_and_another_seed_changes_it() -> None:
+    capacity = replay.gpu_capacity_milli(NODES)
+    first = [p.name for p in replay.workload(PODS, capacity, 1.3, np.random.default_rng(5))]
+    again = [p.name for p in replay.workload(PODS, capacity, 1.3, np.random.default_rng(5))]
+    other = [p.name for p in replay.workload(PODS, capacity, 1.3, np.random.default_rng(6))]
+    assert first == again
+    assert first != other
+
+
+def _without_runtime(result: replay.Result) -> dict[str, object]:
+    out = result.to_json()
+    out.pop("runtime_s")
+    return out
+
+
+@pytest.mark.parametrize("name", replay.CONFIGURATION_NAMES)
+def test_a_replay_with_the_same_seed_gives_the_same_result(name: str) -> None:
+    arrivals = replay.workload(PODS, replay.gpu_capacity_milli(NODES), 1.3, np.random.default_rng(3))
+    first = replay.replay(NODES, arrivals, _config(name), seed=3)
+    again = replay.replay(NODES, arrivals, _config(name), seed=3)
+    assert _without_runtime(first) == _without_runtime(again)
+    assert first.placed_pods + first.failed_pods + first.admission_failures + first.denied_pods == len(arrivals)
+
+
+def test_the_allocation_curve_has_one_point_per_percent_and_ends_at_the_final_ratio() -> None:
+    arrivals = replay.workload(PODS, replay.gpu_capacity_milli(NODES), 1.3, np.random.default_rng(3))
+    result = replay.replay(NODES, arrivals, _config("gpuslice-binpack"), seed=3)
+    arrived = sum(p.gpu_demand_milli for p in arrivals)
+    assert len(result.allocation_curve) == int(arrived * 100 // replay.gpu_capacity_milli(NODES)) + 1
+    assert result.allocation_curve == sorted(result.allocation_curve)  # pods never leave
+    assert result.allocation_curve[-1] == pytest.approx(result.gpu_allocation_ratio)
+    assert 0 < result.gpu_allocation_ratio <= 1
+
+
+def test_the_allocation_ratio_counts_the_share_asked_for_not_the_units_granted() -> None:
+    # 0.46 of a T4 is 28 units of 256 MiB (0.467 of the GPU); the ratio counts 460 milli.
+    result = replay.replay([_t4_node()], [_share("a", 460)], _config("gpuslice-default"), seed=0)
+    assert result.placed_pods == 1
+    assert result.gpu_allocation_ratio == pytest.approx(460 / 2000)
+    assert result.fragmented_gpus == pytest.approx(1 - 0.46)
+    assert result.idle_gpus == 1
+
+
+# --- the real conversion and allocation ----------------------------------------------------
+
+
+def test_without_steering_a_pod_that_fits_the_node_but_no_single_gpu_fails_kubelet_admission() -> None:
+    # 0.6 of a T4 = 36 units; two such pods leave 24 + 24 free units: the third passes the
+    # scheduler (48 >= 36) but the plugin's Allocate refuses units spread over two GPUs.
+    pods = [_share("a", 600), _share("b", 600), _share("c", 600)]
+    result = replay.replay([_t4_node()], pods, _config("gpuslice-default", steering=False), seed=0)
+    assert (result.placed_pods, result.failed_pods, result.admission_failures) == (2, 0, 1)
+    assert list(result.admission_reasons) == ["units span GPUs (no single GPU had room)"]
+
+
+def test_with_steering_the_same_pod_is_kept_off_the_node_by_the_scheduler() -> None:
+    pods = [_share("a", 600), _share("b", 600), _share("c", 600)]
+    result = replay.replay([_t4_node()], pods, _config("gpuslice-default"), seed=0)
+    assert (result.placed_pods, result.failed_pods, result.admission_failures) == (2, 1, 0)
+    assert "didn't match Pod's node affinity" in next(iter(result.failure_reasons))
+
+
+def test_steering_labels_that_arrive_late_let_the_pod_through_to_an_admission_failure() -> None:
+    pods = [_share("a", 600), _share("b", 600), _share("c", 600)]
+    late = replay.LabelDelay(binds=5)
+    result = replay.replay([_t4_node()], pods, _config("gpuslice-default"), seed=0, label_delay=late)
+    assert (result.placed_pods, result.admission_failures) == (2, 1)
+    in_time = replay.LabelDelay(seconds=0.5, pod_interval_seconds=1.0)
+    result = replay.replay([_t4_node()], pods, _config("gpuslice-default"), seed=0, label_delay=in_time)
+    assert (result.placed_pods, result.failed_pods) == (2, 1)
+
+
+def test_the_webhook_denial_of_an_unknown_gpu_model_is_counted_as_denied() -> None:
+    # The real webhook refuses a pod selecting a product no gpuslice node has.
+    result = replay.replay([_t4_node()], [_share("a", 500, spec=("A100",))], _config("gpuslice-default"), seed=0)
+    assert (result.denied_pods, result.placed_pods) == (1, 0)
+
+
+def test_a_gpu_spec_keeps_the_pod_on_nodes_of_that_model() -> None:
+    nodes = [_t4_node("t4"), dataclasses.replace(_t4_node("p100"), model="P100")]
+    pods = [_share(f"p{i}", 500, spec=("P100",)) for i in range(5)]
+    result = replay.replay(nodes, pods, _config("gpuslice-binpack"), seed=0)
+    # Four halves fill the two P100s; the fifth finds no P100 room and is not put on a T4.
+    assert (result.placed_pods, result.failed_pods) == (4, 1)
+
+
+def test_whole_gpu_gives_every_sharing_pod_a_gpu_of_its_own() -> None:
+    pods = [_share("a", 250), _share("b", 250), _share("c", 250)]
+    whole = replay.replay([_t4_node()], pods, _config("whole-gpu"), seed=0)
+    shared = replay.replay([_t4_node()], pods, _config("gpuslice-binpack"), seed=0)
+    assert (whole.placed_pods, whole.failed_pods) == (2, 1)
+    assert whole.gpu_allocation_ratio == pytest.approx(500 / 2000)
+    assert (shared.placed_pods, shared.idle_gpus) == (3, 1)
+    assert shared.gpu_allocation_ratio == pytest.approx(750 / 2000)
+
+
+def test_without_steering_binpack_fills_one_node_where_the_default_profile_spreads() -> None:
+    # (With steering, the webhook's preferred affinity makes the default profile pack too.)
+    nodes = [_t4_node("n0"), _t4_node("n1")]
+    pods = [_share("a", 250), _share("b", 250)]
+    spread = replay.replay(nodes, pods, _config("gpuslice-default", steering=False), seed=0)
+    packed = replay.replay(nodes, pods, _config("gpuslice-binpack", steering=False), seed=0)
+    assert spread.idle_gpus == 2  # one GPU used on each node
+    assert packed.idle_gpus == 3  # both pods on one GPU
+
+
+def test_multi_gpu_pods_are_converted_to_whole_gpus_of_units() -> None:
+    pods = [trace.TracePod("two", 1000, 1024, 2, 1000), _share("half", 500)]
+    result = replay.replay([_t4_node()], pods, _config("gpuslice-default"), seed=0)
+    assert (result.placed_pods, result.failed_pods) == (1, 1)
+    assert result.gpu_allocation_ratio == 1.0
+
+
+@pytest.mark.tracedata
+def test_a_slice_of_the_real_trace_replays_in_every_configuration(trace_dir: pathlib.Path) -> None:
+    nodes = trace.load_nodes(trace_dir / trace.DEFAULT_NODE_FILE)[:40]
+    pods = trace.load_pods(trace_dir / trace.DEFAULT_POD_FILE)
+    arrivals = replay.workload(pods, replay.gpu_capacity_milli(nodes), 1.3, np.random.default_rng(42))
+    for name in replay.CONFIGURATION_NAMES:
+        result = replay.replay(nodes, arrivals, _config(name), seed=42)
+        assert 0.3 < result.gpu_allocation_ratio <= 1.0, name
+        assert result.failed_pods > 0  # 130% of capacity cannot all fit

@@ -1,0 +1,130 @@
+"""AdmissionReview v1 in and out, as kube-apiserver sends and reads it."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+
+from gpuslice import config
+from gpuslice.webhook import admission, cluster
+
+SETTINGS = config.Config()
+
+
+def view() -> cluster.ClusterView:
+    return cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+
+
+def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "job-", "namespace": "team-a"},
+        "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }
+    if annotations:
+        body["metadata"]["annotations"] = annotations
+    return body
+
+
+def review(obj: dict[str, Any] | None = None, **request: Any) -> dict[str, Any]:
+    """An AdmissionReview for a pod CREATE, shaped as kube-apiserver sends it."""
+    body: dict[str, Any] = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "team-a",
+        "operation": "CREATE",
+        "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller", "groups": ["system:serviceaccounts"]},
+        "object": obj if obj is not None else pod({"gpu-fraction": "0.5"}),
+        "oldObject": None,
+        "dryRun": False,
+        "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+    }
+    body.update(request)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body}
+
+
+def answer(body: Any) -> admission.Result:
+    raw = body if isinstance(body, (bytes, str)) else json.dumps(body).encode()
+    return admission.review(raw, settings=SETTINGS, cluster=view())
+
+
+def test_a_converted_pod_gets_a_base64_json_patch_under_the_request_uid() -> None:
+    request = review()
+    result = answer(request)
+    response = result.response
+    assert response["apiVersion"] == "admission.k8s.io/v1" and response["kind"] == "AdmissionReview"
+    assert response["response"]["uid"] == request["request"]["uid"]
+    assert response["response"]["allowed"] is True and response["response"]["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(response["response"]["patch"]))
+    patched = jsonpatch.apply_patch(request["request"]["object"], patch)
+    kubernetes_validate.validate(patched, "1.35", strict=True)
+    assert patched["spec"]["containers"][0]["resources"]["limits"] == {"gpuslice.io/gpu-memory": "160"}
+    assert result.result == admission.RESULT_MUTATED and result.outcome is not None
+
+
+def test_a_denied_pod_gets_allowed_false_and_the_reason_without_a_patch() -> None:
+    result = answer(review(pod({"gpu-fraction": "2"})))
+    response = result.response["response"]
+    assert response["allowed"] is False and "patch" not in response
+    assert "gpu-fraction='2'" in response["status"]["message"] and response["status"]["code"] == 400
+    assert result.result == admission.RESULT_DENIED
+
+
+def test_a_pod_without_annotations_is_allowed_without_a_patch() -> None:
+    result = answer(review(pod()))
+    assert result.response["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+    assert result.result == admission.RESULT_UNCHANGED
+
+
+@pytest.mark.parametrize(
+    "request_fields",
+    [
+        {"namespace": "kube-system"},
+        {"operation": "UPDATE"},
+        {"resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": "status"},
+        {"resource": {"group": "apps", "version": "v1", "resource": "deployments"}},
+    ],
+    ids=["ignored-namespace", "update", "subresource", "other-resource"],
+)
+def test_requests_the_webhook_does_not_convert_are_allowed_untouched(request_fields: dict[str, Any]) -> None:
+    result = answer(review(**request_fields))
+    assert result.response["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+    assert result.result == admission.RESULT_IGNORED and result.outcome is None
+
+
+def test_a_dry_run_is_answered_like_a_real_request_and_flagged_as_dry() -> None:
+    real, dry = answer(review()), answer(review(dryRun=True))
+    assert dry.response == real.response
+    assert dry.dry_run and not real.dry_run
+
+
+def test_the_uid_of_each_request_is_echoed() -> None:
+    for uid in ("a", "b-1", "c" * 36):
+        assert answer(review(uid=uid)).response["response"]["uid"] == uid
+
+
+MALFORMED = [
+    ("not-json", b"{not json", "not JSON"),
+    ("not-utf8", b"\xff\xfe", "not JSON"),
+    ("array", b"[]", "JSON object"),
+    ("wrong-kind", {"apiVersion": "admission.k8s.io/v1", "kind": "Pod"}, "expected kind AdmissionReview"),
+    ("v1beta1", {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}, "apiVersion"),
+    ("no-request", {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "no request"),
+    ("no-uid", {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"operation": "CREATE"}}, "no uid"),
+    ("no-object", review(object=None) | {"request": {**review()["request"], "object": None}}, "no object"),
+]
+
+
+@pytest.mark.parametrize(("body", "words"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_malformed_reviews_raise_a_typed_error_with_a_message(body: Any, words: str) -> None:
+    with pytest.raises(admission.MalformedReview, match=words):
+        answer(body)

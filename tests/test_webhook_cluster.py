@@ -1,0 +1,118 @@
+"""The webhook's cluster view: GPU classes and MIG profiles from the labels the device plugin publishes."""
+
+from __future__ import annotations
+
+import random
+
+from gpuslice import config
+from gpuslice.deviceplugin import inventory, labels as node_labels
+from gpuslice.webhook import cluster
+
+CONTRACT = config.Config().contract
+
+
+def view() -> cluster.ClusterView:
+    return cluster.ClusterView(CONTRACT, default_gpu_memory_mib=81920)
+
+
+def gpu_labels(memory_mib: int, gpus: int, product: str = "GPU", free_units: int | None = None) -> dict[str, str]:
+    labels = {
+        "kubernetes.io/hostname": "x",
+        CONTRACT.label_gpu_product: product,
+        CONTRACT.label_gpu_memory_mib: str(memory_mib),
+        CONTRACT.label_gpu_count: str(gpus),
+    }
+    if free_units is not None:
+        labels[CONTRACT.label_free_units] = str(free_units)
+    return labels
+
+
+def test_an_empty_view_is_not_known_and_has_no_classes() -> None:
+    empty = view()
+    assert not empty.known and empty.classes() == [] and empty.mig_profiles() == {}
+
+
+def test_classes_and_mig_profiles_come_from_the_device_plugins_labels(
+    demo_node: inventory.NodeInventory, h200_node: inventory.NodeInventory
+) -> None:
+    cv = view()
+    cv.update_node("demo", node_labels.node_labels(demo_node, CONTRACT, allocated={demo_node.memory_gpus[0].uuid: 18}))
+    cv.update_node("h200", node_labels.node_labels(h200_node, CONTRACT))
+    assert cv.known
+    assert cv.classes() == [
+        cluster.GpuClass(81559, frozenset({"NVIDIA-H100-80GB-HBM3"}), gpus=2, free_units=2 * 318 - 18, nodes=1, max_gpus_per_node=2),
+        cluster.GpuClass(143771, frozenset({"NVIDIA-H200"}), gpus=8, free_units=8 * 561, nodes=1, max_gpus_per_node=8),
+    ]
+    assert cv.mig_profiles() == {"1g.10gb": 9728, "2g.20gb": 19968, "3g.40gb": 40192}
+
+
+def test_products_with_the_same_memory_share_one_class_and_leave_it_with_their_last_node() -> None:
+    cv = view()
+    cv.update_node("a", gpu_labels(81920, 8, "NVIDIA-A100-SXM4-80GB"))
+    cv.update_node("b", gpu_labels(81920, 4, "NVIDIA-H100-PCIe"))
+    (only,) = cv.classes()
+    assert only.products == {"NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-PCIe"}
+    assert (only.gpus, only.nodes, only.max_gpus_per_node) == (12, 2, 8)
+    cv.remove_node("a")
+    (only,) = cv.classes()
+    assert only.products == {"NVIDIA-H100-PCIe"} and only.max_gpus_per_node == 4 and only.gpus == 4
+
+
+def test_a_changed_node_replaces_its_old_contribution() -> None:
+    cv = view()
+    cv.update_node("a", gpu_labels(81920, 2, free_units=640))
+    cv.update_node("a", gpu_labels(81920, 2, free_units=10))
+    assert cv.classes()[0].free_units == 10 and cv.classes()[0].nodes == 1
+    cv.update_node("a", gpu_labels(40960, 2))
+    assert [c.memory_mib for c in cv.classes()] == [40960]
+
+
+def test_a_node_that_loses_its_gpu_labels_is_dropped_and_unknown_removals_are_ignored() -> None:
+    cv = view()
+    cv.update_node("a", gpu_labels(81920, 2))
+    cv.update_node("a", {"kubernetes.io/hostname": "a"})
+    cv.remove_node("never-seen")
+    assert not cv.known and cv.classes() == []
+
+
+def test_without_steering_labels_a_node_counts_as_empty_and_bad_values_are_clamped_or_ignored() -> None:
+    cv = view()
+    cv.update_node("no-steering", gpu_labels(81920, 2))
+    cv.update_node("too-many", gpu_labels(81920, 1, free_units=99999))
+    cv.update_node("garbage", {CONTRACT.label_gpu_memory_mib: "eighty", CONTRACT.label_gpu_count: "2"})
+    cv.update_node("bad-mig", {CONTRACT.label_mig_memory("1g.10gb"): "lots"})
+    (only,) = cv.classes()
+    assert only.free_units == 3 * 320 and only.nodes == 2
+    assert cv.mig_profiles() == {}
+
+
+def test_a_mig_only_node_makes_the_view_known_without_a_memory_class() -> None:
+    cv = view()
+    cv.update_node("mig", {CONTRACT.label_mig_memory("1g.10gb"): "9728", CONTRACT.label_mig_free("1g.10gb"): "7"})
+    assert cv.known and cv.classes() == [] and cv.mig_profiles() == {"1g.10gb": 9728}
+    cv.remove_node("mig")
+    assert cv.mig_profiles() == {}
+
+
+def test_running_aggregates_match_a_recount_after_many_random_changes() -> None:
+    rng = random.Random(7)
+    cv = view()
+    current: dict[str, dict[str, str]] = {}
+    for _ in range(3000):
+        name = f"n{rng.randrange(40)}"
+        if rng.random() < 0.2:
+            cv.remove_node(name)
+            current.pop(name, None)
+            continue
+        memory, gpus = rng.choice([(24576, 4), (81920, 8), (81920, 4), (143771, 8)])
+        labels = gpu_labels(memory, gpus, rng.choice(["P1", "P2"]), rng.randrange(0, gpus * (memory // 256) + 1))
+        if rng.random() < 0.3:
+            labels[CONTRACT.label_mig_memory(rng.choice(["1g.10gb", "2g.20gb"]))] = "9728"
+        cv.update_node(name, labels)
+        current[name] = labels
+    recount = view()
+    for name, labels in current.items():
+        recount.update_node(name, labels)
+    assert cv.classes() == recount.classes()
+    assert cv.mig_profiles() == recount.mig_profiles()
+    assert cv.node_names() == set(current)

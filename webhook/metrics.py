@@ -1,0 +1,41 @@
+"""Prometheus metrics of the webhook, in a registry of their own (no process-global state):
+admissions by result, admission latency, conversions by kind.
+
+May import prometheus_client only.
+"""
+
+from __future__ import annotations
+
+import prometheus_client
+
+__all__ = ["Metrics"]
+
+# Admission latency is sub-millisecond to a few milliseconds; kube-apiserver's timeout is 10 s.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
+        self.admissions = prometheus_client.Counter(
+            "gpuslice_webhook_admissions",
+            "AdmissionReviews answered, by result (mutated, unchanged, denied, ignored, malformed)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.latency = prometheus_client.Histogram(
+            "gpuslice_webhook_admission_duration_seconds",
+            "Time to answer one AdmissionReview, from body read to response built",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.conversions = prometheus_client.Counter(
+            "gpuslice_webhook_conversions",
+            "Pods converted, by kind (gpu-memory, gpu-fraction, mig, whole-gpus); dry runs not counted",
+            ["kind"],
+            registry=self.registry,
+        )
+
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) for GET /metrics."""
+        return prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST

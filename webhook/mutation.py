@@ -1,0 +1,597 @@
+"""The conversion itself: a pod with KAI-style annotations in, an allow/deny outcome and a JSON
+patch out. Pure and fast (the simulator calls it for every pod it places); no I/O, no clock.
+
+Conversions (docs/webhook.md explains them for users):
+  gpu-memory: "2000"            -> <prefix>/gpu-memory: ceil(2000 / unit) in requests and limits
+  gpu-fraction: "0.5"           -> the same resource, 0.5 x the memory of the GPU class chosen,
+                                   pinned by required node affinity on <prefix>/gpu.memory-mib
+  <prefix>/isolation: mig       -> <prefix>/mig-<smallest profile that holds the memory>: 1
+  nvidia.com/gpu: N (convertWholeGpus, no annotations) -> N whole GPUs of units, pinned to a class
+Bad input is denied with a message naming the annotation, the value and the accepted forms; a
+denied pod gets no patch. A container that already carries a gpuslice resource is left alone,
+so reinvocation never adds a second or conflicting conversion.
+
+May import gpuslice.contract, gpuslice.config and the webhook's own pure modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from gpuslice import config, contract as contract_
+from gpuslice.webhook import cluster as cluster_, steering
+
+__all__ = ["Outcome", "json_pointer", "merge_node_affinity", "mutate", "parse_fraction", "parse_memory_mib"]
+
+KAI_SCHEDULER = "kai-scheduler"
+DEFAULT_SCHEDULER = "default-scheduler"
+ISOLATION_MIG = "mig"
+# NVIDIA's GPU feature discovery label: users select products with it, and our label carries the same values.
+NVIDIA_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+KIND_MEMORY = "gpu-memory"
+KIND_FRACTION = "gpu-fraction"
+KIND_WHOLE_GPUS = "whole-gpus"
+KIND_MIG = "mig"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What the webhook answers for one pod."""
+
+    allowed: bool
+    patch: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    message: str = ""  # the denial reason, else ""
+    decision: dict[str, Any] | None = None  # what was converted and why (also in the decision annotation)
+    warnings: tuple[str, ...] = ()  # shown by kubectl; short
+    kind: str = ""  # conversion kind for metrics ("" when nothing was converted)
+
+
+_UNCHANGED = Outcome(allowed=True)
+
+
+class _Denied(Exception):
+    """Internal: the pod is refused with this message."""
+
+
+# --- parsing the annotations ---------------------------------------------------------------
+
+_FRACTION_FORMS = 'a decimal number greater than 0 and at most 1, such as "0.5"'
+_MEMORY_FORMS = 'MiB as a positive integer such as "2000", or a Kubernetes quantity such as "20Gi" or "512Mi"'
+# Kubernetes quantity suffixes in bytes. Hand-rolled on purpose: kubernetes.utils.parse_quantity would
+# pull the whole API client into this pure module, which the simulator imports for every run.
+_QUANTITY_SUFFIX = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}  # fmt: skip
+_QUANTITY_RE = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+
+def parse_fraction(text: Any) -> float:
+    """The gpu-fraction value, or _Denied naming what is wrong."""
+    name = contract_.KAI_GPU_FRACTION
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise _Denied(f"annotation {name}={text!r} is not a number; accepted: {_FRACTION_FORMS}") from None
+    if not math.isfinite(value):
+        raise _Denied(f"annotation {name}={text!r} is not a finite number; accepted: {_FRACTION_FORMS}")
+    if value == 0:
+        raise _Denied(f"annotation {name}={text!r} is zero; accepted: {_FRACTION_FORMS}")
+    if value < 0:
+        raise _Denied(f"annotation {name}={text!r} is negative; accepted: {_FRACTION_FORMS}")
+    if value > 1:
+        raise _Denied(
+            f"annotation {name}={text!r} is above 1 (one whole GPU); accepted: {_FRACTION_FORMS}; "
+            "for more than one GPU request nvidia.com/gpu"
+        )
+    return value
+
+
+def parse_memory_mib(text: Any) -> int:
+    """The gpu-memory value in MiB (rounded up), or _Denied naming what is wrong."""
+    name = contract_.KAI_GPU_MEMORY
+    match = _QUANTITY_RE.match(str(text).strip())
+    if not match:
+        raise _Denied(f"annotation {name}={text!r} is not a number or quantity; accepted: {_MEMORY_FORMS}")
+    number, suffix = float(match.group(1)), match.group(2)
+    mib = number if suffix is None else number * _QUANTITY_SUFFIX[suffix] / 2**20
+    if number == 0:
+        raise _Denied(f"annotation {name}={text!r} is zero; accepted: {_MEMORY_FORMS}")
+    if number < 0:
+        raise _Denied(f"annotation {name}={text!r} is negative; accepted: {_MEMORY_FORMS}")
+    return max(1, math.ceil(mib - 1e-9))
+
+
+def _parse_num_devices(text: Any) -> int:
+    name = contract_.KAI_GPU_FRACTION_NUM_DEVICES
+    value = str(text).strip()
+    if not value.isdigit() or int(value) == 0:
+        raise _Denied(f"annotation {name}={text!r} is not a positive integer; accepted: a GPU count such as \"1\"")
+    return int(value)
+
+
+# --- reading the pod -----------------------------------------------------------------------
+
+
+def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
+    """(field, index, container) over containers then initContainers."""
+    for field in ("containers", "initContainers"):
+        for index, container in enumerate(spec.get(field) or ()):
+            if isinstance(container, Mapping):
+                yield field, index, container
+
+
+def _resource_maps(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    resources = container.get("resources") or {}
+    return resources.get("requests") or {}, resources.get("limits") or {}
+
+
+def _has_gpuslice_resource(container: Mapping[str, Any], contract: contract_.Contract) -> bool:
+    return any(contract.is_gpuslice_resource(name) for m in _resource_maps(container) for name in m)
+
+
+def _nvidia_gpus(container: Mapping[str, Any]) -> Any:
+    """The container's nvidia.com/gpu value (limits win, as the API server defaults requests from them)."""
+    requests, limits = _resource_maps(container)
+    return limits.get(contract_.NVIDIA_GPU, requests.get(contract_.NVIDIA_GPU))
+
+
+def _gpu_count(value: Any, where: str) -> int:
+    text = str(value).strip()
+    if not text.isdigit():
+        raise _Denied(f"{where} has {contract_.NVIDIA_GPU}: {value!r}; accepted: a whole number of GPUs")
+    return int(text)
+
+
+def _selected_products(spec: Mapping[str, Any], contract: contract_.Contract) -> frozenset[str] | None:
+    """GPU products the pod itself selects (nodeSelector and required node affinity), else None."""
+    keys = (contract.label_gpu_product, NVIDIA_PRODUCT_LABEL)
+    chosen: list[set[str]] = []
+    node_selector = spec.get("nodeSelector") or {}
+    from_selector = {str(node_selector[k]) for k in keys if k in node_selector}
+    if from_selector:
+        chosen.append(from_selector)
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    terms = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ()
+    from_terms: set[str] = set()
+    for term in terms:
+        for expression in (term or {}).get("matchExpressions") or ():
+            if expression.get("key") in keys and expression.get("operator") == "In":
+                from_terms.update(str(v) for v in expression.get("values") or ())
+    if from_terms:
+        chosen.append(from_terms)
+    if not chosen:
+        return None
+    products = set.intersection(*chosen)
+    return frozenset(contract_.label_value(p) for p in products)
+
+
+# --- choosing a GPU class ------------------------------------------------------------------
+
+
+def _free_share_key(gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> tuple[float, int, int]:
+    capacity = gpu_class.gpus * contract.units_per_gpu(gpu_class.memory_mib)
+    share = gpu_class.free_units / capacity if capacity else 0.0
+    # Largest free share first, then more GPUs, then the smaller GPU.
+    return (-share, -gpu_class.gpus, gpu_class.memory_mib)
+
+
+def _candidate_classes(
+    cluster: cluster_.ClusterView, products: frozenset[str] | None
+) -> list[cluster_.GpuClass]:
+    classes = cluster.classes()
+    if products is None:
+        return classes
+    chosen = [c for c in classes if c.products & products]
+    if classes and not chosen:
+        known = ", ".join(sorted({p for c in classes for p in c.products})) or "none"
+        raise _Denied(
+            f"the pod selects GPU product {', '.join(sorted(products))}, but no gpuslice GPU node has it "
+            f"(products known: {known})"
+        )
+    return chosen
+
+
+def _best_class(classes: Sequence[cluster_.GpuClass], contract: contract_.Contract) -> cluster_.GpuClass:
+    return min(classes, key=lambda c: _free_share_key(c, contract))
+
+
+def _class_note(gpu_class: cluster_.GpuClass) -> dict[str, Any]:
+    return {"classMemoryMiB": gpu_class.memory_mib, "products": sorted(gpu_class.products)}
+
+
+# --- node affinity -------------------------------------------------------------------------
+
+
+def merge_node_affinity(
+    affinity: Mapping[str, Any] | None,
+    required: Sequence[Mapping[str, Any]],
+    preferred: Sequence[Mapping[str, Any]],
+) -> dict[str, Any] | None:
+    """The pod's affinity with `required` matchExpressions ANDed into every required
+    nodeSelectorTerm (or forming the only one) and `preferred` terms appended; None when
+    nothing changes. Expressions and terms already present are not added again."""
+    if not required and not preferred:
+        return None
+    affinity = dict(affinity or {})
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    changed = False
+    if required:
+        selector = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+        terms = [dict(t or {}) for t in selector.get("nodeSelectorTerms") or ()] or [{}]
+        for term in terms:
+            expressions = list(term.get("matchExpressions") or ())
+            for expression in required:
+                if expression not in expressions:
+                    expressions.append(dict(expression))
+                    changed = True
+            term["matchExpressions"] = expressions
+        selector["nodeSelectorTerms"] = terms
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = selector
+    if preferred:
+        existing = list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ())
+        for preference in preferred:
+            if preference not in existing:
+                existing.append(dict(preference))
+                changed = True
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = existing
+    if not changed:
+        return None
+    affinity["nodeAffinity"] = node_affinity
+    return affinity
+
+
+# --- the patch -----------------------------------------------------------------------------
+
+
+def json_pointer(*parts: str | int) -> str:
+    """RFC 6901 pointer: "~" and "/" inside a part are escaped ("gpuslice.io/decision" -> "gpuslice.io~1decision")."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+@dataclasses.dataclass
+class _Conversion:
+    """Collected while converting one pod; turned into patch ops at the end."""
+
+    kind: str
+    resource: str
+    container_units: dict[tuple[str, int], int]  # (field, index) -> units of `resource`
+    decision: dict[str, Any]
+    required: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    steering_request: steering.Request | None = None
+    drop_nvidia_gpu: bool = True
+
+
+def _container_resources(container: Mapping[str, Any], resource: str, units: int) -> dict[str, Any]:
+    resources = dict(container.get("resources") or {})
+    value = str(units)
+    for part in ("requests", "limits"):
+        entries = {k: v for k, v in (resources.get(part) or {}).items() if k != contract_.NVIDIA_GPU}
+        entries[resource] = value  # extended resources: requests must equal limits
+        resources[part] = entries
+    return resources
+
+
+def _build_patch(
+    pod: Mapping[str, Any], conversion: _Conversion, settings: config.Config, contract: contract_.Contract
+) -> tuple[list[dict[str, Any]], list[str]]:
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    patch: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for (field, index), units in conversion.container_units.items():
+        container = spec[field][index]
+        patch.append(
+            {
+                "op": "add",
+                "path": json_pointer("spec", field, index, "resources"),
+                "value": _container_resources(container, conversion.resource, units),
+            }
+        )
+
+    current_scheduler = spec.get("schedulerName")
+    scheduler = settings.scheduler_name or (DEFAULT_SCHEDULER if current_scheduler == KAI_SCHEDULER else "")
+    if scheduler and scheduler != current_scheduler:
+        patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler})
+        conversion.decision["schedulerName"] = scheduler
+        if current_scheduler:
+            conversion.decision["schedulerNameWas"] = current_scheduler
+        if current_scheduler == KAI_SCHEDULER:
+            warnings.append(f"gpuslice: schedulerName {KAI_SCHEDULER} rewritten to {scheduler}")
+
+    required = list(conversion.required)
+    preferred: list[dict[str, Any]] = []
+    if settings.steering.enabled and conversion.steering_request is not None:
+        steer_required, steer_preferred = steering.placement_affinity(conversion.steering_request, contract)
+        required.extend(steer_required)
+        preferred.extend(steer_preferred)
+    affinity = merge_node_affinity(spec.get("affinity"), required, preferred)
+    if affinity is not None:
+        patch.append({"op": "add", "path": "/spec/affinity", "value": affinity})
+
+    decision = json.dumps(conversion.decision, separators=(",", ":"), sort_keys=True)
+    if metadata.get("annotations"):
+        patch.append(
+            {"op": "add", "path": json_pointer("metadata", "annotations", contract.decision_annotation), "value": decision}
+        )
+    else:
+        patch.append({"op": "add", "path": "/metadata/annotations", "value": {contract.decision_annotation: decision}})
+    return patch, warnings
+
+
+# --- the conversions -----------------------------------------------------------------------
+
+
+def _find_container(spec: Mapping[str, Any], name: str | None) -> tuple[str, int, Mapping[str, Any]]:
+    containers = list(_containers(spec))
+    if name is None:
+        regular = [c for c in containers if c[0] == "containers"]
+        if not regular:
+            raise _Denied("the pod has no containers to give the GPU share to")
+        return regular[0]
+    for entry in containers:
+        if entry[2].get("name") == name:
+            return entry
+    names = ", ".join(str(c.get("name")) for _, _, c in containers) or "none"
+    raise _Denied(
+        f"annotation {contract_.KAI_GPU_FRACTION_CONTAINER_NAME}={name!r} names no container of the pod "
+        f"(containers: {names}); accepted: the name of one of them"
+    )
+
+
+def _check_placeholder(container: Mapping[str, Any], share_annotation: str) -> None:
+    value = _nvidia_gpus(container)
+    if value is None or str(value).strip() == "1":
+        return
+    raise _Denied(
+        f"container {container.get('name')!r} requests {contract_.NVIDIA_GPU}: {value} next to annotation "
+        f"{share_annotation}: a share cannot be combined with whole GPUs; remove {contract_.NVIDIA_GPU} "
+        "(a value of 1 is accepted as KAI's placeholder and removed)"
+    )
+
+
+def _memory_conversion(
+    mib: int,
+    cluster: cluster_.ClusterView,
+    products: frozenset[str] | None,
+    settings: config.Config,
+    contract: contract_.Contract,
+) -> tuple[int, list[dict[str, Any]], dict[str, Any], int]:
+    """(units, required pin expressions, decision notes, units per GPU or 0) for gpu-memory."""
+    units = contract_.units_for_mib(mib, contract.unit_mib)
+    classes = _candidate_classes(cluster, products)
+    if not classes:
+        largest = settings.default_gpu_memory_mib
+        if units > contract.units_per_gpu(largest):
+            raise _Denied(
+                f"annotation {contract_.KAI_GPU_MEMORY}={mib} MiB is larger than any known GPU "
+                f"(no GPU nodes seen; assumed {largest} MiB, defaultGpuMemoryMiB)"
+            )
+        return units, [], {"classMemoryMiB": None, "rule": "memory"}, 0
+    fitting = [c for c in classes if contract.units_per_gpu(c.memory_mib) >= units]
+    if not fitting:
+        sizes = ", ".join(f"{c.memory_mib} MiB" for c in classes)
+        raise _Denied(
+            f"annotation {contract_.KAI_GPU_MEMORY}: {mib} MiB ({units} units of {contract.unit_mib} MiB) "
+            f"is larger than any known GPU (GPU memory: {sizes}); accepted: at most "
+            f"{max(contract.units_per_gpu(c.memory_mib) for c in classes) * contract.unit_mib} MiB"
+        )
+    required = []
+    if len(fitting) < len(cluster.classes()):
+        # Some GPUs are too small: keep the pod off their nodes even without steering labels.
+        values = [str(c.memory_mib) for c in fitting]
+        required.append({"key": contract.label_gpu_memory_mib, "operator": "In", "values": values})
+    notes = {
+        "classMemoryMiB": [c.memory_mib for c in fitting] if len(fitting) > 1 else fitting[0].memory_mib,
+        "products": sorted({p for c in fitting for p in c.products}),
+        "rule": "memory",
+    }
+    per_gpu = contract.units_per_gpu(fitting[0].memory_mib) if len(fitting) == 1 else 0
+    return units, required, notes, per_gpu
+
+
+def _fraction_basis(
+    cluster: cluster_.ClusterView,
+    products: frozenset[str] | None,
+    settings: config.Config,
+    contract: contract_.Contract,
+) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """(GPU memory a fraction is taken of, pin expressions, decision notes)."""
+    classes = _candidate_classes(cluster, products)
+    if not classes:
+        return settings.default_gpu_memory_mib, [], {"classMemoryMiB": settings.default_gpu_memory_mib,
+                                                     "rule": "defaultGpuMemoryMiB (no GPU nodes seen)"}  # fmt: skip
+    best = _best_class(classes, contract)
+    pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
+    rule = "only class" if len(classes) == 1 else "largest free share"
+    return best.memory_mib, [pin], {**_class_note(best), "rule": rule}
+
+
+def _annotated(
+    pod: Mapping[str, Any],
+    annotations: Mapping[str, Any],
+    settings: config.Config,
+    contract: contract_.Contract,
+    cluster: cluster_.ClusterView,
+) -> _Conversion | None:
+    spec = pod.get("spec") or {}
+    fraction_text = annotations.get(contract_.KAI_GPU_FRACTION)
+    memory_text = annotations.get(contract_.KAI_GPU_MEMORY)
+    devices_text = annotations.get(contract_.KAI_GPU_FRACTION_NUM_DEVICES)
+    isolation = annotations.get(contract.isolation_annotation)
+
+    if fraction_text is not None and memory_text is not None:
+        raise _Denied(
+            f"annotations {contract_.KAI_GPU_FRACTION}={fraction_text!r} and {contract_.KAI_GPU_MEMORY}="
+            f"{memory_text!r} are both set; accepted: exactly one of them"
+        )
+    share = contract_.KAI_GPU_FRACTION if fraction_text is not None else contract_.KAI_GPU_MEMORY
+    has_share = fraction_text is not None or memory_text is not None
+    if devices_text is not None:
+        if not has_share:
+            raise _Denied(
+                f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={devices_text!r} needs a share: add "
+                f"{contract_.KAI_GPU_FRACTION} or {contract_.KAI_GPU_MEMORY}"
+            )
+        if _parse_num_devices(devices_text) > 1:
+            raise _Denied(
+                f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={devices_text!r} is not supported: kubelet "
+                "tells the device plugin only which device IDs a container gets, so N shares on N distinct GPUs "
+                "cannot be told from one request spilling across GPUs, and the plugin could not keep them apart; "
+                f"use one pod per GPU share, or request whole GPUs with {contract_.NVIDIA_GPU}: N"
+            )
+    if isolation is not None and isolation != ISOLATION_MIG:
+        raise _Denied(
+            f"annotation {contract.isolation_annotation}={isolation!r} is not known; accepted: {ISOLATION_MIG!r}"
+        )
+    if not has_share:
+        if isolation is not None:
+            raise _Denied(
+                f"annotation {contract.isolation_annotation}={isolation!r} needs a share: add "
+                f"{contract_.KAI_GPU_FRACTION} or {contract_.KAI_GPU_MEMORY}"
+            )
+        return None  # only gpu-fraction-container-name: nothing to convert
+
+    field, index, container = _find_container(spec, annotations.get(contract_.KAI_GPU_FRACTION_CONTAINER_NAME))
+    if _has_gpuslice_resource(container, contract):
+        return None  # already converted (reinvocation) or written by hand: leave it alone
+    _check_placeholder(container, share)
+    fraction = parse_fraction(fraction_text) if fraction_text is not None else None
+    memory_mib = parse_memory_mib(memory_text) if memory_text is not None else None
+    products = _selected_products(spec, contract)
+    target = (field, index)
+    base = {"container": container.get("name"), "annotation": share}
+
+    if isolation == ISOLATION_MIG:
+        if fraction is not None:
+            basis, _, notes = _fraction_basis(cluster, products, settings, contract)
+            need = math.ceil(fraction * basis - 1e-9)
+            base.update(fraction=fraction, **notes)
+        else:
+            assert memory_mib is not None
+            need = memory_mib
+        profiles = cluster.mig_profiles()
+        if not profiles:
+            raise _Denied(
+                f"annotation {contract.isolation_annotation}={isolation!r}: no MIG profile is known in the cluster "
+                "(no node publishes MIG devices); remove the annotation to share a GPU by memory"
+            )
+        fitting = sorted((mib, profile) for profile, mib in profiles.items() if mib >= need)
+        if not fitting:
+            largest = max(profiles.items(), key=lambda item: item[1])
+            raise _Denied(
+                f"annotation {share}: {need} MiB is larger than any MIG profile in the cluster "
+                f"(largest: {largest[0]} with {largest[1]} MiB); accepted: at most {largest[1]} MiB with "
+                f"{contract.isolation_annotation}: {ISOLATION_MIG}"
+            )
+        mib, profile = fitting[0]
+        resource = contract.mig_resource(profile)
+        decision = {**base, "resource": resource, "units": 1, "memoryMiB": mib, "requestedMiB": need,
+                    "migProfile": profile, "rule": "smallest MIG profile that holds the request"}  # fmt: skip
+        return _Conversion(KIND_MIG, resource, {target: 1}, decision,
+                           steering_request=steering.Request(mig_profile=profile))  # fmt: skip
+
+    resource = contract.gpu_memory_resource
+    if memory_mib is not None:
+        units, required, notes, per_gpu = _memory_conversion(memory_mib, cluster, products, settings, contract)
+        decision = {**base, "resource": resource, "units": units, "memoryMiB": units * contract.unit_mib,
+                    "requestedMiB": memory_mib, **notes}  # fmt: skip
+        request = steering.Request(units=units, units_per_gpu=per_gpu)
+        return _Conversion(KIND_MEMORY, resource, {target: units}, decision, required, request)
+
+    assert fraction is not None
+    basis, required, notes = _fraction_basis(cluster, products, settings, contract)
+    per_gpu = contract.units_per_gpu(basis)
+    # A fraction near 1 must still fit on one GPU: never more units than the GPU advertises.
+    units = per_gpu if fraction == 1 else min(per_gpu, contract_.units_for_mib(fraction * basis, contract.unit_mib))
+    decision = {**base, "resource": resource, "units": units, "memoryMiB": units * contract.unit_mib,
+                "fraction": fraction, **notes}  # fmt: skip
+    request = steering.Request(units=units, units_per_gpu=per_gpu, whole_gpus=fraction == 1)
+    return _Conversion(KIND_FRACTION, resource, {target: units}, decision, required, request)
+
+
+def _whole_gpus(
+    pod: Mapping[str, Any], settings: config.Config, contract: contract_.Contract, cluster: cluster_.ClusterView
+) -> _Conversion | None:
+    spec = pod.get("spec") or {}
+    counts: dict[tuple[str, int], int] = {}
+    names: dict[str, int] = {}
+    for field, index, container in _containers(spec):
+        value = _nvidia_gpus(container)
+        if value is None or _has_gpuslice_resource(container, contract):
+            continue
+        count = _gpu_count(value, f"container {container.get('name')!r}")
+        if count:
+            counts[(field, index)] = count
+            names[str(container.get("name"))] = count
+    if not counts:
+        return None
+    # Regular containers run together; init containers one at a time before them.
+    regular = sum(n for (field, _), n in counts.items() if field == "containers")
+    init = max((n for (field, _), n in counts.items() if field == "initContainers"), default=0)
+    gpus = max(regular, init)
+    classes = _candidate_classes(cluster, _selected_products(spec, contract))
+    required: list[dict[str, Any]] = []
+    if classes:
+        fitting = [c for c in classes if c.max_gpus_per_node >= gpus]
+        if not fitting:
+            raise _Denied(
+                f"{contract_.NVIDIA_GPU}: {gpus} GPUs in one pod, but no gpuslice node has that many "
+                f"(most on one node: {max(c.max_gpus_per_node for c in classes)})"
+            )
+        best = _best_class(fitting, contract)
+        memory = best.memory_mib
+        required.append({"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(memory)]})
+        notes = {**_class_note(best), "rule": "largest free share"}
+    else:
+        memory = settings.default_gpu_memory_mib
+        notes = {"classMemoryMiB": memory, "rule": "defaultGpuMemoryMiB (no GPU nodes seen)"}
+    per_gpu = contract.units_per_gpu(memory)
+    container_units = {key: n * per_gpu for key, n in counts.items()}
+    resource = contract.gpu_memory_resource
+    decision = {"containers": names, "resource": resource, "units": sum(container_units.values()),
+                "memoryMiB": sum(container_units.values()) * contract.unit_mib, "gpus": gpus, **notes}  # fmt: skip
+    request = steering.Request(units=per_gpu, gpus=gpus, whole_gpus=True, units_per_gpu=per_gpu)
+    return _Conversion(KIND_WHOLE_GPUS, resource, container_units, decision, required, request)
+
+
+_TRIGGERS_STATIC = (
+    contract_.KAI_GPU_FRACTION,
+    contract_.KAI_GPU_MEMORY,
+    contract_.KAI_GPU_FRACTION_NUM_DEVICES,
+)
+
+
+def _wants_conversion(annotations: Mapping[str, Any], isolation_key: str) -> bool:
+    for key in _TRIGGERS_STATIC:
+        if key in annotations:
+            return True
+    return isolation_key in annotations
+
+
+def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
+    """Convert one pod (a Pod object as JSON) or say why it is refused."""
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    contract = settings.contract
+    try:
+        if _wants_conversion(annotations, contract.isolation_annotation):
+            conversion = _annotated(pod, annotations, settings, contract, cluster)
+        elif settings.convert_whole_gpus:
+            conversion = _whole_gpus(pod, settings, contract, cluster)
+        else:
+            return _UNCHANGED
+    except _Denied as denied:
+        return Outcome(allowed=False, message=str(denied))
+    if conversion is None:
+        return _UNCHANGED
+    patch, warnings = _build_patch(pod, conversion, settings, contract)
+    return Outcome(
+        allowed=True, patch=patch, decision=conversion.decision, warnings=tuple(warnings), kind=conversion.kind
+    )

@@ -1,0 +1,142 @@
+"""The webhook's HTTP surface: an aiohttp app factory and a `serve()` that runs it over HTTPS.
+
+POST /mutate   AdmissionReview v1 -> AdmissionReview v1 (400 with a message when malformed)
+GET  /healthz  the process answers
+GET  /readyz   the cluster view is synced (or there is no cluster to watch)
+GET  /metrics  Prometheus text
+
+The handler only reads the body, calls `admission.review` and writes the answer; background
+tasks (certificate reload, node watch) live in the app's cleanup context: created on start,
+cancelled and awaited on shutdown.
+
+May import gpuslice.config and the webhook's modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gpuslice import config
+from gpuslice.webhook import admission, certs, cluster as cluster_, metrics as metrics_, nodewatch
+
+__all__ = ["CLUSTER", "METRICS", "SETTINGS", "make_app", "serve", "start"]
+
+log = logging.getLogger(__name__)
+
+SETTINGS = web.AppKey("settings", config.Config)
+CLUSTER = web.AppKey("cluster", cluster_.ClusterView)
+METRICS = web.AppKey("metrics", metrics_.Metrics)
+WATCHER = web.AppKey("watcher", object)  # nodewatch.NodeWatcher | None
+RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
+
+# A pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it once for CREATE.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+_JSON = "application/json"
+
+
+async def _mutate(request: web.Request) -> web.Response:
+    app = request.app
+    started = time.perf_counter()
+    metrics = app[METRICS]
+    body = await request.read()
+    try:
+        answer = admission.review(body, settings=app[SETTINGS], cluster=app[CLUSTER])
+    except admission.MalformedReview as exc:
+        metrics.admissions.labels("malformed").inc()
+        return web.Response(status=400, text=f"malformed AdmissionReview: {exc}\n")
+    metrics.admissions.labels(answer.result).inc()
+    if answer.outcome is not None and answer.outcome.kind and not answer.dry_run:
+        metrics.conversions.labels(answer.outcome.kind).inc()
+    response = web.Response(body=json.dumps(answer.response, separators=(",", ":")), content_type=_JSON)
+    metrics.latency.observe(time.perf_counter() - started)
+    return response
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    watcher = request.app[WATCHER]
+    if isinstance(watcher, nodewatch.NodeWatcher) and not watcher.synced.is_set():
+        return web.Response(status=503, text="node list not synced yet\n")
+    return web.Response(text="ok\n")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    tasks: list[asyncio.Task[None]] = []
+    reloader = app[RELOADER]
+    watcher = app[WATCHER]
+    if isinstance(reloader, certs.CertificateReloader):
+        tasks.append(asyncio.create_task(reloader.run(), name="gpuslice-webhook-cert-reload"))
+    if isinstance(watcher, nodewatch.NodeWatcher):
+        tasks.append(asyncio.create_task(watcher.run(), name="gpuslice-webhook-node-watch"))
+    yield
+    if isinstance(watcher, nodewatch.NodeWatcher):
+        watcher.stop()
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def make_app(
+    settings: config.Config,
+    cluster: cluster_.ClusterView,
+    *,
+    metrics: metrics_.Metrics | None = None,
+    watcher: nodewatch.NodeWatcher | None = None,
+    reloader: certs.CertificateReloader | None = None,
+) -> web.Application:
+    """The webhook application; `watcher` and `reloader` run as its background tasks."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[SETTINGS] = settings
+    app[CLUSTER] = cluster
+    app[METRICS] = metrics or metrics_.Metrics()
+    app[WATCHER] = watcher
+    app[RELOADER] = reloader
+    app.router.add_post("/mutate", _mutate)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    app.cleanup_ctx.append(_background)
+    return app
+
+
+async def start(app: web.Application, ssl_context: ssl.SSLContext, *, host: str, port: int) -> web.AppRunner:
+    """Start serving `app` over HTTPS; the caller owns the runner (`await runner.cleanup()`).
+    Port 0 picks a free port: read it from `runner.addresses`."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+async def serve(
+    app: web.Application, ssl_context: ssl.SSLContext, *, host: str, port: int, stop: asyncio.Event
+) -> None:
+    """Serve `app` over HTTPS until `stop` is set, then shut down gracefully."""
+    runner = await start(app, ssl_context, host=host, port=port)
+    try:
+        log.info("gpuslice webhook serving https://%s:%d/mutate", host, port)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
