@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import itertools
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from typing import cast
 
 from gpuslice import contract
 from gpuslice.deviceplugin import inventory
@@ -103,16 +104,24 @@ class MemoryUnits:
         if size <= 0:
             return []
         gpu_of = self.gpu_of
+        free = list(available)  # a protobuf repeated field makes a new str per access: once only
+        counts = cast("collections.Counter[str]", collections.Counter(map(gpu_of.get, free)))
+        counts.pop(None, None)  # type: ignore[call-overload]  # unknown IDs
         must = [d for d in dict.fromkeys(must_include) if d in gpu_of]
-        free_set = set(available)
-        free_set.update(must)  # must_include IDs are part of the available set by definition
-        counts = collections.Counter(map(gpu_of.get, free_set))
-        counts.pop(None, None)  # unknown IDs
+        free_set: set[str] | None = None
+        if must:  # must_include IDs are part of the available set by definition
+            free_set = set(free)
+            for device_id in must:
+                if device_id not in free_set:
+                    free_set.add(device_id)
+                    counts[gpu_of[device_id]] += 1
         must_gpus = {gpu_of[d] for d in must}
 
         whole = self._whole_gpus(counts, must_gpus, size)
         if whole is not None:
             return whole
+        if free_set is None:
+            free_set = set(free)
         fit = self._best_fit(counts, must_gpus, size)
         if fit is not None:
             return self._take(fit, free_set, must, size)
@@ -218,10 +227,10 @@ class MemoryUnits:
                 "must fit on one GPU and a larger one must be whole GPUs. No single GPU on this node had enough "
                 "free memory: the scheduler placed the pod on the node's total (see gpuslice steering labels)"
             )
-        units = {self.units_of_gpu[g] for g in gpus}
-        if len(units) != 1:
+        sizes = {self.units_of_gpu[g] for g in gpus}
+        if len(sizes) != 1:
             raise AllocationError(f"whole-GPU request mixes GPUs of different memory sizes: {', '.join(gpus)}")
-        per_gpu = units.pop()
+        per_gpu = sizes.pop()
         return MemoryGrant(gpu_uuids=tuple(gpus), units=per_gpu, memory_mib=per_gpu * self.unit_mib, fraction=1.0)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from gpuslice import config as config_
 from gpuslice.deviceplugin import inventory, nvml_source
 
-__all__ = ["HealthState", "HealthMonitor", "ALL"]
+__all__ = ["ALL", "HealthMonitor", "HealthState"]
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class HealthMonitor:
         while True:
             try:
                 event = await self._call(self._wait_one)
-            except self.nvml.NVMLError as exc:
+            except Exception as exc:  # noqa: BLE001 - NVMLError or a broken driver: fail safe, keep watching
                 self.state.mark_unhealthy(ALL, f"NVML event wait failed: {exc}")
                 await asyncio.sleep(self.settings.recovery_interval_seconds)
                 continue
@@ -230,9 +230,8 @@ class HealthMonitor:
         for uuid in sorted(self.state.unhealthy):
             if self._last_xid.get(uuid, float("-inf")) > quiet_since:
                 continue  # an XID within the last interval: too soon to trust it
-            if await self._call(self._answers, uuid):
-                if self.state.mark_healthy(uuid):
-                    recovered.append(uuid)
+            if await self._call(self._answers, uuid) and self.state.mark_healthy(uuid):
+                recovered.append(uuid)
         return recovered
 
     def _answers(self, uuid: str) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from gpuslice import config as config_
 from gpuslice.deviceplugin import health, inventory, manager, metrics, nodefile, nvml_source
 
-__all__ = ["main", "parse_args", "run", "Options"]
+__all__ = ["Options", "main", "parse_args", "run"]
 
 log = logging.getLogger("gpuslice.deviceplugin")
 

@@ -20,12 +20,12 @@ import asyncio
 import logging
 import os
 import pathlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from gpuslice import config as config_
 from gpuslice.deviceplugin import allocation, health, inventory, metrics, response, server
 
-__all__ = ["build_resources", "PluginManager", "KUBELET_SOCKET"]
+__all__ = ["KUBELET_SOCKET", "PluginManager", "build_resources"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,12 @@ class PluginManager:
         self._watch_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.registered_event = asyncio.Event()
+
+    def add_allocation_listener(self, listener: Callable[[str], None]) -> None:
+        """`listener(resource)` runs on the event loop after every successful Allocate (e.g. the
+        node labeller's notify; health changes: HealthState.add_listener)."""
+        for plugin in self.servers:
+            plugin.allocation_listeners.append(listener)
 
     def registration_state(self) -> dict[str, bool]:
         """Resource name -> registered with the kubelet now running (for /readyz)."""

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from gpuslice.deviceplugin import inventory
 
-__all__ = ["Nvml", "NvmlUnavailable", "load_pynvml", "discover", "read_usage", "mig_profile_name"]
+__all__ = ["Nvml", "NvmlUnavailable", "discover", "load_pynvml", "mig_profile_name", "read_usage"]
 
 _MIB = 1 << 20
 _GIB = 1 << 30

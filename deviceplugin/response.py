@@ -23,7 +23,7 @@ from gpuslice import contract
 from gpuslice.deviceplugin import allocation
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2
 
-__all__ = ["memory_response", "mig_response", "format_fraction"]
+__all__ = ["format_fraction", "memory_response", "mig_response"]
 
 
 def format_fraction(fraction: float) -> str:

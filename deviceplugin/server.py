@@ -25,7 +25,7 @@ import grpc
 from gpuslice.deviceplugin import allocation, health, metrics
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
-__all__ = ["Resource", "PluginServer", "RegistrationError", "API_VERSION", "HEALTHY", "UNHEALTHY"]
+__all__ = ["API_VERSION", "HEALTHY", "UNHEALTHY", "PluginServer", "RegistrationError", "Resource"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ class PluginServer:
         self.registered = False
         self.identity: tuple[int, int] | None = None  # of the socket we made
         self.closing = asyncio.Event()  # set by stop(): ends ListAndWatch streams at once
+        # called with the resource name after every successful Allocate (node labels refresh)
+        self.allocation_listeners: list[Callable[[str], None]] = []
         self._server: grpc.aio.Server | None = None
         self._snapshot_generation = -1
         self._snapshot: tuple[api_pb2.ListAndWatchResponse, frozenset[str]] | None = None
@@ -118,6 +120,7 @@ class PluginServer:
         await server.start()
         self._server = server
         self.identity = self.socket_identity()
+        self.snapshot()  # device gauges from the start, not from kubelet's first call
         async with grpc.aio.insecure_channel(f"unix://{self.socket_path}") as channel:
             try:
                 await asyncio.wait_for(channel.channel_ready(), _DIAL_TIMEOUT_S)
@@ -241,6 +244,8 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{resource.name}: {exc}")
         self.plugin.metrics.allocations.labels(resource.name, "ok").inc(len(answers))
         response.container_responses.extend(answers)
+        for listener in self.plugin.allocation_listeners:
+            listener(resource.name)
         return response
 
     async def PreStartContainer(

@@ -30,7 +30,7 @@ import os
 import pathlib
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Self
 
 import grpc
 
@@ -39,7 +39,7 @@ from gpuslice.proto.podresources.v1 import api_pb2 as pr_pb2
 from gpuslice.proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpuslice.sim import devicemanager
 
-__all__ = ["Kubelet", "AdmissionError", "is_extended_resource_name", "owner_parts"]
+__all__ = ["AdmissionError", "Kubelet", "is_extended_resource_name", "owner_parts"]
 
 AdmissionError = devicemanager.AdmissionError
 
@@ -113,11 +113,11 @@ class Kubelet:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Condition()
 
-    async def __aenter__(self) -> Kubelet:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     # --- lifecycle ----------------------------------------------------------------------

@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from gpuslice import config
 from gpuslice.sim import replay, trace
 
-__all__ = ["main", "parse_args", "PaperFigures", "paper_figures"]
+from gpuslice import config
+
+__all__ = ["PaperFigures", "main", "paper_figures", "parse_args"]
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PAPER_POLICIES = ("01-Random", "02-DotProd", "03-GpuClustering", "04-GpuPacking", "05-BestFit", "06-FGD")
@@ -130,11 +130,15 @@ def _text_report(
     results: Sequence[replay.Result], paper: PaperFigures | None, meta: Mapping[str, Any]
 ) -> str:
     lines = [
-        f"gpuslice-sim: {meta['pods_file']} ({meta['arrivals']} pods at {meta['demand']:.0%} of GPU capacity, "
-        f"seed {meta['seed']}) on {meta['nodes']} nodes / {meta['gpus']} GPUs",
+        (
+            f"gpuslice-sim: {meta['pods_file']} ({meta['arrivals']} pods at {meta['demand']:.0%} of GPU capacity, "
+            f"seed {meta['seed']}) on {meta['nodes']} nodes / {meta['gpus']} GPUs"
+        ),
         "",
-        f"{'configuration':<20}{'alloc@100%':>11}{'alloc@130%':>11}{'unalloc GPUs':>13}{'fragmented':>11}"
-        f"{'failed':>8}{'admission':>10}{'denied':>8}{'runtime':>9}",
+        (
+            f"{'configuration':<20}{'alloc@100%':>11}{'alloc@130%':>11}{'unalloc GPUs':>13}{'fragmented':>11}"
+            f"{'failed':>8}{'admission':>10}{'denied':>8}{'runtime':>9}"
+        ),
     ]
     for r in results:
         lines.append(
@@ -157,8 +161,10 @@ def _text_report(
             lines.append(f"{r.name}: {count} admission failure(s): {message}")
     lines += [
         "",
-        "alloc = sum of gpu_milli of placed pods / (GPUs x 1000) when that share of demand has arrived; "
-        "fragmented = unallocated share on GPUs that hold a pod; admission = passed the scheduler, refused by kubelet.",
+        (
+            "alloc = sum of gpu_milli of placed pods / (GPUs x 1000) when that share of demand has arrived; "
+            "fragmented = unallocated share on GPUs that hold a pod; admission = passed the scheduler, refused by kubelet."
+        ),
     ]
     return "\n".join(lines)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,16 +24,16 @@ from kubernetes.utils import quantity
 
 __all__ = [
     "MAX_NODE_SCORE",
-    "Requirement",
-    "PodRequest",
-    "Profile",
-    "default_profile",
-    "binpack_profile",
-    "read_pod",
     "Cluster",
     "Decision",
-    "Scheduler",
+    "PodRequest",
     "PodSpecError",
+    "Profile",
+    "Requirement",
+    "Scheduler",
+    "binpack_profile",
+    "default_profile",
+    "read_pod",
 ]
 
 MAX_NODE_SCORE = 100
@@ -87,8 +88,8 @@ def _amount(resource: str, value: Any, where: str) -> int:
     if parsed < 0:
         raise PodSpecError(f"{where}: {resource} quantity {value!r} is negative")
     if resource == CPU:
-        return int(math.ceil(parsed * 1000))
-    return int(math.ceil(parsed))
+        return math.ceil(parsed * 1000)
+    return math.ceil(parsed)
 
 
 def _container_requests(container: Mapping[str, Any], where: str) -> dict[str, int]:
@@ -444,7 +445,7 @@ def _shape_score(utilization: np.ndarray, shape: Sequence[tuple[int, int]]) -> n
     below = utilization < first_u
     result[below] = first_s
     done |= below
-    for (u0, s0), (u1, s1) in zip(points, points[1:]):
+    for (u0, s0), (u1, s1) in itertools.pairwise(points):
         inside = ~done & (utilization <= u1)
         step = (s1 - s0) * (utilization[inside] - u0)
         # Go's integer division truncates toward zero (numpy's // floors): matters on falling shapes.

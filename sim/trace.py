@@ -16,16 +16,17 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory
 
+from gpuslice import contract as contract_
+
 __all__ = [
+    "DEFAULT_NODE_FILE",
+    "DEFAULT_POD_FILE",
     "GPU_MEMORY_MIB",
     "TraceError",
     "TraceNode",
     "TracePod",
-    "DEFAULT_NODE_FILE",
-    "DEFAULT_POD_FILE",
     "find_trace_dir",
     "load_nodes",
     "load_pods",

@@ -73,7 +73,7 @@ def run_helm(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Com
     with tempfile.TemporaryDirectory(prefix="gpuslice-helm-home-") as home:
         for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
             full_env.setdefault(var, home)
-        return subprocess.run([str(helm), *args], capture_output=True, text=True, env=full_env, timeout=120)
+        return subprocess.run([str(helm), *args], check=False, capture_output=True, text=True, env=full_env, timeout=120)
 
 
 def values_file(values: Mapping[str, Any], directory: pathlib.Path) -> pathlib.Path:

@@ -28,23 +28,23 @@ class NVMLError(Exception):
         super().__init__(message or type(self).__name__)
 
 
-class NVMLError_Timeout(NVMLError):  # noqa: N801 - pynvml's names
+class NVMLError_Timeout(NVMLError):
     pass
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801
+class NVMLError_NotSupported(NVMLError):
     pass
 
 
-class NVMLError_NotFound(NVMLError):  # noqa: N801
+class NVMLError_NotFound(NVMLError):
     pass
 
 
-class NVMLError_GpuIsLost(NVMLError):  # noqa: N801
+class NVMLError_GpuIsLost(NVMLError):
     pass
 
 
-class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
+class NVMLError_InvalidArgument(NVMLError):
     pass
 
 

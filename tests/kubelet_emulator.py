@@ -5,6 +5,7 @@ emulator, and the device plugins of a node served against it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pathlib
 import shutil
@@ -21,8 +22,8 @@ Kubelet = sim_kubelet.Kubelet
 AdmissionError = sim_kubelet.AdmissionError
 
 
-@pytest.fixture
-def socket_dir() -> Iterator[pathlib.Path]:
+@pytest.fixture(name="socket_dir")
+def socket_dir_fixture() -> Iterator[pathlib.Path]:
     """A short temporary directory holding `device-plugins/` and `pod-resources/`."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     try:
@@ -31,8 +32,8 @@ def socket_dir() -> Iterator[pathlib.Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-async def kubelet(socket_dir: pathlib.Path) -> AsyncIterator[sim_kubelet.Kubelet]:
+@pytest.fixture(name="kubelet")
+async def kubelet_fixture(socket_dir: pathlib.Path) -> AsyncIterator[sim_kubelet.Kubelet]:
     async with sim_kubelet.Kubelet(socket_dir) as emulator:
         yield emulator
 
@@ -58,3 +59,13 @@ async def plugins(
         yield plugin_manager
     finally:
         await plugin_manager.stop()
+
+
+@pytest.fixture(name="no_leftover_tasks", autouse=False)
+async def no_leftover_tasks_fixture() -> AsyncIterator[None]:
+    """Fails a test that leaves asyncio tasks running (plugins, streams, health loops)."""
+    before = asyncio.all_tasks()
+    yield
+    await asyncio.sleep(0)  # let cancelled tasks finish
+    left = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
+    assert not left, f"tasks left running: {sorted(t.get_name() for t in left)}"

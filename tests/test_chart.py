@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import ipaddress
 import json
 from typing import Any
 
 import celpy
+import chartkit
 import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-import chartkit
 from gpuslice import config, contract
 
 pytestmark = pytest.mark.helm
@@ -171,7 +172,7 @@ def test_ca_bundle_verifies_the_serving_certificate_whose_san_covers_the_service
     assert {svc, f"{svc}.{chartkit.NAMESPACE}", f"{svc}.{chartkit.NAMESPACE}.svc.cluster.local"} <= dns_names
     usage = serving.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert x509.oid.ExtendedKeyUsageOID.SERVER_AUTH in usage
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     assert serving.not_valid_before_utc <= now < serving.not_valid_after_utc
     assert not any(isinstance(name, ipaddress.IPv4Address) for name in san)
 
@@ -191,7 +192,9 @@ def test_cert_manager_injects_the_ca_instead_of_a_chart_made_bundle():
 # --- admission scoping -----------------------------------------------------------------------------
 
 
+@functools.cache
 def cel_program(expression: str) -> celpy.Runner:
+    """A CEL program; Kubernetes' strings library adds list.join, which cel-python lacks."""
     env = celpy.Environment()
     return env.program(env.compile(expression), functions={"join": lambda items, sep: sep.join(items)})
 
@@ -246,6 +249,9 @@ def test_webhook_configuration_is_safe_to_fail_closed(combination):
     assert hook["reinvocationPolicy"] == "IfNeeded"
     assert hook["failurePolicy"] == "Fail"
     assert hook["matchConditions"], "failurePolicy Fail without matchConditions would gate every pod"
+    names = [*contract.KAI_ANNOTATIONS, contract.Contract(prefix=prefix_of(combination)).isolation_annotation]
+    (condition,) = hook["matchConditions"]
+    assert all(f"'{name}'" in condition["expression"] for name in names)  # the contract's names, every one
     assert hook["rules"] == [
         {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}
     ]
@@ -601,8 +607,8 @@ def test_values_schema_checks_config_as_the_components_would():
 def test_config_changes_roll_the_pods():
     plain = rendered("defaults").one("DaemonSet", "device-plugin")
     changed = rendered("mps").one("DaemonSet", "device-plugin")
-    checksum = lambda w: w["spec"]["template"]["metadata"]["annotations"]["checksum/config"]  # noqa: E731
-    assert checksum(plain) != checksum(changed)
+    annotations = [w["spec"]["template"]["metadata"]["annotations"] for w in (plain, changed)]
+    assert annotations[0]["checksum/config"] != annotations[1]["checksum/config"]
 
 
 @pytest.mark.parametrize(
@@ -615,8 +621,18 @@ def test_config_changes_roll_the_pods():
         ({"config": {"memoryUnitMb": 512}}, "memoryUnitMb"),
         ({"scheduler": {"weights": {"gpuMemory": 500}}}, "gpuMemory"),
         ({"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
+        ({"scheduler": {"enabled": True}, "config": {"schedulerName": "other"}}, "config.schedulerName"),
     ],
-    ids=["bad-prefix", "zero-unit", "unknown-strategy", "misspelt-nested-key", "misspelt-key", "weight-over-100", "timeout-over-30"],
+    ids=[
+        "bad-prefix",
+        "zero-unit",
+        "unknown-strategy",
+        "misspelt-nested-key",
+        "misspelt-key",
+        "weight-over-100",
+        "timeout-over-30",
+        "scheduler-name-mismatch",
+    ],
 )
 def test_bad_values_are_refused_with_a_message_naming_them(values, message, tmp_path):
     result = chartkit.run_helm(*chartkit.template_args(values, tmp_path))
@@ -694,3 +710,38 @@ def test_notes_tell_how_to_annotate_a_pod_and_check_the_result():
     assert c.decision_annotation in notes
     assert "kubectl describe node" in notes and c.gpu_memory_resource in notes
     assert f"{c.label_node_enabled}=true" in notes
+
+
+def test_webhook_only_install_leaves_out_every_node_side_object():
+    manifests = chartkit.render({"devicePlugin": {"enabled": False}, "serviceMonitor": {"enabled": True}})
+    node_side = [o for o in manifests if o["metadata"]["labels"]["app.kubernetes.io/component"] == "device-plugin"]
+    assert node_side == []
+    assert manifests.one("Deployment", "webhook") and manifests.one("ServiceMonitor", "webhook")
+    for obj in manifests:
+        if obj["kind"] not in CRD_KINDS:
+            assert chartkit.schema_errors(obj, chartkit.KUBE_VERSIONS[-1]) == []
+
+
+@pytest.mark.parametrize("combination", ["defaults", "custom-prefix", "everything"])
+def test_the_components_accept_the_arguments_the_chart_gives_them(combination, tmp_path):
+    from gpuslice.deviceplugin import main as deviceplugin_main
+    from gpuslice.webhook import main as webhook_main
+
+    manifests = rendered(combination)
+    expected = shared_config(manifests, tmp_path)
+    config_file = tmp_path / "config.yaml"
+
+    def with_local_config(container_spec: dict[str, Any]) -> list[str]:
+        return [f"--config={config_file}" if a.startswith("--config=") else a for a in container_spec["args"]]
+
+    plugin = chartkit.container(manifests.one("DaemonSet", "device-plugin"))
+    settings, options, _ = deviceplugin_main.parse_args(with_local_config(plugin))
+    assert settings == expected
+    assert options.kubelet_dir == "/var/lib/kubelet/device-plugins"
+    assert options.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert options.http_port == plugin["ports"][0]["containerPort"]
+
+    webhook = chartkit.container(manifests.one("Deployment", "webhook"))
+    args = webhook_main.build_parser().parse_args(with_local_config(webhook))
+    assert config.from_args(args, environ={}) == expected
+    assert args.port == webhook["ports"][0]["containerPort"]

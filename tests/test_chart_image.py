@@ -10,10 +10,9 @@ import pathlib
 import re
 import tomllib
 
+import chartkit
 import pytest
 import yaml
-
-import chartkit
 
 REPO = chartkit.REPO
 DOCKERFILE = (REPO / "Dockerfile").read_text()

@@ -17,10 +17,9 @@ import os
 import pathlib
 from typing import Any
 
+import chartkit
 import pytest
 from aiohttp import web
-
-import chartkit
 
 pytestmark = pytest.mark.helm
 

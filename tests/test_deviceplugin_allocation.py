@@ -8,7 +8,9 @@ import pytest
 from gpuslice import config, contract
 from gpuslice.deviceplugin import allocation, nodefile, response
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from kubelet_emulator import AdmissionError, kubelet, plugins, socket_dir  # noqa: F401 - fixtures
+from kubelet_emulator import AdmissionError, kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
 MEMORY = "gpuslice.io/gpu-memory"
 H100_A = "GPU-21302f2a-76fb-5940-b684-dae50f92c162"
@@ -193,3 +195,61 @@ async def test_mps_limits_reach_the_container_through_allocate(kubelet, socket_d
         assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(80 / 318 * 100))
         assert [d.name for d in answer.cdi_devices] == [f"nvidia.com/gpu={H100_A}"]
         assert answer.mounts[0].host_path == settings.mps.pipe_directory
+
+
+async def test_every_successful_allocate_is_announced_to_listeners(kubelet, socket_dir, demo_node):
+    heard = []
+    async with plugins(demo_node, socket_dir) as plugin_manager:
+        plugin_manager.add_allocation_listener(heard.append)
+        await kubelet.wait_for_resource(MEMORY)
+        await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb")
+        await kubelet.allocate(MEMORY, 2, "ns/a/c")
+        await kubelet.allocate("gpuslice.io/mig-3g.40gb", 1, "ns/b/c")
+        with pytest.raises(AdmissionError):
+            await kubelet.allocate(MEMORY, 700, "ns/c/c")
+    assert heard == [MEMORY, "gpuslice.io/mig-3g.40gb"]
+
+
+# --- the policy itself, on the plain functions the simulator calls too ------------------------
+
+
+@pytest.fixture
+def units(demo_node):
+    return allocation.MemoryUnits(demo_node, 256)
+
+
+def ids(gpu: str, *indexes: int) -> list[str]:
+    return [contract.unit_device_id(gpu, i) for i in indexes]
+
+
+@pytest.mark.parametrize(
+    ("free", "must", "size", "expected"),
+    [
+        # best fit: B has fewer free units that still hold the request
+        ((range(318), range(300, 318)), (), 10, ("B", range(300, 310))),
+        # must_include pins the GPU even when another fits tighter
+        ((range(318), range(300, 318)), ("A", 5), 3, ("A", [5, 0, 1])),
+        # nothing fits on one GPU: the answer still has `size` IDs, most-free GPU first
+        ((range(10), range(8)), (), 12, ("A+B", None)),
+        # unknown IDs in available are ignored
+        ((range(4), ()), (), 2, ("A", [0, 1])),
+    ],
+    ids=["best-fit", "must-include", "spill", "unknown-ignored"],
+)
+def test_preferred_units_follow_the_policy(units, free, must, size, expected):
+    available = ids(H100_A, *free[0]) + ids(H100_B, *free[1]) + ["GPU-stranger::1"]
+    must_include = ids(H100_A if must[0] == "A" else H100_B, must[1]) if must else []
+    chosen = units.preferred(list(reversed(available)), must_include, size)
+    gpu, indexes = expected
+    assert len(chosen) == size
+    if gpu == "A+B":
+        assert chosen == ids(H100_A, *range(10)) + ids(H100_B, 0, 1)
+    else:
+        assert chosen == ids(H100_A if gpu == "A" else H100_B, *indexes)
+
+
+def test_whole_gpu_requests_with_must_include_keep_that_gpu(units):
+    everything = list(units.device_ids)
+    chosen = units.preferred(everything, ids(H100_B, 9), 318)
+    assert chosen == ids(H100_B, *range(318))
+    assert units.preferred(everything, [], 636) == ids(H100_A, *range(318)) + ids(H100_B, *range(318))

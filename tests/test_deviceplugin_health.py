@@ -11,7 +11,9 @@ import fake_nvml
 from gpuslice import config
 from gpuslice.deviceplugin import health
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from kubelet_emulator import kubelet, plugins, socket_dir  # noqa: F401 - fixtures
+from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
 MEMORY = "gpuslice.io/gpu-memory"
 MIG_1G = "gpuslice.io/mig-1g.10gb"
@@ -82,6 +84,8 @@ async def test_an_xid_on_one_mig_instance_marks_only_that_slice(kubelet, socket_
     nvml, state, _, _ = watched
     async with plugins(demo_node, socket_dir, health_state=state):
         await kubelet.wait_for_resource(MIG_1G, 2)
+        await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb", 1)
+        await kubelet.wait_for_resource(MEMORY, 636)
         gi, ci = nvml.mig_instance(MIG_1G_A)
         nvml.inject_xid(A100, 94, gpu_instance=gi, compute_instance=ci)
         await kubelet.wait_for_resource(MIG_1G, 1)
@@ -94,6 +98,8 @@ async def test_an_xid_on_a_mig_gpu_itself_marks_all_its_slices(kubelet, socket_d
     nvml, state, _, _ = watched
     async with plugins(demo_node, socket_dir, health_state=state):
         await kubelet.wait_for_resource(MIG_1G, 2)
+        await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb", 1)
+        await kubelet.wait_for_resource(MEMORY, 636)
         nvml.inject_xid(A100, 79)
         await kubelet.wait_for_resource(MIG_1G, 0)
         await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb", 0)
@@ -139,7 +145,7 @@ def test_configured_ignored_xids_replace_the_defaults(demo_node):
     nvml.nvmlInit()
     state = health.HealthState()
     monitor = health.HealthMonitor(nvml, demo_node, config.HealthConfig(ignored_xids=(79,)), state)
-    event = lambda xid: types.SimpleNamespace(  # noqa: E731
+    event = lambda xid: types.SimpleNamespace(
         device=nvml.nvmlDeviceGetHandleByUUID(H100_B), eventType=nvml.nvmlEventTypeXidCriticalError, eventData=xid,
         gpuInstanceId=fake_nvml.NOT_MIG_SPECIFIC, computeInstanceId=fake_nvml.NOT_MIG_SPECIFIC,
     )

@@ -35,7 +35,7 @@ def test_links_to_an_nvswitch_connect_every_switched_gpu(h200_node):
     for gpu in nvml.gpus[3:]:
         gpu.links = []
     found = nvml_source.discover(nvml, read_sysfs=lambda path: None)
-    first, second, third = (g.uuid for g in found.gpus[:3])
+    _, second, third = (g.uuid for g in found.gpus[:3])
     assert dict(found.gpus[0].nvlinks) == {second: 18, third: 18}
     assert found.nvlinks(second, third) == 18
     assert dict(found.gpus[4].nvlinks) == {}

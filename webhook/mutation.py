@@ -17,11 +17,12 @@ May import gpuslice.contract, gpuslice.config and the webhook's own pure modules
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from gpuslice import config, contract as contract_
 from gpuslice.webhook import cluster as cluster_, steering
@@ -290,7 +291,7 @@ def _build_patch(
         patch.append(
             {
                 "op": "add",
-                "path": json_pointer("spec", field, index, "resources"),
+                "path": f"/spec/{field}/{index}/resources",  # fixed names: nothing to escape
                 "value": _container_resources(container, conversion.resource, units),
             }
         )
@@ -315,7 +316,7 @@ def _build_patch(
     if affinity is not None:
         patch.append({"op": "add", "path": "/spec/affinity", "value": affinity})
 
-    decision = json.dumps(conversion.decision, separators=(",", ":"), sort_keys=True)
+    decision = orjson.dumps(conversion.decision, option=orjson.OPT_SORT_KEYS).decode()
     if metadata.get("annotations"):
         patch.append(
             {"op": "add", "path": json_pointer("metadata", "annotations", contract.decision_annotation), "value": decision}

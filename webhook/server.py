@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
 
+import orjson
 from aiohttp import web
 
 from gpuslice import config
@@ -50,12 +50,12 @@ async def _mutate(request: web.Request) -> web.Response:
     try:
         answer = admission.review(body, settings=app[SETTINGS], cluster=app[CLUSTER])
     except admission.MalformedReview as exc:
-        metrics.admissions.labels("malformed").inc()
+        metrics.result("malformed").inc()
         return web.Response(status=400, text=f"malformed AdmissionReview: {exc}\n")
-    metrics.admissions.labels(answer.result).inc()
+    metrics.result(answer.result).inc()
     if answer.outcome is not None and answer.outcome.kind and not answer.dry_run:
-        metrics.conversions.labels(answer.outcome.kind).inc()
-    response = web.Response(body=json.dumps(answer.response, separators=(",", ":")), content_type=_JSON)
+        metrics.conversion(answer.outcome.kind).inc()
+    response = web.Response(body=orjson.dumps(answer.response), content_type=_JSON)
     metrics.latency.observe(time.perf_counter() - started)
     return response
 

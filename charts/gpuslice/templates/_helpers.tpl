@@ -81,7 +81,10 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The shared configuration as the components read it (schema: docs/configuration.md). */}}
 {{- define "gpuslice.configYaml" -}}
 {{- $config := deepCopy .Values.config }}
-{{- if and .Values.scheduler.enabled (not $config.schedulerName) }}
+{{- if .Values.scheduler.enabled }}
+{{- if and $config.schedulerName (ne $config.schedulerName .Values.scheduler.profileName) }}
+{{- fail (printf "config.schedulerName %q differs from scheduler.profileName %q: converted pods would wait for a scheduler that does not exist; leave config.schedulerName empty" $config.schedulerName .Values.scheduler.profileName) }}
+{{- end }}
 {{- $_ := set $config "schedulerName" .Values.scheduler.profileName }}
 {{- end }}
 {{- $_ := set $config "resourcePrefix" (include "gpuslice.prefix" .) }}

@@ -1,0 +1,95 @@
+"""`make demo`: the real plugin (gRPC, kubelet emulator) and webhook (HTTPS) on the demo node."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from gpuslice.demo import main as demo
+from gpuslice.deviceplugin import inventory
+
+from gpuslice import config
+
+
+def _leftovers() -> set[str]:
+    return {p.name for p in pathlib.Path(tempfile.gettempdir()).glob("gpuslice-demo-*")} | {
+        p.name for p in pathlib.Path("/tmp").glob("gpuslice-demo-*")
+    }
+
+
+async def test_every_demo_pod_lands_on_a_gpu_with_its_memory_and_environment(demo_node: inventory.NodeInventory) -> None:
+    before = _leftovers()
+    report = await demo.run_demo(config.Config(), demo_node)
+    by_name = {p.name: p for p in report.pods}
+
+    half = by_name["default/gpu-sharing-fraction"]
+    assert half.request.startswith("gpuslice.io/gpu-memory: 160")
+    assert half.where == "GPU 0 (NVIDIA H100 80GB HBM3)" and half.memory_mib == 160 * 256
+    assert half.env["NVIDIA_VISIBLE_DEVICES"] == demo_node.gpus[0].uuid
+    assert half.env["GPUSLICE_MEMORY_LIMIT_MIB"] == "40960"
+
+    kai = by_name["gpu-workload/gpu-pod"]
+    assert kai.memory_mib == 2048
+    assert any("kai-scheduler" in w for w in kai.warnings)
+
+    mig = by_name["default/isolated-tenant"]
+    assert mig.where.startswith("MIG 1g.10gb on GPU 2")
+    assert mig.env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+
+    typo = by_name["default/typo"]
+    assert "gpu-fraction='1.5' is above 1" in typo.denied and not typo.gpus
+
+    assert len(report.placed) == 6
+    assert report.gpus_used == 3
+    assert _leftovers() == before
+
+
+def test_the_rendered_report_has_the_lines_a_person_looks_for(demo_node: inventory.NodeInventory) -> None:
+    report = demo.Report(
+        node_summary="GPU 0 test",
+        plugin_resources={"gpuslice.io/gpu-memory": 636},
+        webhook_url="https://127.0.0.1:1/mutate",
+        pods=[
+            demo.PodResult(
+                name="default/a",
+                asked="gpu-fraction=0.5",
+                request="gpuslice.io/gpu-memory: 160",
+                node="demo-node",
+                gpus=("GPU-x",),
+                where="GPU 0 (H100)",
+                memory_mib=40960,
+                env={"NVIDIA_VISIBLE_DEVICES": "GPU-x"},
+            ),
+            demo.PodResult(name="default/b", asked="gpu-fraction=0.25", gpus=("GPU-x",), where="GPU 0 (H100)"),
+            demo.PodResult(name="default/typo", asked="gpu-fraction=1.5", denied="annotation gpu-fraction='1.5' is above 1"),
+        ],
+    )
+    text = report.render()
+    assert "placed on demo-node, GPU 0 (H100): 40960 MiB" in text
+    assert "env: NVIDIA_VISIBLE_DEVICES=GPU-x" in text
+    assert "DENIED by the webhook: annotation gpu-fraction='1.5' is above 1" in text
+    assert "2 GPU pods on 1 physical GPU: 1 GPU saved against one pod per GPU" in text
+
+
+def test_gpuslice_demo_runs_as_a_command_and_leaves_nothing_behind() -> None:
+    before = _leftovers()
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuslice.demo.main"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "GPU pods on 3 physical GPUs: 3 GPUs saved against one pod per GPU" in done.stdout
+    assert "DENIED by the webhook" in done.stdout
+    assert _leftovers() == before
+
+
+def test_a_bad_node_file_is_refused_with_its_name(tmp_path: pathlib.Path) -> None:
+    bad = tmp_path / "node.yaml"
+    bad.write_text("gpus: nope\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuslice.demo.main", "--node-file", str(bad)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert str(bad) in done.stderr
