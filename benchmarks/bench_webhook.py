@@ -43,7 +43,7 @@ def make_pod(rng: random.Random, index: int) -> dict[str, Any]:
         annotations["gpu-fraction"] = rng.choice(["0.1", "0.25", "0.5", "0.75"])
     elif kind == 2:
         annotations["gpu-memory"] = rng.choice(["2000", "8Gi", "20000"])
-    env = [{"name": f"SETTING_{i}", "value": "x" * rng.randint(20, 120)} for i in range(rng.randint(20, 110))]
+    env = [{"name": f"SETTING_{i}", "value": "x" * rng.randint(20, 120)} for i in range(rng.randint(30, 160))]
     volumes = [{"name": f"data-{i}", "configMap": {"name": f"cm-{i}"}} for i in range(rng.randint(2, 10))]
     return {
         "apiVersion": "v1",
@@ -207,7 +207,8 @@ def _wait_ready(port: int, ca_file: str) -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            urllib.request.urlopen(urllib.request.Request(f"https://127.0.0.1:{port}/mutate", data=b"{}"), context=context, timeout=2)
+            request = urllib.request.Request(f"https://127.0.0.1:{port}/mutate", data=make_reviews(1)[0])
+            urllib.request.urlopen(request, context=context, timeout=2)
             return
         except urllib.error.HTTPError:
             return  # it answered (400 or 500): it is up

@@ -28,11 +28,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import prometheus_client
-
-from gpuslice import config
 from gpuslice.deviceplugin import allocation, inventory, labels, podresources
 
-__all__ = ["NodeApi", "NodeApiError", "KubernetesNodeApi", "NodeLabeller"]
+from gpuslice import config
+
+__all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller"]
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +52,24 @@ class KubernetesNodeApi:
     """NodeApi with the official client: in-cluster config, else the kubeconfig; calls run in a
     thread because the client is blocking."""
 
-    def __init__(self, api_client: Any = None, *, timeout_seconds: float = 10.0) -> None:
-        self._api_client = api_client  # kubernetes.client.ApiClient; None: load config on first use
+    def __init__(
+        self, api_client: Any = None, *, timeout_seconds: float = 10.0
+    ) -> None:
+        self._api_client = (
+            api_client  # kubernetes.client.ApiClient; None: load config on first use
+        )
         self._owns_client = api_client is None
         self._timeout = timeout_seconds
         self._core: Any = None
 
     async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
-        await asyncio.to_thread(self._patch, node_name, {"metadata": {"labels": labels}})
+        await asyncio.to_thread(
+            self._patch, node_name, {"metadata": {"labels": labels}}
+        )
 
     def _patch(self, node_name: str, body: dict[str, Any]) -> None:
         import kubernetes  # imported here: only the production path needs it
+        import urllib3
 
         try:
             if self._core is None:
@@ -80,11 +87,18 @@ class KubernetesNodeApi:
                 _request_timeout=self._timeout,
             )
         except kubernetes.client.ApiException as exc:
-            raise NodeApiError(f"PATCH node {node_name}: HTTP {exc.status} {exc.reason}") from None
+            raise NodeApiError(
+                f"PATCH node {node_name}: HTTP {exc.status} {exc.reason}"
+            ) from None
         except kubernetes.config.ConfigException as exc:
-            raise NodeApiError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from None
-        except Exception as exc:  # urllib3 timeouts and connection errors
-            raise NodeApiError(f"PATCH node {node_name}: {type(exc).__name__}: {exc}") from None
+            raise NodeApiError(
+                f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}"
+            ) from None
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            # timeouts, refused connections, an answer that is not a Node
+            raise NodeApiError(
+                f"PATCH node {node_name}: {type(exc).__name__}: {exc}"
+            ) from None
 
     def close(self) -> None:
         if self._owns_client and self._api_client is not None:
@@ -106,7 +120,9 @@ class NodeLabeller:
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
         if not node_name:
-            raise ValueError("the node labeller needs the node's name (--node-name, from spec.nodeName)")
+            raise ValueError(
+                "the node labeller needs the node's name (--node-name, from spec.nodeName)"
+            )
         self._node = node
         self._contract = settings.contract
         self._node_name = node_name
@@ -122,9 +138,15 @@ class NodeLabeller:
         self._random = random.Random()
         # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
         # are never in here, so they are never removed.
-        self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0))
-        self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
-        self.written: dict[str, str] | None = None  # what the API server has, as far as we know
+        self._owned_keys = set(
+            labels.node_labels(node, self._contract, placement_score=0)
+        )
+        self.desired: dict[str, str] | None = (
+            None  # None until kubelet's record has been read
+        )
+        self.written: dict[str, str] | None = (
+            None  # what the API server has, as far as we know
+        )
         self.writes = 0
         self.write_errors = 0
         self.read_errors = 0
@@ -149,7 +171,9 @@ class NodeLabeller:
                     await self._sleep_or_wake(self._poll)
                     continue
                 wait = next_write_at - loop.time()
-                if wait > 0:  # rate limit: re-read kubelet when the slot opens, write the latest
+                if (
+                    wait > 0
+                ):  # rate limit: re-read kubelet when the slot opens, write the latest
                     await self._sleep_or_wake(wait)
                     continue
                 if await self._write(delta):
@@ -172,7 +196,9 @@ class NodeLabeller:
             self.read_errors += 1
             if self._metrics:
                 self._metrics.reads.labels("error").inc()
-            log.warning("node labels not refreshed: %s (retrying in %.1fs)", exc, self._poll)
+            log.warning(
+                "node labels not refreshed: %s (retrying in %.1fs)", exc, self._poll
+            )
             return
         if self._metrics:
             self._metrics.reads.labels("ok").inc()
@@ -195,13 +221,17 @@ class NodeLabeller:
             # registration it may not list ours yet, and "none allocatable" would hide the node.
             if allocatable.get(memory):
                 taken_units |= set(self._units.device_ids) - allocatable[memory]
-            offered_mig = {d for name, ids in allocatable.items() if name != memory for d in ids}
+            offered_mig = {
+                d for name, ids in allocatable.items() if name != memory for d in ids
+            }
             if offered_mig:
                 taken_mig |= self._mig_ids - offered_mig
         allocated: dict[str, int] = {}
         for device_id in taken_units:
             gpu = self._units.gpu_of.get(device_id)
-            if gpu is not None:  # IDs from another unit size or node layout are not ours to count
+            if (
+                gpu is not None
+            ):  # IDs from another unit size or node layout are not ours to count
                 allocated[gpu] = allocated.get(gpu, 0) + 1
         return labels.node_labels(
             self._node,
@@ -216,15 +246,21 @@ class NodeLabeller:
             return None
         try:
             return await asyncio.to_thread(self._usage)  # NVML calls block
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a broken scorer must not stop the labels
             log.warning("placement score unavailable: %s", exc)
             return None
 
     def _delta(self) -> dict[str, str | None]:
         if self.desired is None:
             return {}
-        previous = self.written if self.written is not None else dict.fromkeys(self._owned_keys, "")
-        delta: dict[str, str | None] = {k: v for k, v in self.desired.items() if previous.get(k) != v}
+        previous = (
+            self.written
+            if self.written is not None
+            else dict.fromkeys(self._owned_keys, "")
+        )
+        delta: dict[str, str | None] = {
+            k: v for k, v in self.desired.items() if previous.get(k) != v
+        }
         for key in previous.keys() - self.desired.keys():
             delta[key] = None
         return delta
@@ -234,12 +270,17 @@ class NodeLabeller:
         desired = dict(self.desired)
         try:
             await self._api.patch_labels(self._node_name, delta)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any NodeApi failure is retried with backoff
             self.write_errors += 1
             self._failures += 1
             if self._metrics:
                 self._metrics.writes.labels("error").inc()
-            log.warning("node %s labels not written (attempt %d): %s", self._node_name, self._failures, exc)
+            log.warning(
+                "node %s labels not written (attempt %d): %s",
+                self._node_name,
+                self._failures,
+                exc,
+            )
             return False
         self.writes += 1
         self._failures = 0
@@ -252,7 +293,9 @@ class NodeLabeller:
     def _backoff(self) -> float:
         ceiling = max(MAX_BACKOFF_SECONDS, self._min_interval)
         delay = min(ceiling, self._min_interval * 2 ** min(self._failures, 30))
-        return delay * self._random.uniform(0.5, 1.0)  # jitter: nodes recovering together spread out
+        return delay * self._random.uniform(
+            0.5, 1.0
+        )  # jitter: nodes recovering together spread out
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         try:

@@ -13,12 +13,12 @@ May import the generated stubs in gpuslice.proto.podresources.v1; nothing else o
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Self
 
 import grpc
-
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
-__all__ = ["DEFAULT_SOCKET", "PodResourcesError", "Client"]
+__all__ = ["DEFAULT_SOCKET", "Client", "PodResourcesError"]
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # kubelet answers List for every pod of the node; big nodes exceed gRPC's 4 MiB default.
@@ -32,7 +32,9 @@ class PodResourcesError(RuntimeError):
 class Client:
     """One channel to kubelet's PodResources socket; use as an async context manager."""
 
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, timeout_seconds: float = 5.0) -> None:
+    def __init__(
+        self, socket_path: str = DEFAULT_SOCKET, *, timeout_seconds: float = 5.0
+    ) -> None:
         self.socket_path = socket_path
         self._timeout = timeout_seconds
         self._channel = grpc.aio.insecure_channel(
@@ -41,7 +43,7 @@ class Client:
         )
         self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -50,20 +52,28 @@ class Client:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def devices_in_use(self, wanted: Callable[[str], bool]) -> dict[str, set[str]]:
+    async def devices_in_use(
+        self, wanted: Callable[[str], bool]
+    ) -> dict[str, set[str]]:
         """Resource name -> device IDs kubelet has assigned to some container, for the resources
         `wanted` accepts (init containers included: kubelet lists them too while they hold devices)."""
         try:
-            response = await self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout)
+            response = await self._stub.List(
+                api_pb2.ListPodResourcesRequest(), timeout=self._timeout
+            )
         except grpc.aio.AioRpcError as exc:
-            raise PodResourcesError(f"PodResources List on {self.socket_path}: {exc.code().name}: {exc.details()}") from None
+            raise PodResourcesError(
+                f"PodResources List on {self.socket_path}: {exc.code().name}: {exc.details()}"
+            ) from None
         in_use: dict[str, set[str]] = {}
         for pod in response.pod_resources:
             for container in pod.containers:
                 _collect(container.devices, wanted, in_use)
         return in_use
 
-    async def allocatable_devices(self, wanted: Callable[[str], bool]) -> dict[str, set[str]] | None:
+    async def allocatable_devices(
+        self, wanted: Callable[[str], bool]
+    ) -> dict[str, set[str]] | None:
         """Resource name -> device IDs kubelet may allocate (healthy ones), or None where kubelet
         does not offer GetAllocatableResources (before 1.21, or disabled)."""
         try:
@@ -71,7 +81,10 @@ class Client:
                 api_pb2.AllocatableResourcesRequest(), timeout=self._timeout
             )
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED):
+            if exc.code() in (
+                grpc.StatusCode.UNIMPLEMENTED,
+                grpc.StatusCode.PERMISSION_DENIED,
+            ):
                 return None
             raise PodResourcesError(
                 f"PodResources GetAllocatableResources on {self.socket_path}: {exc.code().name}: {exc.details()}"
@@ -82,7 +95,9 @@ class Client:
 
 
 def _collect(
-    devices: Iterable[api_pb2.ContainerDevices], wanted: Callable[[str], bool], into: dict[str, set[str]]
+    devices: Iterable[api_pb2.ContainerDevices],
+    wanted: Callable[[str], bool],
+    into: dict[str, set[str]],
 ) -> None:
     for entry in devices:
         if wanted(entry.resource_name):

@@ -99,7 +99,7 @@ def paper_figures(directory: pathlib.Path, workload: str, *, with_curves: bool) 
     summary_file = directory / "summary_alloc_at_130pct.csv"
     if not summary_file.is_file():
         return None
-    summary = {}
+    summary: dict[str, dict[str, float]] = {}
     with summary_file.open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             if row["workload"] == workload:
@@ -114,9 +114,9 @@ def paper_figures(directory: pathlib.Path, workload: str, *, with_curves: bool) 
             reader = csv.reader(handle)
             header = next(reader)
             first = header.index("0")
-            for row in reader:
-                if row[0] == workload:
-                    rows.setdefault(row[1], []).append([float(v) for v in row[first:] if v != ""])
+            for fields in reader:
+                if fields[0] == workload:
+                    rows.setdefault(fields[1], []).append([float(v) for v in fields[first:] if v != ""])
         for policy, values in rows.items():
             width = min(len(v) for v in values)
             curves[policy] = list(np.mean([v[:width] for v in values], axis=0) / 100)

@@ -18,10 +18,10 @@ import kubernetes
 import prometheus_client
 import pytest
 from aiohttp import web
-
-from gpuslice import config, contract
 from gpuslice.deviceplugin import allocation, labeller, labels
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
+
+from gpuslice import config, contract
 
 NODE = "gpu-node-1"
 CONTRACT = contract.Contract()
@@ -36,7 +36,9 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
 
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, list[str]]] = {}
-        self.allocatable: dict[str, list[str]] | None = None  # None: UNIMPLEMENTED (old kubelet)
+        self.allocatable: dict[str, list[str]] | None = (
+            None  # None: UNIMPLEMENTED (old kubelet)
+        )
         self.lists = 0
 
     async def List(self, request, context):
@@ -78,7 +80,9 @@ class KubeletSocket:
 
 @pytest.fixture
 async def kubelet_socket() -> AsyncIterator[KubeletSocket]:
-    directory = tempfile.mkdtemp(prefix="gs-pr-", dir="/tmp")  # unix socket paths must stay short
+    directory = tempfile.mkdtemp(
+        prefix="gs-pr-", dir="/tmp"
+    )  # unix socket paths must stay short
     socket = KubeletSocket(path=f"{directory}/kubelet.sock", kubelet=FakeKubelet())
     await socket.start()
     try:
@@ -93,7 +97,9 @@ async def kubelet_socket() -> AsyncIterator[KubeletSocket]:
 
 @dataclasses.dataclass
 class FakeApiServer:
-    labels: dict[str, str] = dataclasses.field(default_factory=lambda: {OPERATOR_LABEL: "true"})
+    labels: dict[str, str] = dataclasses.field(
+        default_factory=lambda: {OPERATOR_LABEL: "true"}
+    )
     patches: list[dict[str, str | None]] = dataclasses.field(default_factory=list)
     fail_next: int = 0  # answer this many PATCHes with 500
     hang_next: int = 0  # leave this many PATCHes unanswered past the client's timeout
@@ -109,7 +115,10 @@ class FakeApiServer:
             await asyncio.sleep(3)
         if self.fail_next:
             self.fail_next -= 1
-            return web.json_response({"kind": "Status", "code": 500, "message": "etcdserver: timeout"}, status=500)
+            return web.json_response(
+                {"kind": "Status", "code": 500, "message": "etcdserver: timeout"},
+                status=500,
+            )
         patch = body["metadata"]["labels"]
         self.patches.append(patch)
         for key, value in patch.items():  # JSON merge patch: null deletes
@@ -117,12 +126,18 @@ class FakeApiServer:
                 self.labels.pop(key, None)
             else:
                 self.labels[key] = value
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": self.labels}}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE, "labels": self.labels},
+        }
         return web.json_response(node)
 
 
 @pytest.fixture
-async def api_server(aiohttp_server) -> tuple[FakeApiServer, labeller.KubernetesNodeApi]:
+async def api_server(
+    aiohttp_server,
+) -> tuple[FakeApiServer, labeller.KubernetesNodeApi]:
     fake = FakeApiServer()
     app = web.Application()
     app.router.add_patch("/api/v1/nodes/{name}", fake.patch_node)
@@ -137,14 +152,21 @@ async def api_server(aiohttp_server) -> tuple[FakeApiServer, labeller.Kubernetes
 # --- helpers ------------------------------------------------------------------------------
 
 
-def steering_settings(*, min_interval: float = 0.01, poll: float = 60.0) -> config.Config:
+def steering_settings(
+    *, min_interval: float = 0.01, poll: float = 60.0
+) -> config.Config:
     return config.load(
-        overrides={"steering.labelMinIntervalSeconds": min_interval, "steering.podResourcesPollSeconds": poll},
+        overrides={
+            "steering.labelMinIntervalSeconds": min_interval,
+            "steering.podResourcesPollSeconds": poll,
+        },
         environ={},
     )
 
 
-async def eventually(condition: Callable[[], bool], what: str, limit: float = 10.0) -> None:
+async def eventually(
+    condition: Callable[[], bool], what: str, limit: float = 10.0
+) -> None:
     """Wait for `condition` (a bound on failure, not a speed check)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit
@@ -184,14 +206,21 @@ def per_gpu(node) -> int:
 def make(node, socket, api, **options) -> labeller.NodeLabeller:
     settings = options.pop("settings", steering_settings())
     return labeller.NodeLabeller(
-        node=node, settings=settings, node_name=NODE, pod_resources_socket=socket.path, api=api, **options
+        node=node,
+        settings=settings,
+        node_name=NODE,
+        pod_resources_socket=socket.path,
+        api=api,
+        **options,
     )
 
 
 # --- behaviour ----------------------------------------------------------------------------
 
 
-async def test_labels_reflect_kubelets_record_and_leave_operator_labels_alone(demo_node, kubelet_socket, api_server):
+async def test_labels_reflect_kubelets_record_and_leave_operator_labels_alone(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
     mig = next(m for m in demo_node.mig_devices())
     kubelet_socket.kubelet.pods = {
@@ -200,92 +229,177 @@ async def test_labels_reflect_kubelets_record_and_leave_operator_labels_alone(de
         "cpu-thing": {"example.com/other": ["x"]},
     }
     async with Running(make(demo_node, kubelet_socket, api)):
-        await eventually(lambda: CONTRACT.label_free_block_units in fake.labels, "first label write")
+        await eventually(
+            lambda: CONTRACT.label_free_block_units in fake.labels, "first label write"
+        )
     expected = labels.node_labels(
-        demo_node, CONTRACT, allocated={demo_node.memory_gpus[0].uuid: 160}, allocated_mig={mig.uuid}
+        demo_node,
+        CONTRACT,
+        allocated={demo_node.memory_gpus[0].uuid: 160},
+        allocated_mig={mig.uuid},
     )
     assert {k: v for k, v in fake.labels.items() if k != OPERATOR_LABEL} == expected
     assert fake.labels[OPERATOR_LABEL] == "true"
-    assert fake.labels[CONTRACT.label_free_partial_block_units] == str(per_gpu(demo_node) - 160)
+    assert fake.labels[CONTRACT.label_free_partial_block_units] == str(
+        per_gpu(demo_node) - 160
+    )
     assert fake.labels[CONTRACT.label_free_gpus] == "1"
     assert set(fake.content_types) == {"application/merge-patch+json"}
 
 
-async def test_an_allocation_is_published_on_notify_without_waiting_for_the_poll(demo_node, kubelet_socket, api_server):
+async def test_an_allocation_is_published_on_notify_without_waiting_for_the_poll(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
-    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=3600))) as running:
-        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "initial labels")
-        kubelet_socket.kubelet.pods["whole"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 1, per_gpu(demo_node))}
+    async with Running(
+        make(demo_node, kubelet_socket, api, settings=steering_settings(poll=3600))
+    ) as running:
+        await eventually(
+            lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "initial labels"
+        )
+        kubelet_socket.kubelet.pods["whole"] = {
+            CONTRACT.gpu_memory_resource: units_of(demo_node, 1, per_gpu(demo_node))
+        }
         running.notify()
-        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocation after notify")
+        await eventually(
+            lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1",
+            "allocation after notify",
+        )
     # Only changed labels travel: the second patch holds no static label.
     assert CONTRACT.label_gpu_product not in fake.patches[-1]
     assert fake.patches[-1][CONTRACT.label_free_units] == str(per_gpu(demo_node))
 
 
-async def test_a_release_is_published_by_the_poll_alone(demo_node, kubelet_socket, api_server):
+async def test_a_release_is_published_by_the_poll_alone(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
-    kubelet_socket.kubelet.pods["whole"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, per_gpu(demo_node))}
-    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))):
-        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocated")
+    kubelet_socket.kubelet.pods["whole"] = {
+        CONTRACT.gpu_memory_resource: units_of(demo_node, 0, per_gpu(demo_node))
+    }
+    async with Running(
+        make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))
+    ):
+        await eventually(
+            lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocated"
+        )
         del kubelet_socket.kubelet.pods["whole"]  # kubelet never tells the plugin
-        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "release seen by polling")
+        await eventually(
+            lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2",
+            "release seen by polling",
+        )
 
 
-async def test_a_burst_of_allocations_is_coalesced_and_the_last_state_is_written(demo_node, kubelet_socket, api_server):
+async def test_a_burst_of_allocations_is_coalesced_and_the_last_state_is_written(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
     settings = steering_settings(min_interval=1.0, poll=3600)
-    async with Running(make(demo_node, kubelet_socket, api, settings=settings)) as running:
+    async with Running(
+        make(demo_node, kubelet_socket, api, settings=settings)
+    ) as running:
         await eventually(lambda: len(fake.patches) == 1, "first write")
         for i in range(20):
-            kubelet_socket.kubelet.pods[f"pod-{i}"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 4, 4 * i)}
+            kubelet_socket.kubelet.pods[f"pod-{i}"] = {
+                CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 4, 4 * i)
+            }
             running.notify()
             await asyncio.sleep(0)
-        await eventually(lambda: fake.labels.get(CONTRACT.label_free_partial_block_units) == str(per_gpu(demo_node) - 80), "last state")
-    assert len(fake.patches) <= 3, fake.patches  # 20 changes inside one interval: one or two writes after the first
+        await eventually(
+            lambda: (
+                fake.labels.get(CONTRACT.label_free_partial_block_units)
+                == str(per_gpu(demo_node) - 80)
+            ),
+            "last state",
+        )
+    assert len(fake.patches) <= 3, (
+        fake.patches
+    )  # 20 changes inside one interval: one or two writes after the first
 
 
-async def test_api_server_errors_are_retried_with_backoff_until_written(demo_node, kubelet_socket, api_server):
+async def test_api_server_errors_are_retried_with_backoff_until_written(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
     fake.fail_next = 3
     registry = prometheus_client.CollectorRegistry()
-    kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 1, 100)}
-    async with Running(make(demo_node, kubelet_socket, api, registry=registry)) as running:
-        await eventually(lambda: CONTRACT.label_free_block_units in fake.labels, "written after failures")
+    kubelet_socket.kubelet.pods["a"] = {
+        CONTRACT.gpu_memory_resource: units_of(demo_node, 1, 100)
+    }
+    async with Running(
+        make(demo_node, kubelet_socket, api, registry=registry)
+    ) as running:
+        await eventually(
+            lambda: CONTRACT.label_free_block_units in fake.labels,
+            "written after failures",
+        )
         assert running.write_errors == 3 and running.writes == 1
-        assert registry.get_sample_value("gpuslice_node_label_writes_total", {"result": "error"}) == 3
-        assert registry.get_sample_value("gpuslice_node_label_writes_total", {"result": "ok"}) == 1
-        assert fake.labels[CONTRACT.label_free_partial_block_units] == str(per_gpu(demo_node) - 100)
+        assert (
+            registry.get_sample_value(
+                "gpuslice_node_label_writes_total", {"result": "error"}
+            )
+            == 3
+        )
+        assert (
+            registry.get_sample_value(
+                "gpuslice_node_label_writes_total", {"result": "ok"}
+            )
+            == 1
+        )
+        assert fake.labels[CONTRACT.label_free_partial_block_units] == str(
+            per_gpu(demo_node) - 100
+        )
         # Writes succeed again and the labeller keeps following kubelet.
         kubelet_socket.kubelet.pods.clear()
         running.notify()
-        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "follows after recovery")
+        await eventually(
+            lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2",
+            "follows after recovery",
+        )
 
 
-async def test_a_hung_api_server_times_out_and_the_write_is_retried(demo_node, kubelet_socket, api_server):
+async def test_a_hung_api_server_times_out_and_the_write_is_retried(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
     fake.hang_next = 1
     async with Running(make(demo_node, kubelet_socket, api)) as running:
-        await eventually(lambda: running.writes == 1, "written after a timeout", limit=20)
+        await eventually(
+            lambda: running.writes == 1, "written after a timeout", limit=20
+        )
         assert running.write_errors == 1
     assert fake.labels[CONTRACT.label_free_gpus] == "2"
 
 
-async def test_nothing_is_written_until_kubelet_answers_then_labels_appear(demo_node, kubelet_socket, api_server):
+async def test_nothing_is_written_until_kubelet_answers_then_labels_appear(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
     await kubelet_socket.stop()  # kubelet restarting: the socket is gone
     pathlib.Path(kubelet_socket.path).unlink(missing_ok=True)
-    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))) as running:
-        await eventually(lambda: running.read_errors >= 2, "read errors while kubelet is away")
+    async with Running(
+        make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))
+    ) as running:
+        await eventually(
+            lambda: running.read_errors >= 2, "read errors while kubelet is away"
+        )
         assert fake.patches == []  # never publish "all free" on a guess
-        kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 10)}
+        kubelet_socket.kubelet.pods["a"] = {
+            CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 10)
+        }
         await kubelet_socket.start()
         await eventually(
-            lambda: fake.labels.get(CONTRACT.label_free_partial_block_units) == str(per_gpu(demo_node) - 10), "labels after"
+            lambda: (
+                fake.labels.get(CONTRACT.label_free_partial_block_units)
+                == str(per_gpu(demo_node) - 10)
+            ),
+            "labels after",
         )
 
 
-async def test_a_placement_score_that_goes_away_is_removed_from_the_node(demo_node, kubelet_socket, api_server):
+async def test_a_placement_score_that_goes_away_is_removed_from_the_node(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
     scores = iter([80, 80, None])
     last: list[int | None] = []
@@ -295,31 +409,45 @@ async def test_a_placement_score_that_goes_away_is_removed_from_the_node(demo_no
         return last[-1]
 
     async with Running(make(demo_node, kubelet_socket, api, usage=usage)) as running:
-        await eventually(lambda: fake.labels.get(CONTRACT.label_placement_score) == "80", "score published")
+        await eventually(
+            lambda: fake.labels.get(CONTRACT.label_placement_score) == "80",
+            "score published",
+        )
         running.notify()
         await eventually(lambda: len(last) >= 2, "second refresh")
         running.notify()
-        await eventually(lambda: CONTRACT.label_placement_score not in fake.labels, "stale score removed")
+        await eventually(
+            lambda: CONTRACT.label_placement_score not in fake.labels,
+            "stale score removed",
+        )
     assert fake.patches[-1] == {CONTRACT.label_placement_score: None}
 
 
-async def test_a_failing_usage_reader_only_drops_the_score(demo_node, kubelet_socket, api_server):
+async def test_a_failing_usage_reader_only_drops_the_score(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
 
     def broken() -> int | None:
         raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
 
     async with Running(make(demo_node, kubelet_socket, api, usage=broken)):
-        await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels without a score")
+        await eventually(
+            lambda: CONTRACT.label_free_gpus in fake.labels, "labels without a score"
+        )
     assert CONTRACT.label_placement_score not in fake.labels
 
 
-async def test_devices_kubelet_no_longer_offers_are_not_advertised_as_free(demo_node, kubelet_socket, api_server):
+async def test_devices_kubelet_no_longer_offers_are_not_advertised_as_free(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
     units = allocation.MemoryUnits(demo_node, CONTRACT.unit_mib)
     lost_gpu = demo_node.memory_gpus[1].uuid
     kubelet_socket.kubelet.allocatable = {
-        CONTRACT.gpu_memory_resource: [d for d in units.device_ids if units.gpu_of[d] != lost_gpu]
+        CONTRACT.gpu_memory_resource: [
+            d for d in units.device_ids if units.gpu_of[d] != lost_gpu
+        ]
     }
     async with Running(make(demo_node, kubelet_socket, api)):
         await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels")
@@ -327,9 +455,13 @@ async def test_devices_kubelet_no_longer_offers_are_not_advertised_as_free(demo_
     assert fake.labels[CONTRACT.label_free_units] == str(per_gpu(demo_node))
 
 
-async def test_device_ids_of_another_layout_are_ignored(demo_node, kubelet_socket, api_server):
+async def test_device_ids_of_another_layout_are_ignored(
+    demo_node, kubelet_socket, api_server
+):
     fake, api = api_server
-    kubelet_socket.kubelet.pods["stale"] = {CONTRACT.gpu_memory_resource: ["GPU-not-here::3", "garbage"]}
+    kubelet_socket.kubelet.pods["stale"] = {
+        CONTRACT.gpu_memory_resource: ["GPU-not-here::3", "garbage"]
+    }
     async with Running(make(demo_node, kubelet_socket, api)):
         await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels")
     assert fake.labels[CONTRACT.label_free_gpus] == "2"
@@ -337,7 +469,13 @@ async def test_device_ids_of_another_layout_are_ignored(demo_node, kubelet_socke
 
 def test_a_labeller_needs_a_node_name(demo_node, settings):
     with pytest.raises(ValueError, match="node's name"):
-        labeller.NodeLabeller(node=demo_node, settings=settings, node_name="", pod_resources_socket="/x", api=None)
+        labeller.NodeLabeller(
+            node=demo_node,
+            settings=settings,
+            node_name="",
+            pod_resources_socket="/x",
+            api=None,
+        )
 
 
 async def test_missing_credentials_are_a_clear_write_error(tmp_path, monkeypatch):

@@ -8,10 +8,10 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-
-from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory, labels
 from gpuslice.webhook import steering
+
+from gpuslice import contract as contract_
 
 CONTRACT = contract_.Contract()
 U = 320  # units of one 80 GiB GPU at 256 MiB
@@ -21,7 +21,11 @@ U = 320  # units of one 80 GiB GPU at 256 MiB
 
 
 def matches(expression: dict[str, Any], node_labels: dict[str, str]) -> bool:
-    key, op, values = expression["key"], expression["operator"], expression.get("values", [])
+    key, op, values = (
+        expression["key"],
+        expression["operator"],
+        expression.get("values", []),
+    )
     present = key in node_labels
     if op == "In":
         return present and node_labels[key] in values
@@ -44,19 +48,30 @@ def matches(expression: dict[str, Any], node_labels: dict[str, str]) -> bool:
     raise AssertionError(f"unknown operator {op}")
 
 
-def term_matches(expressions: list[dict[str, Any]], node_labels: dict[str, str]) -> bool:
+def term_matches(
+    expressions: list[dict[str, Any]], node_labels: dict[str, str]
+) -> bool:
     return all(matches(e, node_labels) for e in expressions)
 
 
 def preference(preferred: list[dict[str, Any]], node_labels: dict[str, str]) -> int:
-    return sum(t["weight"] for t in preferred if term_matches(t["preference"]["matchExpressions"], node_labels))
+    return sum(
+        t["weight"]
+        for t in preferred
+        if term_matches(t["preference"]["matchExpressions"], node_labels)
+    )
 
 
 def node_of(*gpu_units: int, units: int = U) -> inventory.NodeInventory:
     """A node with one GPU per entry; entries give the units already allocated."""
     return inventory.NodeInventory(
         gpus=tuple(
-            inventory.Gpu(uuid=f"GPU-{i:04d}", model="NVIDIA H100 80GB HBM3", memory_mib=units * 256, index=i)
+            inventory.Gpu(
+                uuid=f"GPU-{i:04d}",
+                model="NVIDIA H100 80GB HBM3",
+                memory_mib=units * 256,
+                index=i,
+            )
             for i in range(len(gpu_units))
         )
     )
@@ -64,11 +79,15 @@ def node_of(*gpu_units: int, units: int = U) -> inventory.NodeInventory:
 
 def labelled(*allocated: int, units: int = U) -> dict[str, str]:
     node = node_of(*allocated, units=units)
-    return labels.node_labels(node, CONTRACT, allocated={f"GPU-{i:04d}": a for i, a in enumerate(allocated)})
+    return labels.node_labels(
+        node, CONTRACT, allocated={f"GPU-{i:04d}": a for i, a in enumerate(allocated)}
+    )
 
 
 def share(fraction: float, units_per_gpu: int = U) -> steering.Request:
-    return steering.Request(units=round(fraction * units_per_gpu), units_per_gpu=units_per_gpu)
+    return steering.Request(
+        units=round(fraction * units_per_gpu), units_per_gpu=units_per_gpu
+    )
 
 
 # --- required terms: only nodes where the pod fits on one GPU -----------------------------
@@ -78,22 +97,55 @@ REQUIRED_CASES = [
     ("half fits a free GPU", share(0.5), (0, 0), True),
     ("half fits the free half of one GPU", share(0.5), (160, U), True),
     ("half does not fit two quarter-free GPUs", share(0.5), (240, 240), False),
-    ("exactly the free block fits", steering.Request(units=80, units_per_gpu=U), (240, U), True),
-    ("one unit more than the block does not", steering.Request(units=81, units_per_gpu=U), (240, U), False),
-    ("two whole GPUs need two free GPUs", steering.Request(units=U, gpus=2, whole_gpus=True), (0, 1, 0), True),
-    ("two whole GPUs not on one free one", steering.Request(units=U, gpus=2, whole_gpus=True), (0, 1, 1), False),
-    ("a whole GPU is not a nearly free one", steering.Request(units=U, whole_gpus=True), (1, 1), False),
+    (
+        "exactly the free block fits",
+        steering.Request(units=80, units_per_gpu=U),
+        (240, U),
+        True,
+    ),
+    (
+        "one unit more than the block does not",
+        steering.Request(units=81, units_per_gpu=U),
+        (240, U),
+        False,
+    ),
+    (
+        "two whole GPUs need two free GPUs",
+        steering.Request(units=U, gpus=2, whole_gpus=True),
+        (0, 1, 0),
+        True,
+    ),
+    (
+        "two whole GPUs not on one free one",
+        steering.Request(units=U, gpus=2, whole_gpus=True),
+        (0, 1, 1),
+        False,
+    ),
+    (
+        "a whole GPU is not a nearly free one",
+        steering.Request(units=U, whole_gpus=True),
+        (1, 1),
+        False,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("request_", "allocated", "feasible"), [c[1:] for c in REQUIRED_CASES], ids=[c[0] for c in REQUIRED_CASES])
-def test_required_terms_admit_exactly_the_nodes_where_the_pod_fits_on_one_gpu(request_, allocated, feasible):
+@pytest.mark.parametrize(
+    ("request_", "allocated", "feasible"),
+    [c[1:] for c in REQUIRED_CASES],
+    ids=[c[0] for c in REQUIRED_CASES],
+)
+def test_required_terms_admit_exactly_the_nodes_where_the_pod_fits_on_one_gpu(
+    request_, allocated, feasible
+):
     required, _ = steering.placement_affinity(request_, CONTRACT)
     assert term_matches(required, labelled(*allocated)) is feasible
 
 
 def test_a_mig_pod_requires_a_free_slice_of_its_profile(demo_node):
-    required, preferred = steering.placement_affinity(steering.Request(mig_profile="1g.10gb"), CONTRACT)
+    required, preferred = steering.placement_affinity(
+        steering.Request(mig_profile="1g.10gb"), CONTRACT
+    )
     all_free = labels.node_labels(demo_node, CONTRACT)
     migs = [m.uuid for m in demo_node.mig_devices() if m.profile == "1g.10gb"]
     none_free = labels.node_labels(demo_node, CONTRACT, allocated_mig=set(migs))
@@ -111,7 +163,12 @@ def test_nodes_without_steering_labels_are_not_feasible():
 
 # Each case: the request and candidate nodes (allocated units per GPU); the node that must win.
 PREFERENCE_CASES = [
-    ("a share goes where it fits most tightly", share(0.47), {"tight": (0, 160, U), "loose": (0, 40, U)}, "tight"),
+    (
+        "a share goes where it fits most tightly",
+        share(0.47),
+        {"tight": (0, 160, U), "loose": (0, 40, U)},
+        "tight",
+    ),
     (
         "a share fills a partly used GPU rather than break a free one",
         share(0.25),
@@ -146,7 +203,9 @@ PREFERENCE_CASES = [
 
 
 @pytest.mark.parametrize(
-    ("request_", "nodes", "winner"), [c[1:] for c in PREFERENCE_CASES], ids=[c[0] for c in PREFERENCE_CASES]
+    ("request_", "nodes", "winner"),
+    [c[1:] for c in PREFERENCE_CASES],
+    ids=[c[0] for c in PREFERENCE_CASES],
 )
 def test_preferred_terms_pick_the_packing_node(request_, nodes, winner):
     required, preferred = steering.placement_affinity(request_, CONTRACT)
@@ -180,11 +239,17 @@ def test_the_placement_score_only_orders_otherwise_equal_nodes():
 def test_a_share_of_unknown_gpu_size_still_prefers_the_tighter_fit():
     request = steering.Request(units=40, units_per_gpu=0)
     _, preferred = steering.placement_affinity(request, CONTRACT)
-    assert preference(preferred, labelled(0, 275)) > preference(preferred, labelled(0, 100))
+    assert preference(preferred, labelled(0, 275)) > preference(
+        preferred, labelled(0, 100)
+    )
 
 
 def test_terms_are_few_deterministic_and_within_kubernetes_weight_limits():
-    for request in (share(0.3), steering.Request(units=U, gpus=2, whole_gpus=True), steering.Request(mig_profile="3g.40gb")):
+    for request in (
+        share(0.3),
+        steering.Request(units=U, gpus=2, whole_gpus=True),
+        steering.Request(mig_profile="3g.40gb"),
+    ):
         first = steering.placement_affinity(request, CONTRACT)
         assert first == steering.placement_affinity(request, CONTRACT)
         required, preferred = first
@@ -192,11 +257,16 @@ def test_terms_are_few_deterministic_and_within_kubernetes_weight_limits():
         for term in preferred:
             assert 1 <= term["weight"] <= 100
             for expression in term["preference"]["matchExpressions"]:
-                assert len(expression["values"]) == 1 and expression["values"][0].lstrip("-").isdigit()
+                assert (
+                    len(expression["values"]) == 1
+                    and expression["values"][0].lstrip("-").isdigit()
+                )
 
 
 @pytest.mark.parametrize(
-    "bad", [steering.Request(units=0), steering.Request(units=U, gpus=0, whole_gpus=True)], ids=["no units", "no GPUs"]
+    "bad",
+    [steering.Request(units=0), steering.Request(units=U, gpus=0, whole_gpus=True)],
+    ids=["no units", "no GPUs"],
 )
 def test_an_empty_request_is_refused_with_a_clear_error(bad):
     with pytest.raises(ValueError, match="at least 1"):
@@ -206,7 +276,9 @@ def test_an_empty_request_is_refused_with_a_clear_error(bad):
 def test_label_keys_follow_the_configured_prefix():
     custom = contract_.Contract(prefix="example.com")
     required, preferred = steering.placement_affinity(share(0.5), custom)
-    keys = {e["key"] for e in required} | {e["key"] for t in preferred for e in t["preference"]["matchExpressions"]}
+    keys = {e["key"] for e in required} | {
+        e["key"] for t in preferred for e in t["preference"]["matchExpressions"]
+    }
     assert keys and all(k.startswith("example.com/") for k in keys)
 
 
@@ -216,7 +288,11 @@ def test_label_keys_follow_the_configured_prefix():
 @pytest.mark.parametrize("version", ["1.29.0", "1.31.0", "1.33.0", "1.35.0"])
 @pytest.mark.parametrize(
     "request_",
-    [share(0.5), steering.Request(units=U, gpus=4, whole_gpus=True), steering.Request(mig_profile="1g.10gb")],
+    [
+        share(0.5),
+        steering.Request(units=U, gpus=4, whole_gpus=True),
+        steering.Request(mig_profile="1g.10gb"),
+    ],
     ids=["share", "whole", "mig"],
 )
 def test_the_affinity_is_a_valid_pod_node_affinity(version, request_):
@@ -229,7 +305,9 @@ def test_the_affinity_is_a_valid_pod_node_affinity(version, request_):
             "containers": [{"name": "main", "image": "busybox"}],
             "affinity": {
                 "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": required}]},
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": required}]
+                    },
                     "preferredDuringSchedulingIgnoredDuringExecution": preferred,
                 }
             },

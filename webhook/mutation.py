@@ -134,7 +134,11 @@ def _resource_maps(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Map
 
 
 def _has_gpuslice_resource(container: Mapping[str, Any], contract: contract_.Contract) -> bool:
-    return any(contract.is_gpuslice_resource(name) for m in _resource_maps(container) for name in m)
+    requests, limits = _resource_maps(container)
+    if not requests and not limits:
+        return False
+    memory, mig_prefix = contract.gpu_memory_resource, contract.mig_resource_prefix
+    return any(name == memory or name.startswith(mig_prefix) for m in (requests, limits) for name in m)
 
 
 def _nvidia_gpus(container: Mapping[str, Any]) -> Any:
@@ -318,9 +322,8 @@ def _build_patch(
 
     decision = orjson.dumps(conversion.decision, option=orjson.OPT_SORT_KEYS).decode()
     if metadata.get("annotations"):
-        patch.append(
-            {"op": "add", "path": json_pointer("metadata", "annotations", contract.decision_annotation), "value": decision}
-        )
+        key = contract.decision_annotation.replace("~", "~0").replace("/", "~1")  # RFC 6901, as json_pointer
+        patch.append({"op": "add", "path": f"/metadata/annotations/{key}", "value": decision})
     else:
         patch.append({"op": "add", "path": "/metadata/annotations", "value": {contract.decision_annotation: decision}})
     return patch, warnings
@@ -330,12 +333,12 @@ def _build_patch(
 
 
 def _find_container(spec: Mapping[str, Any], name: str | None) -> tuple[str, int, Mapping[str, Any]]:
-    containers = list(_containers(spec))
     if name is None:
-        regular = [c for c in containers if c[0] == "containers"]
-        if not regular:
+        regular = spec.get("containers") or ()
+        if not regular or not isinstance(regular[0], Mapping):
             raise _Denied("the pod has no containers to give the GPU share to")
-        return regular[0]
+        return "containers", 0, regular[0]
+    containers = list(_containers(spec))
     for entry in containers:
         if entry[2].get("name") == name:
             return entry

@@ -24,7 +24,7 @@ from typing import Any
 
 from gpuslice import contract as contract_
 
-__all__ = ["Request", "placement_affinity", "WEIGHTS"]
+__all__ = ["WEIGHTS", "Request", "placement_affinity"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,9 @@ class Request:
     gpus: int = 1  # >1 only for whole GPUs
     whole_gpus: bool = False
     mig_profile: str | None = None  # resource-form profile for MIG isolation
-    units_per_gpu: int = 0  # units of one GPU of the class the pod is pinned to (0: unknown)
+    units_per_gpu: int = (
+        0  # units of one GPU of the class the pod is pinned to (0: unknown)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,17 +81,23 @@ def placement_affinity(
         return _mig(request.mig_profile, contract)
     if request.whole_gpus:
         if request.gpus < 1:
-            raise ValueError(f"a whole-GPU request needs at least 1 GPU, got {request.gpus}")
+            raise ValueError(
+                f"a whole-GPU request needs at least 1 GPU, got {request.gpus}"
+            )
         return _whole_gpus(request.gpus, contract)
     if request.units < 1:
-        raise ValueError(f"a shared-GPU request needs at least 1 memory unit, got {request.units}")
+        raise ValueError(
+            f"a shared-GPU request needs at least 1 memory unit, got {request.units}"
+        )
     return _share(request.units, request.units_per_gpu, contract)
 
 
 # --- the three kinds of request -----------------------------------------------------------
 
 
-def _share(units: int, units_per_gpu: int, contract: contract_.Contract) -> tuple[list, list]:
+def _share(
+    units: int, units_per_gpu: int, contract: contract_.Contract
+) -> tuple[list, list]:
     required = [_gt(contract.label_free_block_units, units - 1)]
     if units_per_gpu > units:
         tight = max(1, units_per_gpu // _TIGHT_SLACK_DIVISOR)
@@ -100,10 +108,18 @@ def _share(units: int, units_per_gpu: int, contract: contract_.Contract) -> tupl
     partial = contract.label_free_partial_block_units
     preferred = [
         _term(WEIGHTS.tight_fit, _gt(partial, units - 1), _lt(partial, units + tight)),
-        _term(WEIGHTS.close_fit, _gt(partial, units + tight - 1), _lt(partial, units + close)),
+        _term(
+            WEIGHTS.close_fit,
+            _gt(partial, units + tight - 1),
+            _lt(partial, units + close),
+        ),
         _term(WEIGHTS.loose_fit, _gt(partial, units + close - 1)),
         _term(WEIGHTS.one_free_gpu, _lt(contract.label_free_gpus, 2)),
-        _term(WEIGHTS.few_free_gpus, _gt(contract.label_free_gpus, 1), _lt(contract.label_free_gpus, 4)),
+        _term(
+            WEIGHTS.few_free_gpus,
+            _gt(contract.label_free_gpus, 1),
+            _lt(contract.label_free_gpus, 4),
+        ),
         *_score_terms(contract),
     ]
     return required, preferred
