@@ -1,6 +1,6 @@
 """Webhook admission throughput and latency over loopback HTTPS, beside a no-op aiohttp handler.
 
-    .venv/bin/python benchmarks/bench_webhook.py [--runs 5] [--seconds 3] [--concurrency 1 50 200]
+    .venv/bin/python benchmarks/bench_webhook.py [--runs 5] [--seconds 3] [--concurrency 1 50 200] [--rate 200]
 
 Two server processes (the real webhook app, and a no-op app that only parses the review and
 echoes its uid, the least any correct webhook must do, with the same JSON library) serve the
@@ -149,51 +149,81 @@ def run_server(kind: str, port: int, cert: str, key: str) -> None:
 # --- load generator --------------------------------------------------------------------------
 
 
-async def _load(port: int, ca_file: str, concurrency: int, seconds: float) -> dict[str, float]:
+def _summary(latencies: list[float], elapsed: float, requests: int, errors: int) -> dict[str, float]:
+    latencies.sort()
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50_ms": latencies[len(latencies) // 2] * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        "requests": requests,  # including warm-up, for server CPU per request
+        "errors": errors,
+    }
+
+
+async def _load(port: int, ca_file: str, concurrency: int, seconds: float, rate: float) -> dict[str, float]:
+    """Closed loop (rate 0): `concurrency` connections each sending back to back, for throughput.
+    Open loop (rate > 0): requests due at a fixed rate over up to `concurrency` connections, for
+    latency as kube-apiserver sees it at that admission rate (measured from the due time)."""
     import aiohttp
 
     reviews = make_reviews()
     context = ssl.create_default_context(cafile=ca_file)
     connector = aiohttp.TCPConnector(ssl=context, limit=concurrency)
     latencies: list[float] = []
-    errors = 0
+    errors = requests = 0
     url = f"https://127.0.0.1:{port}/mutate"
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=connector) as session:
 
+        async def send(body: bytes) -> None:
+            nonlocal errors, requests
+            requests += 1
+            async with session.post(url, data=body, headers=headers, server_hostname=SERVICE_DNS) as response:
+                await response.read()
+                if response.status != 200:
+                    errors += 1
+
         async def worker(offset: int, stop_at: float, record: bool) -> None:
-            nonlocal errors
             i = offset
             while time.perf_counter() < stop_at:
-                body = reviews[i % len(reviews)]
-                i += 1
                 started = time.perf_counter()
-                async with session.post(url, data=body, headers=headers, server_hostname=SERVICE_DNS) as response:
-                    await response.read()
-                    if response.status != 200:
-                        errors += 1
+                await send(reviews[i % len(reviews)])
+                i += 1
                 if record:
                     latencies.append(time.perf_counter() - started)
 
+        # Warm-up: open every connection (TLS handshakes) before measuring.
         warm_until = time.perf_counter() + 0.5
         await asyncio.gather(*(worker(n * 17, warm_until, False) for n in range(concurrency)))
+        if rate <= 0:
+            started = time.perf_counter()
+            await asyncio.gather(*(worker(n * 17, started + seconds, True) for n in range(concurrency)))
+            return _summary(latencies, time.perf_counter() - started, requests, errors)
+
+        async def due(index: int, at: float) -> None:
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            await send(reviews[index % len(reviews)])
+            latencies.append(time.perf_counter() - at)
+
         started = time.perf_counter()
-        stop_at = started + seconds
-        await asyncio.gather(*(worker(n * 17, stop_at, True) for n in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    latencies.sort()
-    return {
-        "rps": len(latencies) / elapsed,
-        "p50_ms": latencies[len(latencies) // 2] * 1000,
-        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-        "errors": errors,
-    }
+        count = int(rate * seconds)
+        await asyncio.gather(*(due(i, started + i / rate) for i in range(count)))
+        return _summary(latencies, seconds, requests, errors)
 
 
-def run_client(port: int, ca_file: str, concurrency: int, seconds: float) -> None:
+def run_client(port: int, ca_file: str, concurrency: int, seconds: float, rate: float) -> None:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})
-    print(json.dumps(asyncio.run(_load(port, ca_file, concurrency, seconds))))
+    print(json.dumps(asyncio.run(_load(port, ca_file, concurrency, seconds, rate))))
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc (0 where there is no /proc)."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- orchestration ---------------------------------------------------------------------------
@@ -230,7 +260,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 200])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 200], help="closed-loop connections")
+    parser.add_argument("--rate", type=float, default=200.0, help="open-loop admissions per second (latency)")
+    parser.add_argument("--open-connections", type=int, default=50, help="connections for the open-loop run")
     parser.add_argument("--role", choices=["main", "server", "client"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="webhook", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -242,7 +274,7 @@ def main() -> None:
         run_server(args.kind, args.port, args.cert, args.key)
         return
     if args.role == "client":
-        run_client(args.port, args.ca, args.concurrency[0], args.seconds)
+        run_client(args.port, args.ca, args.concurrency[0], args.seconds, args.rate)
         return
 
     import trustme
@@ -268,41 +300,46 @@ def main() -> None:
         try:
             for port in ports.values():
                 _wait_ready(port, ca_file)
-            results: dict[tuple[str, int], list[dict[str, float]]] = {}
+            results: dict[tuple[str, str], list[dict[str, float]]] = {}
+            modes = [(f"c={c}", c, 0.0) for c in args.concurrency] + [(f"{args.rate:g}/s over {args.open_connections}", args.open_connections, args.rate)]
             for run in range(args.runs):
-                for concurrency in args.concurrency:
-                    for kind, port in ports.items():
+                for label, concurrency, rate in modes:
+                    for (kind, port), process in zip(ports.items(), servers):
+                        cpu_before = _cpu_seconds(process.pid)
                         output = subprocess.run(
                             [
                                 *(sys.executable, script, "--role", "client", "--port", str(port), "--ca", ca_file),
                                 *("--concurrency", str(concurrency), "--seconds", str(args.seconds)),
+                                *("--rate", str(rate)),
                             ],
                             check=True,
                             capture_output=True,
                             text=True,
                         ).stdout
                         measured = json.loads(output)
-                        results.setdefault((kind, concurrency), []).append(measured)
-                        print(f"run {run + 1} c={concurrency:<3} {kind:<7} {measured['rps']:8.0f}/s "
+                        measured["cpu_us"] = (_cpu_seconds(process.pid) - cpu_before) / measured["requests"] * 1e6
+                        results.setdefault((kind, label), []).append(measured)
+                        print(f"run {run + 1} {label:<14} {kind:<7} {measured['rps']:8.0f}/s "
                               f"p50 {measured['p50_ms']:6.2f} ms p99 {measured['p99_ms']:6.2f} ms "
-                              f"errors {measured['errors']}", flush=True)  # fmt: skip
+                              f"server CPU {measured['cpu_us']:5.0f} us/adm errors {measured['errors']}", flush=True)
         finally:
             for process in servers:
                 process.terminate()
                 process.wait(timeout=10)
 
     print(f"\nmedians of {args.runs} runs, {args.seconds:g} s each:")
-    print("| connections | webhook adm/s | no-op adm/s | ratio | webhook p50 / p99 ms | no-op p50 / p99 ms |")
-    print("|---|---|---|---|---|---|")
-    for concurrency in args.concurrency:
+    print("| load | webhook adm/s | no-op adm/s | ratio | webhook p50 / p99 ms | no-op p50 / p99 ms "
+          "| server CPU per admission, webhook / no-op |")
+    print("|---|---|---|---|---|---|---|")
+    for label, _, _ in modes:
         row = {}
         for kind in ports:
-            runs = results[(kind, concurrency)]
-            row[kind] = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms")}
+            runs = results[(kind, label)]
+            row[kind] = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")}
         w, n = row["webhook"], row["noop"]
-        print(f"| {concurrency} | {w['rps']:.0f} | {n['rps']:.0f} | {w['rps'] / n['rps']:.2f} | "
-              f"{w['p50_ms']:.2f} / {w['p99_ms']:.2f} | {n['p50_ms']:.2f} / {n['p99_ms']:.2f} |")  # fmt: skip
-
+        print(f"| {label} | {w['rps']:.0f} | {n['rps']:.0f} | {w['rps'] / n['rps']:.2f} | "
+              f"{w['p50_ms']:.2f} / {w['p99_ms']:.2f} | {n['p50_ms']:.2f} / {n['p99_ms']:.2f} | "
+              f"{w['cpu_us']:.0f} / {n['cpu_us']:.0f} us |")
 
 if __name__ == "__main__":
     main()

@@ -2,8 +2,9 @@
 
 Desired labels are recomputed from kubelet's own record every time (PodResources List: device
 IDs of our resources in use; GetAllocatableResources where offered: devices kubelet no longer
-offers count as not free), never from a running tally, so a missed event or a failed write cannot make us lose
-track. Kubelet never tells a plugin that a pod ended: releases are seen by polling List every
+offers count as not free; the plugin's health record: devices of an unhealthy GPU count as not
+free), never from a running tally, so a missed event or a failed write cannot make us lose track.
+Kubelet never tells a plugin that a pod ended: releases are seen by polling List every
 `steering.podResourcesPollSeconds`; allocations and health changes call `notify()` to refresh
 at once.
 
@@ -15,8 +16,9 @@ then-current desired state.
 
 Counters go to the plugin's Prometheus registry when one is given (`registry=metrics.registry`).
 
-May import gpuslice.config, gpuslice.contract and gpuslice.deviceplugin.{allocation, inventory,
-labels, podresources}; the `kubernetes` client is used only by `KubernetesNodeApi`, in a thread.
+May import gpuslice.config, gpuslice.contract and gpuslice.deviceplugin.{allocation, health (its
+ALL marker), inventory, labels, podresources}; the `kubernetes` client is used only by
+`KubernetesNodeApi`, in a thread.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import prometheus_client
-from gpuslice.deviceplugin import allocation, inventory, labels, podresources
+from gpuslice.deviceplugin import allocation, health, inventory, labels, podresources
 
 from gpuslice import config
 
@@ -52,20 +54,14 @@ class KubernetesNodeApi:
     """NodeApi with the official client: in-cluster config, else the kubeconfig; calls run in a
     thread because the client is blocking."""
 
-    def __init__(
-        self, api_client: Any = None, *, timeout_seconds: float = 10.0
-    ) -> None:
-        self._api_client = (
-            api_client  # kubernetes.client.ApiClient; None: load config on first use
-        )
+    def __init__(self, api_client: Any = None, *, timeout_seconds: float = 10.0) -> None:
+        self._api_client = api_client  # kubernetes.client.ApiClient; None: load config on first use
         self._owns_client = api_client is None
         self._timeout = timeout_seconds
         self._core: Any = None
 
     async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
-        await asyncio.to_thread(
-            self._patch, node_name, {"metadata": {"labels": labels}}
-        )
+        await asyncio.to_thread(self._patch, node_name, {"metadata": {"labels": labels}})
 
     def _patch(self, node_name: str, body: dict[str, Any]) -> None:
         import kubernetes  # imported here: only the production path needs it
@@ -87,18 +83,12 @@ class KubernetesNodeApi:
                 _request_timeout=self._timeout,
             )
         except kubernetes.client.ApiException as exc:
-            raise NodeApiError(
-                f"PATCH node {node_name}: HTTP {exc.status} {exc.reason}"
-            ) from None
+            raise NodeApiError(f"PATCH node {node_name}: HTTP {exc.status} {exc.reason}") from None
         except kubernetes.config.ConfigException as exc:
-            raise NodeApiError(
-                f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}"
-            ) from None
+            raise NodeApiError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from None
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             # timeouts, refused connections, an answer that is not a Node
-            raise NodeApiError(
-                f"PATCH node {node_name}: {type(exc).__name__}: {exc}"
-            ) from None
+            raise NodeApiError(f"PATCH node {node_name}: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
         if self._owns_client and self._api_client is not None:
@@ -118,11 +108,10 @@ class NodeLabeller:
         api: NodeApi | None = None,
         usage: Callable[[], int | None] | None = None,
         registry: prometheus_client.CollectorRegistry | None = None,
+        unhealthy: Callable[[], Collection[str]] | None = None,
     ) -> None:
         if not node_name:
-            raise ValueError(
-                "the node labeller needs the node's name (--node-name, from spec.nodeName)"
-            )
+            raise ValueError("the node labeller needs the node's name (--node-name, from spec.nodeName)")
         self._node = node
         self._contract = settings.contract
         self._node_name = node_name
@@ -130,6 +119,8 @@ class NodeLabeller:
         self._own_api = api is None
         self._api: NodeApi = api if api is not None else KubernetesNodeApi()
         self._usage = usage
+        self._unhealthy = unhealthy
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._min_interval = settings.steering.label_min_interval_seconds
         self._poll = settings.steering.pod_resources_poll_seconds
         self._units = allocation.MemoryUnits(node, self._contract.unit_mib)
@@ -138,15 +129,9 @@ class NodeLabeller:
         self._random = random.Random()
         # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
         # are never in here, so they are never removed.
-        self._owned_keys = set(
-            labels.node_labels(node, self._contract, placement_score=0)
-        )
-        self.desired: dict[str, str] | None = (
-            None  # None until kubelet's record has been read
-        )
-        self.written: dict[str, str] | None = (
-            None  # what the API server has, as far as we know
-        )
+        self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0))
+        self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
+        self.written: dict[str, str] | None = None  # what the API server has, as far as we know
         self.writes = 0
         self.write_errors = 0
         self.read_errors = 0
@@ -154,13 +139,17 @@ class NodeLabeller:
         self._metrics = _Metrics(registry) if registry is not None else None
 
     def notify(self) -> None:
-        """An allocation or health change happened: refresh soon (bursts coalesce). Call it on the
-        event loop's thread (from another thread: `loop.call_soon_threadsafe(labeller.notify)`)."""
-        self._wake.set()
+        """An allocation or health change happened: refresh soon (bursts coalesce). Safe to call
+        from any thread."""
+        loop = self._loop
+        if loop is not None and not _running_on(loop):
+            loop.call_soon_threadsafe(self._wake.set)
+        else:
+            self._wake.set()
 
     async def run(self) -> None:
         """Until cancelled."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         next_write_at = loop.time()
         client = podresources.Client(self._socket)
         try:
@@ -171,9 +160,7 @@ class NodeLabeller:
                     await self._sleep_or_wake(self._poll)
                     continue
                 wait = next_write_at - loop.time()
-                if (
-                    wait > 0
-                ):  # rate limit: re-read kubelet when the slot opens, write the latest
+                if wait > 0:  # rate limit: re-read kubelet when the slot opens, write the latest
                     await self._sleep_or_wake(wait)
                     continue
                 if await self._write(delta):
@@ -196,9 +183,7 @@ class NodeLabeller:
             self.read_errors += 1
             if self._metrics:
                 self._metrics.reads.labels("error").inc()
-            log.warning(
-                "node labels not refreshed: %s (retrying in %.1fs)", exc, self._poll
-            )
+            log.warning("node labels not refreshed: %s (retrying in %.1fs)", exc, self._poll)
             return
         if self._metrics:
             self._metrics.reads.labels("ok").inc()
@@ -211,27 +196,29 @@ class NodeLabeller:
         allocatable: Mapping[str, set[str]] | None,
         score: int | None,
     ) -> dict[str, str]:
-        """Labels from kubelet's record: units in use per GPU, MIG devices in use; devices kubelet
-        does not offer as allocatable count as in use."""
+        """Labels from kubelet's record: units in use per GPU, MIG devices in use. Units of an
+        unhealthy GPU, unhealthy MIG devices and devices kubelet does not offer as allocatable
+        count as in use: a free block there would draw a pod that kubelet then cannot admit."""
         memory = self._contract.gpu_memory_resource
         taken_units = set(in_use.get(memory, ()))
         taken_mig = {d for name, ids in in_use.items() if name != memory for d in ids}
+        sick = set(self._unhealthy()) if self._unhealthy is not None else set()
+        if sick:
+            every = health.ALL in sick
+            taken_units |= {d for d, gpu in self._units.gpu_of.items() if every or gpu in sick}
+            taken_mig |= {m.uuid for m in self._node.mig_devices() if every or m.uuid in sick or m.parent_uuid in sick}
         if allocatable is not None:
             # Only trust the allocatable view for a resource kubelet reports at all: right after
             # registration it may not list ours yet, and "none allocatable" would hide the node.
             if allocatable.get(memory):
                 taken_units |= set(self._units.device_ids) - allocatable[memory]
-            offered_mig = {
-                d for name, ids in allocatable.items() if name != memory for d in ids
-            }
+            offered_mig = {d for name, ids in allocatable.items() if name != memory for d in ids}
             if offered_mig:
                 taken_mig |= self._mig_ids - offered_mig
         allocated: dict[str, int] = {}
         for device_id in taken_units:
             gpu = self._units.gpu_of.get(device_id)
-            if (
-                gpu is not None
-            ):  # IDs from another unit size or node layout are not ours to count
+            if gpu is not None:  # IDs from another unit size or node layout are not ours to count
                 allocated[gpu] = allocated.get(gpu, 0) + 1
         return labels.node_labels(
             self._node,
@@ -253,14 +240,8 @@ class NodeLabeller:
     def _delta(self) -> dict[str, str | None]:
         if self.desired is None:
             return {}
-        previous = (
-            self.written
-            if self.written is not None
-            else dict.fromkeys(self._owned_keys, "")
-        )
-        delta: dict[str, str | None] = {
-            k: v for k, v in self.desired.items() if previous.get(k) != v
-        }
+        previous = self.written if self.written is not None else dict.fromkeys(self._owned_keys, "")
+        delta: dict[str, str | None] = {k: v for k, v in self.desired.items() if previous.get(k) != v}
         for key in previous.keys() - self.desired.keys():
             delta[key] = None
         return delta
@@ -293,9 +274,7 @@ class NodeLabeller:
     def _backoff(self) -> float:
         ceiling = max(MAX_BACKOFF_SECONDS, self._min_interval)
         delay = min(ceiling, self._min_interval * 2 ** min(self._failures, 30))
-        return delay * self._random.uniform(
-            0.5, 1.0
-        )  # jitter: nodes recovering together spread out
+        return delay * self._random.uniform(0.5, 1.0)  # jitter: nodes recovering together spread out
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         try:
@@ -319,3 +298,10 @@ class _Metrics:
             ["result"],
             registry=registry,
         )
+
+
+def _running_on(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:  # called from a thread without a loop
+        return False

@@ -20,9 +20,7 @@ from gpuslice import contract as contract_
 __all__ = ["node_labels", "static_labels", "steering_labels"]
 
 
-def static_labels(
-    node: inventory.NodeInventory, contract: contract_.Contract
-) -> dict[str, str]:
+def static_labels(node: inventory.NodeInventory, contract: contract_.Contract) -> dict[str, str]:
     """Labels that change only when the hardware or MIG layout changes."""
     labels: dict[str, str] = {}
     shared = node.memory_gpus
@@ -48,13 +46,9 @@ def steering_labels(
     """Labels that follow allocations: what the scheduler needs to keep pods on one GPU."""
     fully_free = [g for g, free in free_units_by_gpu.items() if free == units_by_gpu[g]]
     # A partly used GPU still has room but is no longer whole: shares should go there first.
-    partial = [
-        free for g, free in free_units_by_gpu.items() if 0 < free < units_by_gpu[g]
-    ]
+    partial = [free for g, free in free_units_by_gpu.items() if 0 < free < units_by_gpu[g]]
     labels = {
-        contract.label_free_block_units: str(
-            max(free_units_by_gpu.values(), default=0)
-        ),
+        contract.label_free_block_units: str(max(free_units_by_gpu.values(), default=0)),
         contract.label_free_partial_block_units: str(max(partial, default=0)),
         contract.label_free_units: str(sum(free_units_by_gpu.values())),
         contract.label_free_gpus: str(len(fully_free)),

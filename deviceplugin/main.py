@@ -6,6 +6,10 @@
 
 Configuration and node-file errors print one line and exit 2. SIGTERM/SIGINT stop serving,
 remove the plugin sockets, cancel and await every task, and exit 0.
+
+With `steering.enabled` and a node name, the node labeller (deviceplugin/labeller.py) runs as a
+named task, refreshed after every Allocate and health change, scored from NVML when there is
+NVML (deviceplugin/placement.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import health, inventory, manager, metrics, nodefile, nvml_source
+from gpuslice.deviceplugin import health, inventory, labeller, manager, metrics, nodefile, nvml_source, placement
 
 __all__ = ["Options", "main", "parse_args", "run"]
 
@@ -89,8 +93,12 @@ async def run(
     *,
     nvml: nvml_source.Nvml | None = None,
     stop: asyncio.Event | None = None,
+    node_api: labeller.NodeApi | None = None,
 ) -> int:
-    """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None); returns the exit status."""
+    """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None); returns the exit status.
+
+    `node_api` replaces the Kubernetes client of the node labeller (tests).
+    """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -108,13 +116,31 @@ async def run(
         poll_interval=options.poll_interval,
     )
     monitor = health.HealthMonitor(nvml, node, settings.health, health_state) if nvml is not None else None
+    node_labeller = None
+    if settings.steering.enabled and options.node_name and resources:
+        node_labeller = labeller.NodeLabeller(
+            node=node,
+            settings=settings,
+            node_name=options.node_name,
+            pod_resources_socket=options.pod_resources_socket,
+            api=node_api,
+            usage=placement.from_nvml(node, nvml) if nvml is not None else None,
+            registry=plugin_metrics.registry,
+        )
+        health_state.add_listener(node_labeller.notify)
+        plugins.add_allocation_listener(lambda resource: node_labeller.notify())
+    elif settings.steering.enabled:
+        log.info("steering labels off: no --node-name / NODE_NAME" if resources else "steering labels off: no GPU")
     runner = None
+    labeller_task: asyncio.Task[None] | None = None
     try:
         if options.http_port:
             runner = await metrics.serve(metrics.build_app(plugin_metrics, plugins.registration_state), options.http_port)
         if monitor is not None:
             await monitor.start()
         await plugins.start()
+        if node_labeller is not None:
+            labeller_task = asyncio.create_task(node_labeller.run(), name="deviceplugin-node-labeller")
         log.info(
             "advertising %s from %s",
             ", ".join(f"{r.name} ({len(r.device_ids)})" for r in resources) or "nothing",
@@ -123,6 +149,14 @@ async def run(
         await stop.wait()
         log.info("stopping: removing plugin sockets")
     finally:
+        if labeller_task is not None:
+            labeller_task.cancel()
+            try:
+                await labeller_task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # it failed earlier: say so, but still clean up the rest
+                log.exception("node labeller had failed")
         await plugins.stop()
         if monitor is not None:
             await monitor.stop()

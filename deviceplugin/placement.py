@@ -72,9 +72,7 @@ class PlacementScore:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if tau_seconds <= 0 or not 1 <= step <= 100:
-            raise ValueError(
-                f"tau_seconds must be > 0 and step in 1..100, got {tau_seconds} and {step}"
-            )
+            raise ValueError(f"tau_seconds must be > 0 and step in 1..100, got {tau_seconds} and {step}")
         self._uuids = tuple(g.uuid for g in node.memory_gpus)
         self._read = read
         self._tau = tau_seconds
@@ -108,21 +106,14 @@ class PlacementScore:
         capacity = sum(s.total_mib for s in self._smoothed.values())
         if not capacity:
             return None
-        return (
-            100.0
-            * sum(s.value * s.total_mib for s in self._smoothed.values())
-            / capacity
-        )
+        return 100.0 * sum(s.value * s.total_mib for s in self._smoothed.values()) / capacity
 
     def published(self) -> int | None:
         """The quantised score with hysteresis (moves only 3/4 of a step away from the last one)."""
         raw = self.raw()
         if raw is None:
             self._published = None
-        elif (
-            self._published is None
-            or abs(raw - self._published) >= _HYSTERESIS * self._step
-        ):
+        elif self._published is None or abs(raw - self._published) >= _HYSTERESIS * self._step:
             self._published = min(100, max(0, round(raw / self._step) * self._step))
         return self._published
 

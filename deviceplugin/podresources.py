@@ -32,9 +32,7 @@ class PodResourcesError(RuntimeError):
 class Client:
     """One channel to kubelet's PodResources socket; use as an async context manager."""
 
-    def __init__(
-        self, socket_path: str = DEFAULT_SOCKET, *, timeout_seconds: float = 5.0
-    ) -> None:
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, timeout_seconds: float = 5.0) -> None:
         self.socket_path = socket_path
         self._timeout = timeout_seconds
         self._channel = grpc.aio.insecure_channel(
@@ -52,15 +50,11 @@ class Client:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def devices_in_use(
-        self, wanted: Callable[[str], bool]
-    ) -> dict[str, set[str]]:
+    async def devices_in_use(self, wanted: Callable[[str], bool]) -> dict[str, set[str]]:
         """Resource name -> device IDs kubelet has assigned to some container, for the resources
         `wanted` accepts (init containers included: kubelet lists them too while they hold devices)."""
         try:
-            response = await self._stub.List(
-                api_pb2.ListPodResourcesRequest(), timeout=self._timeout
-            )
+            response = await self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise PodResourcesError(
                 f"PodResources List on {self.socket_path}: {exc.code().name}: {exc.details()}"
@@ -71,9 +65,7 @@ class Client:
                 _collect(container.devices, wanted, in_use)
         return in_use
 
-    async def allocatable_devices(
-        self, wanted: Callable[[str], bool]
-    ) -> dict[str, set[str]] | None:
+    async def allocatable_devices(self, wanted: Callable[[str], bool]) -> dict[str, set[str]] | None:
         """Resource name -> device IDs kubelet may allocate (healthy ones), or None where kubelet
         does not offer GetAllocatableResources (before 1.21, or disabled)."""
         try:

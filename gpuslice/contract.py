@@ -23,6 +23,7 @@ __all__ = [
     "KAI_GPU_FRACTION_CONTAINER_NAME",
     "KAI_ANNOTATIONS",
     "NVIDIA_GPU",
+    "NVIDIA_GPU_PRODUCT_LABEL",
     "unit_device_id",
     "parse_unit_device_id",
     "mig_resource_suffix",
@@ -47,6 +48,9 @@ KAI_ANNOTATIONS = (
 
 # NVIDIA's whole-GPU resource: a placeholder in KAI manifests, converted when convertWholeGpus is on.
 NVIDIA_GPU = "nvidia.com/gpu"
+# NVIDIA GPU feature discovery's product label: pods that select a product with it keep that choice
+# (the webhook reads it like our gpu.product label, whose values have the same form).
+NVIDIA_GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 # Container environment set by Allocate.
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"

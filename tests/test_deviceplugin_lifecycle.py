@@ -176,6 +176,43 @@ async def test_readyz_is_503_until_kubelet_has_every_resource(socket_dir, demo_n
         assert await task == 0
 
 
+class RecordingNodeApi:
+    def __init__(self) -> None:
+        self.patches: list[dict[str, str | None]] = []
+        self.changed = asyncio.Event()
+
+    async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
+        assert node_name == "node-a"
+        self.patches.append(labels)
+        self.changed.set()
+
+
+async def test_with_a_node_name_the_plugin_keeps_its_steering_labels_current(kubelet, socket_dir, demo_node):
+    settings = config.load(environ={}, overrides={"steering.labelMinIntervalSeconds": 0.01})
+    options = main.Options(
+        kubelet_dir=str(socket_dir), http_port=0, poll_interval=0.05, node_name="node-a",
+        pod_resources_socket=str(kubelet.pod_resources_socket),
+    )
+    api = RecordingNodeApi()
+    stop = asyncio.Event()
+    task = asyncio.create_task(main.run(settings, options, demo_node, stop=stop, node_api=api), name="plugin-under-test")
+    free_units = "gpuslice.io/gpu.free-units"
+    try:
+        await kubelet.wait_for_resource("gpuslice.io/gpu-memory", 636)
+
+        async def label_is(value: str) -> None:
+            while not any(p.get(free_units) == value for p in api.patches):
+                api.changed.clear()
+                await api.changed.wait()
+
+        await asyncio.wait_for(label_is("636"), 10)
+        await kubelet.allocate("gpuslice.io/gpu-memory", 36, "ns/p/c")  # Allocate -> notify -> re-read kubelet
+        await asyncio.wait_for(label_is("600"), 10)
+    finally:
+        stop.set()
+        assert await task == 0
+
+
 # --- the command line ------------------------------------------------------------------------
 
 PLUGIN = [sys.executable, "-m", "gpuslice.deviceplugin.main"]
@@ -238,6 +275,7 @@ async def test_sigterm_stops_a_real_plugin_process_and_removes_its_sockets(kubel
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gpuslice.deviceplugin.main", "--node-file", str(DEMO_NODE),
         "--kubelet-dir", str(socket_dir), "--http-port", "0", "--node-name", "node-a",
+        "--pod-resources-socket", str(kubelet.pod_resources_socket),  # labeller reads it; no API server: writes fail
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     try:

@@ -18,7 +18,7 @@ import kubernetes
 import prometheus_client
 import pytest
 from aiohttp import web
-from gpuslice.deviceplugin import allocation, labeller, labels
+from gpuslice.deviceplugin import allocation, health, labeller, labels
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 from gpuslice import config, contract
@@ -36,9 +36,7 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
 
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, list[str]]] = {}
-        self.allocatable: dict[str, list[str]] | None = (
-            None  # None: UNIMPLEMENTED (old kubelet)
-        )
+        self.allocatable: dict[str, list[str]] | None = None  # None: UNIMPLEMENTED (old kubelet)
         self.lists = 0
 
     async def List(self, request, context):
@@ -80,9 +78,7 @@ class KubeletSocket:
 
 @pytest.fixture
 async def kubelet_socket() -> AsyncIterator[KubeletSocket]:
-    directory = tempfile.mkdtemp(
-        prefix="gs-pr-", dir="/tmp"
-    )  # unix socket paths must stay short
+    directory = tempfile.mkdtemp(prefix="gs-pr-", dir="/tmp")  # unix socket paths must stay short
     socket = KubeletSocket(path=f"{directory}/kubelet.sock", kubelet=FakeKubelet())
     await socket.start()
     try:
@@ -97,9 +93,7 @@ async def kubelet_socket() -> AsyncIterator[KubeletSocket]:
 
 @dataclasses.dataclass
 class FakeApiServer:
-    labels: dict[str, str] = dataclasses.field(
-        default_factory=lambda: {OPERATOR_LABEL: "true"}
-    )
+    labels: dict[str, str] = dataclasses.field(default_factory=lambda: {OPERATOR_LABEL: "true"})
     patches: list[dict[str, str | None]] = dataclasses.field(default_factory=list)
     fail_next: int = 0  # answer this many PATCHes with 500
     hang_next: int = 0  # leave this many PATCHes unanswered past the client's timeout
@@ -152,9 +146,7 @@ async def api_server(
 # --- helpers ------------------------------------------------------------------------------
 
 
-def steering_settings(
-    *, min_interval: float = 0.01, poll: float = 60.0
-) -> config.Config:
+def steering_settings(*, min_interval: float = 0.01, poll: float = 60.0) -> config.Config:
     return config.load(
         overrides={
             "steering.labelMinIntervalSeconds": min_interval,
@@ -164,9 +156,7 @@ def steering_settings(
     )
 
 
-async def eventually(
-    condition: Callable[[], bool], what: str, limit: float = 10.0
-) -> None:
+async def eventually(condition: Callable[[], bool], what: str, limit: float = 10.0) -> None:
     """Wait for `condition` (a bound on failure, not a speed check)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit
@@ -218,9 +208,7 @@ def make(node, socket, api, **options) -> labeller.NodeLabeller:
 # --- behaviour ----------------------------------------------------------------------------
 
 
-async def test_labels_reflect_kubelets_record_and_leave_operator_labels_alone(
-    demo_node, kubelet_socket, api_server
-):
+async def test_labels_reflect_kubelets_record_and_leave_operator_labels_alone(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     mig = next(m for m in demo_node.mig_devices())
     kubelet_socket.kubelet.pods = {
@@ -229,9 +217,7 @@ async def test_labels_reflect_kubelets_record_and_leave_operator_labels_alone(
         "cpu-thing": {"example.com/other": ["x"]},
     }
     async with Running(make(demo_node, kubelet_socket, api)):
-        await eventually(
-            lambda: CONTRACT.label_free_block_units in fake.labels, "first label write"
-        )
+        await eventually(lambda: CONTRACT.label_free_block_units in fake.labels, "first label write")
     expected = labels.node_labels(
         demo_node,
         CONTRACT,
@@ -240,23 +226,15 @@ async def test_labels_reflect_kubelets_record_and_leave_operator_labels_alone(
     )
     assert {k: v for k, v in fake.labels.items() if k != OPERATOR_LABEL} == expected
     assert fake.labels[OPERATOR_LABEL] == "true"
-    assert fake.labels[CONTRACT.label_free_partial_block_units] == str(
-        per_gpu(demo_node) - 160
-    )
+    assert fake.labels[CONTRACT.label_free_partial_block_units] == str(per_gpu(demo_node) - 160)
     assert fake.labels[CONTRACT.label_free_gpus] == "1"
     assert set(fake.content_types) == {"application/merge-patch+json"}
 
 
-async def test_an_allocation_is_published_on_notify_without_waiting_for_the_poll(
-    demo_node, kubelet_socket, api_server
-):
+async def test_an_allocation_is_published_on_notify_without_waiting_for_the_poll(demo_node, kubelet_socket, api_server):
     fake, api = api_server
-    async with Running(
-        make(demo_node, kubelet_socket, api, settings=steering_settings(poll=3600))
-    ) as running:
-        await eventually(
-            lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "initial labels"
-        )
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=3600))) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "initial labels")
         kubelet_socket.kubelet.pods["whole"] = {
             CONTRACT.gpu_memory_resource: units_of(demo_node, 1, per_gpu(demo_node))
         }
@@ -270,19 +248,11 @@ async def test_an_allocation_is_published_on_notify_without_waiting_for_the_poll
     assert fake.patches[-1][CONTRACT.label_free_units] == str(per_gpu(demo_node))
 
 
-async def test_a_release_is_published_by_the_poll_alone(
-    demo_node, kubelet_socket, api_server
-):
+async def test_a_release_is_published_by_the_poll_alone(demo_node, kubelet_socket, api_server):
     fake, api = api_server
-    kubelet_socket.kubelet.pods["whole"] = {
-        CONTRACT.gpu_memory_resource: units_of(demo_node, 0, per_gpu(demo_node))
-    }
-    async with Running(
-        make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))
-    ):
-        await eventually(
-            lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocated"
-        )
+    kubelet_socket.kubelet.pods["whole"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, per_gpu(demo_node))}
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))):
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocated")
         del kubelet_socket.kubelet.pods["whole"]  # kubelet never tells the plugin
         await eventually(
             lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2",
@@ -290,65 +260,36 @@ async def test_a_release_is_published_by_the_poll_alone(
         )
 
 
-async def test_a_burst_of_allocations_is_coalesced_and_the_last_state_is_written(
-    demo_node, kubelet_socket, api_server
-):
+async def test_a_burst_of_allocations_is_coalesced_and_the_last_state_is_written(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     settings = steering_settings(min_interval=1.0, poll=3600)
-    async with Running(
-        make(demo_node, kubelet_socket, api, settings=settings)
-    ) as running:
+    async with Running(make(demo_node, kubelet_socket, api, settings=settings)) as running:
         await eventually(lambda: len(fake.patches) == 1, "first write")
         for i in range(20):
-            kubelet_socket.kubelet.pods[f"pod-{i}"] = {
-                CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 4, 4 * i)
-            }
+            kubelet_socket.kubelet.pods[f"pod-{i}"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 4, 4 * i)}
             running.notify()
             await asyncio.sleep(0)
         await eventually(
-            lambda: (
-                fake.labels.get(CONTRACT.label_free_partial_block_units)
-                == str(per_gpu(demo_node) - 80)
-            ),
+            lambda: fake.labels.get(CONTRACT.label_free_partial_block_units) == str(per_gpu(demo_node) - 80),
             "last state",
         )
-    assert len(fake.patches) <= 3, (
-        fake.patches
-    )  # 20 changes inside one interval: one or two writes after the first
+    assert len(fake.patches) <= 3, fake.patches  # 20 changes inside one interval: one or two writes after the first
 
 
-async def test_api_server_errors_are_retried_with_backoff_until_written(
-    demo_node, kubelet_socket, api_server
-):
+async def test_api_server_errors_are_retried_with_backoff_until_written(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     fake.fail_next = 3
     registry = prometheus_client.CollectorRegistry()
-    kubelet_socket.kubelet.pods["a"] = {
-        CONTRACT.gpu_memory_resource: units_of(demo_node, 1, 100)
-    }
-    async with Running(
-        make(demo_node, kubelet_socket, api, registry=registry)
-    ) as running:
+    kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 1, 100)}
+    async with Running(make(demo_node, kubelet_socket, api, registry=registry)) as running:
         await eventually(
             lambda: CONTRACT.label_free_block_units in fake.labels,
             "written after failures",
         )
         assert running.write_errors == 3 and running.writes == 1
-        assert (
-            registry.get_sample_value(
-                "gpuslice_node_label_writes_total", {"result": "error"}
-            )
-            == 3
-        )
-        assert (
-            registry.get_sample_value(
-                "gpuslice_node_label_writes_total", {"result": "ok"}
-            )
-            == 1
-        )
-        assert fake.labels[CONTRACT.label_free_partial_block_units] == str(
-            per_gpu(demo_node) - 100
-        )
+        assert registry.get_sample_value("gpuslice_node_label_writes_total", {"result": "error"}) == 3
+        assert registry.get_sample_value("gpuslice_node_label_writes_total", {"result": "ok"}) == 1
+        assert fake.labels[CONTRACT.label_free_partial_block_units] == str(per_gpu(demo_node) - 100)
         # Writes succeed again and the labeller keeps following kubelet.
         kubelet_socket.kubelet.pods.clear()
         running.notify()
@@ -358,48 +299,31 @@ async def test_api_server_errors_are_retried_with_backoff_until_written(
         )
 
 
-async def test_a_hung_api_server_times_out_and_the_write_is_retried(
-    demo_node, kubelet_socket, api_server
-):
+async def test_a_hung_api_server_times_out_and_the_write_is_retried(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     fake.hang_next = 1
     async with Running(make(demo_node, kubelet_socket, api)) as running:
-        await eventually(
-            lambda: running.writes == 1, "written after a timeout", limit=20
-        )
+        await eventually(lambda: running.writes == 1, "written after a timeout", limit=20)
         assert running.write_errors == 1
     assert fake.labels[CONTRACT.label_free_gpus] == "2"
 
 
-async def test_nothing_is_written_until_kubelet_answers_then_labels_appear(
-    demo_node, kubelet_socket, api_server
-):
+async def test_nothing_is_written_until_kubelet_answers_then_labels_appear(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     await kubelet_socket.stop()  # kubelet restarting: the socket is gone
     pathlib.Path(kubelet_socket.path).unlink(missing_ok=True)
-    async with Running(
-        make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))
-    ) as running:
-        await eventually(
-            lambda: running.read_errors >= 2, "read errors while kubelet is away"
-        )
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))) as running:
+        await eventually(lambda: running.read_errors >= 2, "read errors while kubelet is away")
         assert fake.patches == []  # never publish "all free" on a guess
-        kubelet_socket.kubelet.pods["a"] = {
-            CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 10)
-        }
+        kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 10)}
         await kubelet_socket.start()
         await eventually(
-            lambda: (
-                fake.labels.get(CONTRACT.label_free_partial_block_units)
-                == str(per_gpu(demo_node) - 10)
-            ),
+            lambda: fake.labels.get(CONTRACT.label_free_partial_block_units) == str(per_gpu(demo_node) - 10),
             "labels after",
         )
 
 
-async def test_a_placement_score_that_goes_away_is_removed_from_the_node(
-    demo_node, kubelet_socket, api_server
-):
+async def test_a_placement_score_that_goes_away_is_removed_from_the_node(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     scores = iter([80, 80, None])
     last: list[int | None] = []
@@ -423,31 +347,23 @@ async def test_a_placement_score_that_goes_away_is_removed_from_the_node(
     assert fake.patches[-1] == {CONTRACT.label_placement_score: None}
 
 
-async def test_a_failing_usage_reader_only_drops_the_score(
-    demo_node, kubelet_socket, api_server
-):
+async def test_a_failing_usage_reader_only_drops_the_score(demo_node, kubelet_socket, api_server):
     fake, api = api_server
 
     def broken() -> int | None:
         raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
 
     async with Running(make(demo_node, kubelet_socket, api, usage=broken)):
-        await eventually(
-            lambda: CONTRACT.label_free_gpus in fake.labels, "labels without a score"
-        )
+        await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels without a score")
     assert CONTRACT.label_placement_score not in fake.labels
 
 
-async def test_devices_kubelet_no_longer_offers_are_not_advertised_as_free(
-    demo_node, kubelet_socket, api_server
-):
+async def test_devices_kubelet_no_longer_offers_are_not_advertised_as_free(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     units = allocation.MemoryUnits(demo_node, CONTRACT.unit_mib)
     lost_gpu = demo_node.memory_gpus[1].uuid
     kubelet_socket.kubelet.allocatable = {
-        CONTRACT.gpu_memory_resource: [
-            d for d in units.device_ids if units.gpu_of[d] != lost_gpu
-        ]
+        CONTRACT.gpu_memory_resource: [d for d in units.device_ids if units.gpu_of[d] != lost_gpu]
     }
     async with Running(make(demo_node, kubelet_socket, api)):
         await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels")
@@ -455,13 +371,9 @@ async def test_devices_kubelet_no_longer_offers_are_not_advertised_as_free(
     assert fake.labels[CONTRACT.label_free_units] == str(per_gpu(demo_node))
 
 
-async def test_device_ids_of_another_layout_are_ignored(
-    demo_node, kubelet_socket, api_server
-):
+async def test_device_ids_of_another_layout_are_ignored(demo_node, kubelet_socket, api_server):
     fake, api = api_server
-    kubelet_socket.kubelet.pods["stale"] = {
-        CONTRACT.gpu_memory_resource: ["GPU-not-here::3", "garbage"]
-    }
+    kubelet_socket.kubelet.pods["stale"] = {CONTRACT.gpu_memory_resource: ["GPU-not-here::3", "garbage"]}
     async with Running(make(demo_node, kubelet_socket, api)):
         await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels")
     assert fake.labels[CONTRACT.label_free_gpus] == "2"
@@ -490,3 +402,33 @@ async def test_missing_credentials_are_a_clear_write_error(tmp_path, monkeypatch
 def test_the_fake_api_server_speaks_json(api_server):
     fake, _ = api_server
     assert json.loads(json.dumps(fake.labels)) == {OPERATOR_LABEL: "true"}
+
+
+async def test_an_unhealthy_gpu_offers_no_free_block(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    sick: set[str] = set()
+    mig = next(demo_node.mig_devices())
+    settings = steering_settings(poll=3600)
+    async with Running(make(demo_node, kubelet_socket, api, settings=settings, unhealthy=lambda: sick)) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "healthy labels")
+        sick.update({demo_node.memory_gpus[0].uuid, mig.uuid})
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "sick GPU withdrawn")
+        assert fake.labels[CONTRACT.label_free_units] == str(per_gpu(demo_node))
+        free_before = sum(1 for m in demo_node.mig_devices() if m.profile == mig.profile)
+        assert fake.labels[CONTRACT.label_mig_free(mig.profile)] == str(free_before - 1)
+        sick.clear()
+        sick.add(health.ALL)  # NVML itself failing: nothing is free
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_block_units) == "0", "everything withdrawn")
+
+
+async def test_notify_from_another_thread_wakes_the_labeller(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=3600))) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "initial labels")
+        kubelet_socket.kubelet.pods["whole"] = {
+            CONTRACT.gpu_memory_resource: units_of(demo_node, 0, per_gpu(demo_node))
+        }
+        await asyncio.to_thread(running.notify)
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "woken from a thread")

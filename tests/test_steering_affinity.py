@@ -48,18 +48,12 @@ def matches(expression: dict[str, Any], node_labels: dict[str, str]) -> bool:
     raise AssertionError(f"unknown operator {op}")
 
 
-def term_matches(
-    expressions: list[dict[str, Any]], node_labels: dict[str, str]
-) -> bool:
+def term_matches(expressions: list[dict[str, Any]], node_labels: dict[str, str]) -> bool:
     return all(matches(e, node_labels) for e in expressions)
 
 
 def preference(preferred: list[dict[str, Any]], node_labels: dict[str, str]) -> int:
-    return sum(
-        t["weight"]
-        for t in preferred
-        if term_matches(t["preference"]["matchExpressions"], node_labels)
-    )
+    return sum(t["weight"] for t in preferred if term_matches(t["preference"]["matchExpressions"], node_labels))
 
 
 def node_of(*gpu_units: int, units: int = U) -> inventory.NodeInventory:
@@ -79,15 +73,11 @@ def node_of(*gpu_units: int, units: int = U) -> inventory.NodeInventory:
 
 def labelled(*allocated: int, units: int = U) -> dict[str, str]:
     node = node_of(*allocated, units=units)
-    return labels.node_labels(
-        node, CONTRACT, allocated={f"GPU-{i:04d}": a for i, a in enumerate(allocated)}
-    )
+    return labels.node_labels(node, CONTRACT, allocated={f"GPU-{i:04d}": a for i, a in enumerate(allocated)})
 
 
 def share(fraction: float, units_per_gpu: int = U) -> steering.Request:
-    return steering.Request(
-        units=round(fraction * units_per_gpu), units_per_gpu=units_per_gpu
-    )
+    return steering.Request(units=round(fraction * units_per_gpu), units_per_gpu=units_per_gpu)
 
 
 # --- required terms: only nodes where the pod fits on one GPU -----------------------------
@@ -135,17 +125,13 @@ REQUIRED_CASES = [
     [c[1:] for c in REQUIRED_CASES],
     ids=[c[0] for c in REQUIRED_CASES],
 )
-def test_required_terms_admit_exactly_the_nodes_where_the_pod_fits_on_one_gpu(
-    request_, allocated, feasible
-):
+def test_required_terms_admit_exactly_the_nodes_where_the_pod_fits_on_one_gpu(request_, allocated, feasible):
     required, _ = steering.placement_affinity(request_, CONTRACT)
     assert term_matches(required, labelled(*allocated)) is feasible
 
 
 def test_a_mig_pod_requires_a_free_slice_of_its_profile(demo_node):
-    required, preferred = steering.placement_affinity(
-        steering.Request(mig_profile="1g.10gb"), CONTRACT
-    )
+    required, preferred = steering.placement_affinity(steering.Request(mig_profile="1g.10gb"), CONTRACT)
     all_free = labels.node_labels(demo_node, CONTRACT)
     migs = [m.uuid for m in demo_node.mig_devices() if m.profile == "1g.10gb"]
     none_free = labels.node_labels(demo_node, CONTRACT, allocated_mig=set(migs))
@@ -239,9 +225,7 @@ def test_the_placement_score_only_orders_otherwise_equal_nodes():
 def test_a_share_of_unknown_gpu_size_still_prefers_the_tighter_fit():
     request = steering.Request(units=40, units_per_gpu=0)
     _, preferred = steering.placement_affinity(request, CONTRACT)
-    assert preference(preferred, labelled(0, 275)) > preference(
-        preferred, labelled(0, 100)
-    )
+    assert preference(preferred, labelled(0, 275)) > preference(preferred, labelled(0, 100))
 
 
 def test_terms_are_few_deterministic_and_within_kubernetes_weight_limits():
@@ -257,10 +241,7 @@ def test_terms_are_few_deterministic_and_within_kubernetes_weight_limits():
         for term in preferred:
             assert 1 <= term["weight"] <= 100
             for expression in term["preference"]["matchExpressions"]:
-                assert (
-                    len(expression["values"]) == 1
-                    and expression["values"][0].lstrip("-").isdigit()
-                )
+                assert len(expression["values"]) == 1 and expression["values"][0].lstrip("-").isdigit()
 
 
 @pytest.mark.parametrize(
@@ -276,9 +257,7 @@ def test_an_empty_request_is_refused_with_a_clear_error(bad):
 def test_label_keys_follow_the_configured_prefix():
     custom = contract_.Contract(prefix="example.com")
     required, preferred = steering.placement_affinity(share(0.5), custom)
-    keys = {e["key"] for e in required} | {
-        e["key"] for t in preferred for e in t["preference"]["matchExpressions"]
-    }
+    keys = {e["key"] for e in required} | {e["key"] for t in preferred for e in t["preference"]["matchExpressions"]}
     assert keys and all(k.startswith("example.com/") for k in keys)
 
 

@@ -29,10 +29,7 @@ class Clock:
 
 
 def node(*sizes_mib: int, mig_too: bool = False) -> inventory.NodeInventory:
-    gpus = [
-        inventory.Gpu(uuid=f"G{i}", model="GPU", memory_mib=m, index=i)
-        for i, m in enumerate(sizes_mib)
-    ]
+    gpus = [inventory.Gpu(uuid=f"G{i}", model="GPU", memory_mib=m, index=i) for i, m in enumerate(sizes_mib)]
     if mig_too:
         gpus.append(
             inventory.Gpu(
@@ -78,9 +75,7 @@ def test_a_gpu_without_memory_is_a_clear_error():
 
 def test_the_node_score_is_the_capacity_weighted_mean_over_shared_gpus():
     readings = Readings(G0=(0, 80000, 0), G1=(40000, 40000, 0))
-    score = placement.PlacementScore(
-        node=node(80000, 40000, mig_too=True), read=readings, clock=Clock()
-    )
+    score = placement.PlacementScore(node=node(80000, 40000, mig_too=True), read=readings, clock=Clock())
     assert score() == 70  # (80000 * 1 + 40000 * 0) / 120000 = 66.7 -> step 10
     assert score.raw() == pytest.approx(66.67, abs=0.01)
 
@@ -88,9 +83,7 @@ def test_the_node_score_is_the_capacity_weighted_mean_over_shared_gpus():
 def test_one_spike_does_not_move_the_label_but_a_lasting_change_does():
     readings = Readings(G0=(8000, 80000, 0))
     clock = Clock()
-    score = placement.PlacementScore(
-        node=node(80000), read=readings, clock=clock, tau_seconds=60, step=10
-    )
+    score = placement.PlacementScore(node=node(80000), read=readings, clock=clock, tau_seconds=60, step=10)
     assert score() == 90
     readings.gpus["G0"] = (8000, 80000, 100)  # one 5-second spike at 100% busy
     clock.now += 5
@@ -111,9 +104,7 @@ def test_one_spike_does_not_move_the_label_but_a_lasting_change_does():
 def test_the_published_value_has_hysteresis_around_a_step_boundary():
     readings = Readings(G0=(0, 100000, 0))
     clock = Clock()
-    score = placement.PlacementScore(
-        node=node(100000), read=readings, clock=clock, tau_seconds=1e-6
-    )
+    score = placement.PlacementScore(node=node(100000), read=readings, clock=clock, tau_seconds=1e-6)
     readings.gpus["G0"] = (45000, 100000, 0)  # raw 55: half way between 50 and 60
     clock.now += 1
     first = score()
@@ -127,9 +118,7 @@ def test_the_published_value_has_hysteresis_around_a_step_boundary():
 def test_a_gpu_that_cannot_be_read_keeps_its_last_reading_and_the_others_count():
     readings = Readings(G0=(0, 80000, 0), G1=(80000, 80000, 0))
     clock = Clock()
-    score = placement.PlacementScore(
-        node=node(80000, 80000), read=readings, clock=clock
-    )
+    score = placement.PlacementScore(node=node(80000, 80000), read=readings, clock=clock)
     assert score() == 50
     readings.lost.add("G1")
     clock.now += 5
@@ -146,6 +135,4 @@ def test_no_readable_gpu_means_no_score():
 @pytest.mark.parametrize(("tau", "step"), [(0, 10), (60, 0), (60, 101)])
 def test_bad_smoothing_settings_are_refused(tau, step):
     with pytest.raises(ValueError, match="tau_seconds"):
-        placement.PlacementScore(
-            node=node(80000), read=Readings(), tau_seconds=tau, step=step
-        )
+        placement.PlacementScore(node=node(80000), read=Readings(), tau_seconds=tau, step=step)

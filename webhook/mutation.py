@@ -32,8 +32,6 @@ __all__ = ["Outcome", "json_pointer", "merge_node_affinity", "mutate", "parse_fr
 KAI_SCHEDULER = "kai-scheduler"
 DEFAULT_SCHEDULER = "default-scheduler"
 ISOLATION_MIG = "mig"
-# NVIDIA's GPU feature discovery label: users select products with it, and our label carries the same values.
-NVIDIA_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 KIND_MEMORY = "gpu-memory"
 KIND_FRACTION = "gpu-fraction"
@@ -156,7 +154,7 @@ def _gpu_count(value: Any, where: str) -> int:
 
 def _selected_products(spec: Mapping[str, Any], contract: contract_.Contract) -> frozenset[str] | None:
     """GPU products the pod itself selects (nodeSelector and required node affinity), else None."""
-    keys = (contract.label_gpu_product, NVIDIA_PRODUCT_LABEL)
+    keys = (contract.label_gpu_product, contract_.NVIDIA_GPU_PRODUCT_LABEL)
     chosen: list[set[str]] = []
     node_selector = spec.get("nodeSelector") or {}
     from_selector = {str(node_selector[k]) for k in keys if k in node_selector}

@@ -35,9 +35,7 @@ class Request:
     gpus: int = 1  # >1 only for whole GPUs
     whole_gpus: bool = False
     mig_profile: str | None = None  # resource-form profile for MIG isolation
-    units_per_gpu: int = (
-        0  # units of one GPU of the class the pod is pinned to (0: unknown)
-    )
+    units_per_gpu: int = 0  # units of one GPU of the class the pod is pinned to (0: unknown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,23 +79,17 @@ def placement_affinity(
         return _mig(request.mig_profile, contract)
     if request.whole_gpus:
         if request.gpus < 1:
-            raise ValueError(
-                f"a whole-GPU request needs at least 1 GPU, got {request.gpus}"
-            )
+            raise ValueError(f"a whole-GPU request needs at least 1 GPU, got {request.gpus}")
         return _whole_gpus(request.gpus, contract)
     if request.units < 1:
-        raise ValueError(
-            f"a shared-GPU request needs at least 1 memory unit, got {request.units}"
-        )
+        raise ValueError(f"a shared-GPU request needs at least 1 memory unit, got {request.units}")
     return _share(request.units, request.units_per_gpu, contract)
 
 
 # --- the three kinds of request -----------------------------------------------------------
 
 
-def _share(
-    units: int, units_per_gpu: int, contract: contract_.Contract
-) -> tuple[list, list]:
+def _share(units: int, units_per_gpu: int, contract: contract_.Contract) -> tuple[list, list]:
     required = [_gt(contract.label_free_block_units, units - 1)]
     if units_per_gpu > units:
         tight = max(1, units_per_gpu // _TIGHT_SLACK_DIVISOR)
