@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import pathlib
@@ -70,11 +71,18 @@ def make_pod(rng: random.Random, index: int) -> dict[str, Any]:
                     "image": "registry.example/ml/trainer:2.3.1",
                     "args": ["--epochs", "10", "--data", "/data"],
                     "env": env,
-                    "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi", "nvidia.com/gpu": "1"}},
+                    "resources": {
+                        "requests": {"cpu": "4", "memory": "16Gi"},
+                        "limits": {"memory": "16Gi", "nvidia.com/gpu": "1"},
+                    },
                     "volumeMounts": [{"name": v["name"], "mountPath": f"/etc/{v['name']}"} for v in volumes],
                     "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 5},
                 },
-                {"name": "log-shipper", "image": "registry.example/fluent-bit:3.0", "resources": {"limits": {"cpu": "100m"}}},
+                {
+                    "name": "log-shipper",
+                    "image": "registry.example/fluent-bit:3.0",
+                    "resources": {"limits": {"cpu": "100m"}},
+                },
             ],
             "volumes": volumes,
             "restartPolicy": "Always",
@@ -124,12 +132,19 @@ def run_server(kind: str, port: int, cert: str, key: str) -> None:
         c = settings.contract
         for i in range(200):  # a mixed cluster, so class choice and pinning run for every pod
             memory, gpus = ((81920, 8), (143771, 8), (24576, 4))[i % 3]
-            view.update_node(f"node-{i}", {c.label_gpu_product: f"GPU-{memory}", c.label_gpu_memory_mib: str(memory),
-                                           c.label_gpu_count: str(gpus), c.label_free_units: str(i * 7 % (gpus * memory // 256)),
-                                           c.label_free_block_units: "100", c.label_free_gpus: "1"})  # fmt: skip
+            view.update_node(
+                f"node-{i}",
+                {
+                    c.label_gpu_product: f"GPU-{memory}",
+                    c.label_gpu_memory_mib: str(memory),
+                    c.label_gpu_count: str(gpus),
+                    c.label_free_units: str(i * 7 % (gpus * memory // 256)),
+                    c.label_free_block_units: "100",
+                    c.label_free_gpus: "1",
+                },
+            )
         app = server.make_app(settings, view)
     else:
-
         import orjson  # the webhook's JSON library: the comparison measures the handler, not the parser
 
         async def noop(request: web.Request) -> web.Response:
@@ -143,6 +158,7 @@ def run_server(kind: str, port: int, cert: str, key: str) -> None:
 
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_post("/mutate", noop)
+    gc.freeze()  # as gpuslice-webhook's main does: start-up objects are never scanned by the GC
     web.run_app(app, host="127.0.0.1", port=port, ssl_context=context, access_log=None, print=None)
 
 
@@ -244,7 +260,7 @@ def _wait_ready(port: int, ca_file: str) -> None:
             return  # it answered (400 or 500): it is up
         except OSError:
             if time.monotonic() > deadline:
-                raise SystemExit(f"server on port {port} did not start")
+                raise SystemExit(f"server on port {port} did not start") from None
             time.sleep(0.1)
 
 
@@ -280,8 +296,10 @@ def main() -> None:
     import trustme
 
     sizes = [len(r) for r in make_reviews()]
-    print(f"AdmissionReview sizes: {min(sizes) / 1024:.1f}-{max(sizes) / 1024:.1f} KB, "
-          f"median {statistics.median(sizes) / 1024:.1f} KB; cores: {os.cpu_count()}")  # fmt: skip
+    print(
+        f"AdmissionReview sizes: {min(sizes) / 1024:.1f}-{max(sizes) / 1024:.1f} KB, "
+        f"median {statistics.median(sizes) / 1024:.1f} KB; cores: {os.cpu_count()}"
+    )
     script = str(pathlib.Path(__file__).resolve())
     with tempfile.TemporaryDirectory() as tmp:
         ca = trustme.CA()
@@ -293,7 +311,20 @@ def main() -> None:
         ports = {"webhook": _free_port(), "noop": _free_port()}
         servers = [
             subprocess.Popen(
-                [sys.executable, script, "--role", "server", "--kind", kind, "--port", str(port), "--cert", cert, "--key", key]
+                [
+                    sys.executable,
+                    script,
+                    "--role",
+                    "server",
+                    "--kind",
+                    kind,
+                    "--port",
+                    str(port),
+                    "--cert",
+                    cert,
+                    "--key",
+                    key,
+                ]
             )
             for kind, port in ports.items()
         ]
@@ -301,10 +332,12 @@ def main() -> None:
             for port in ports.values():
                 _wait_ready(port, ca_file)
             results: dict[tuple[str, str], list[dict[str, float]]] = {}
-            modes = [(f"c={c}", c, 0.0) for c in args.concurrency] + [(f"{args.rate:g}/s over {args.open_connections}", args.open_connections, args.rate)]
+            modes = [(f"c={c}", c, 0.0) for c in args.concurrency] + [
+                (f"{args.rate:g}/s over {args.open_connections}", args.open_connections, args.rate)
+            ]
             for run in range(args.runs):
                 for label, concurrency, rate in modes:
-                    for (kind, port), process in zip(ports.items(), servers):
+                    for (kind, port), process in zip(ports.items(), servers, strict=True):
                         cpu_before = _cpu_seconds(process.pid)
                         output = subprocess.run(
                             [
@@ -319,17 +352,22 @@ def main() -> None:
                         measured = json.loads(output)
                         measured["cpu_us"] = (_cpu_seconds(process.pid) - cpu_before) / measured["requests"] * 1e6
                         results.setdefault((kind, label), []).append(measured)
-                        print(f"run {run + 1} {label:<14} {kind:<7} {measured['rps']:8.0f}/s "
-                              f"p50 {measured['p50_ms']:6.2f} ms p99 {measured['p99_ms']:6.2f} ms "
-                              f"server CPU {measured['cpu_us']:5.0f} us/adm errors {measured['errors']}", flush=True)
+                        print(
+                            f"run {run + 1} {label:<14} {kind:<7} {measured['rps']:8.0f}/s "
+                            f"p50 {measured['p50_ms']:6.2f} ms p99 {measured['p99_ms']:6.2f} ms "
+                            f"server CPU {measured['cpu_us']:5.0f} us/adm errors {measured['errors']}",
+                            flush=True,
+                        )
         finally:
             for process in servers:
                 process.terminate()
                 process.wait(timeout=10)
 
     print(f"\nmedians of {args.runs} runs, {args.seconds:g} s each:")
-    print("| load | webhook adm/s | no-op adm/s | ratio | webhook p50 / p99 ms | no-op p50 / p99 ms "
-          "| server CPU per admission, webhook / no-op |")
+    print(
+        "| load | webhook adm/s | no-op adm/s | ratio | webhook p50 / p99 ms | no-op p50 / p99 ms "
+        "| server CPU per admission, webhook / no-op |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label, _, _ in modes:
         row = {}
@@ -337,9 +375,12 @@ def main() -> None:
             runs = results[(kind, label)]
             row[kind] = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")}
         w, n = row["webhook"], row["noop"]
-        print(f"| {label} | {w['rps']:.0f} | {n['rps']:.0f} | {w['rps'] / n['rps']:.2f} | "
-              f"{w['p50_ms']:.2f} / {w['p99_ms']:.2f} | {n['p50_ms']:.2f} / {n['p99_ms']:.2f} | "
-              f"{w['cpu_us']:.0f} / {n['cpu_us']:.0f} us |")
+        print(
+            f"| {label} | {w['rps']:.0f} | {n['rps']:.0f} | {w['rps'] / n['rps']:.2f} | "
+            f"{w['p50_ms']:.2f} / {w['p99_ms']:.2f} | {n['p50_ms']:.2f} / {n['p99_ms']:.2f} | "
+            f"{w['cpu_us']:.0f} / {n['cpu_us']:.0f} us |"
+        )
+
 
 if __name__ == "__main__":
     main()

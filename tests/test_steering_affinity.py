@@ -168,6 +168,12 @@ PREFERENCE_CASES = [
         "loose-partial",
     ),
     (
+        "a closer fit on a node with free GPUs beats a loose fit on a full node",
+        share(0.25),
+        {"close-with-free": (0, 0, 0, 0, 190), "loose-on-full": (U, U, U, 100)},
+        "close-with-free",
+    ),
+    (
         "when a free GPU must be broken, the node with fewest free GPUs gives it",
         share(0.5),
         {"eight-free": (0,) * 8, "one-free": (0,) + (U,) * 7},

@@ -25,7 +25,9 @@ def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"generateName": "job-", "namespace": "team-a"},
-        "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        },
     }
     if annotations:
         body["metadata"]["annotations"] = annotations
@@ -42,7 +44,10 @@ def review(obj: dict[str, Any] | None = None, **request: Any) -> dict[str, Any]:
         "requestResource": {"group": "", "version": "v1", "resource": "pods"},
         "namespace": "team-a",
         "operation": "CREATE",
-        "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller", "groups": ["system:serviceaccounts"]},
+        "userInfo": {
+            "username": "system:serviceaccount:kube-system:replicaset-controller",
+            "groups": ["system:serviceaccounts"],
+        },
         "object": obj if obj is not None else pod({"gpu-fraction": "0.5"}),
         "oldObject": None,
         "dryRun": False,
@@ -117,9 +122,17 @@ MALFORMED = [
     ("not-utf8", b"\xff\xfe", "not JSON"),
     ("array", b"[]", "JSON object"),
     ("wrong-kind", {"apiVersion": "admission.k8s.io/v1", "kind": "Pod"}, "expected kind AdmissionReview"),
-    ("v1beta1", {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}, "apiVersion"),
+    (
+        "v1beta1",
+        {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}},
+        "apiVersion",
+    ),
     ("no-request", {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "no request"),
-    ("no-uid", {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"operation": "CREATE"}}, "no uid"),
+    (
+        "no-uid",
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"operation": "CREATE"}},
+        "no uid",
+    ),
     ("no-object", review(object=None) | {"request": {**review()["request"], "object": None}}, "no object"),
 ]
 

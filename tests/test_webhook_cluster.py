@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 from gpuslice import config
-from gpuslice.deviceplugin import inventory, labels as node_labels
+from gpuslice.deviceplugin import inventory
+from gpuslice.deviceplugin import labels as node_labels
 from gpuslice.webhook import cluster
 
 CONTRACT = config.Config().contract
@@ -40,7 +41,9 @@ def test_classes_and_mig_profiles_come_from_the_device_plugins_labels(
     cv.update_node("h200", node_labels.node_labels(h200_node, CONTRACT))
     assert cv.known
     assert cv.classes() == [
-        cluster.GpuClass(81559, frozenset({"NVIDIA-H100-80GB-HBM3"}), gpus=2, free_units=2 * 318 - 18, nodes=1, max_gpus_per_node=2),
+        cluster.GpuClass(
+            81559, frozenset({"NVIDIA-H100-80GB-HBM3"}), gpus=2, free_units=2 * 318 - 18, nodes=1, max_gpus_per_node=2
+        ),
         cluster.GpuClass(143771, frozenset({"NVIDIA-H200"}), gpus=8, free_units=8 * 561, nodes=1, max_gpus_per_node=8),
     ]
     assert cv.mig_profiles() == {"1g.10gb": 9728, "2g.20gb": 19968, "3g.40gb": 40192}

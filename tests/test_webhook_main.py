@@ -59,7 +59,9 @@ def test_a_missing_certificate_file_prints_one_line_and_exits_2(
     assert err.count("\n") == 1 and "nope.crt" in err
 
 
-def test_a_config_file_with_an_unknown_key_is_refused(tls: tuple[trustme.CA, pathlib.Path, pathlib.Path], tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_config_file_with_an_unknown_key_is_refused(
+    tls: tuple[trustme.CA, pathlib.Path, pathlib.Path], tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _, cert, key = tls
     (tmp_path / "c.yaml").write_text("version: v1\ndefaultGpuMemoryMb: 1000\n")
     args = ["--config", str(tmp_path / "c.yaml"), "--tls-cert-file", str(cert), "--tls-private-key-file", str(key)]
@@ -81,8 +83,19 @@ def test_the_command_serves_https_without_a_cluster_and_stops_on_sigterm(
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
     env["HOME"] = str(tmp_path)  # no ~/.kube/config: no node watch, defaults used
     env["GPUSLICE_DEFAULT_GPU_MEMORY_MIB"] = "40960"
-    command = [sys.executable, "-m", "gpuslice.webhook.main", "--tls-cert-file", str(cert),
-               "--tls-private-key-file", str(key), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "gpuslice.webhook.main",
+        "--tls-cert-file",
+        str(cert),
+        "--tls-private-key-file",
+        str(key),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         context = ssl.create_default_context()
@@ -106,11 +119,16 @@ def test_the_command_serves_https_without_a_cluster_and_stops_on_sigterm(
                 "resource": {"group": "", "version": "v1", "resource": "pods"},
                 "operation": "CREATE",
                 "namespace": "default",
-                "object": {"metadata": {"annotations": {"gpu-fraction": "0.5"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+                "object": {
+                    "metadata": {"annotations": {"gpu-fraction": "0.5"}},
+                    "spec": {"containers": [{"name": "c", "image": "i"}]},
+                },
             },
         }
         request = urllib.request.Request(
-            f"https://127.0.0.1:{port}/mutate", data=json.dumps(review).encode(), headers={"Content-Type": "application/json"}
+            f"https://127.0.0.1:{port}/mutate",
+            data=json.dumps(review).encode(),
+            headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, context=context, timeout=5) as r:
             answer = json.load(r)
@@ -127,3 +145,21 @@ def test_the_command_serves_https_without_a_cluster_and_stops_on_sigterm(
                 process.wait()
             if process.stdout:
                 process.stdout.close()
+
+
+def test_an_unusable_kubeconfig_prints_one_line_and_exits_2(
+    tls: tuple[trustme.CA, pathlib.Path, pathlib.Path], tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, cert, key = tls
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n")
+    args = [
+        "--tls-cert-file",
+        str(cert),
+        "--tls-private-key-file",
+        str(key),
+        "--kubeconfig",
+        str(tmp_path / "kubeconfig"),
+    ]
+    assert main.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gpuslice-webhook: ")

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from gpuslice import config
-from gpuslice.deviceplugin import labels as node_labels, nodefile
+from gpuslice.deviceplugin import labels as node_labels
+from gpuslice.deviceplugin import nodefile
 from gpuslice.webhook import cluster, mutation, steering
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -82,7 +83,12 @@ def deployment_pod(annotations: dict[str, str] | None = None, **spec: Any) -> di
             "dnsPolicy": "ClusterFirst",
             "schedulerName": "default-scheduler",
             "tolerations": [
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                }
             ],
         },
     }
@@ -169,7 +175,10 @@ def test_gpu_memory_that_only_the_larger_gpus_hold_is_pinned_to_them() -> None:
 
 
 def test_gpu_memory_that_every_gpu_holds_is_not_pinned() -> None:
-    _, pod = convert(deployment_pod({"gpu-memory": "2000"}), settings=dataclasses.replace(SETTINGS, steering=config.SteeringConfig(enabled=False)))
+    _, pod = convert(
+        deployment_pod({"gpu-memory": "2000"}),
+        settings=dataclasses.replace(SETTINGS, steering=config.SteeringConfig(enabled=False)),
+    )
     assert "affinity" not in pod["spec"]
 
 
@@ -198,7 +207,11 @@ def test_gpu_fraction_moves_to_another_class_when_the_first_fills_up() -> None:
                 "nodeAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": {
                         "nodeSelectorTerms": [
-                            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100_PRODUCT]}]}
+                            {
+                                "matchExpressions": [
+                                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100_PRODUCT]}
+                                ]
+                            }
                         ]
                     }
                 }
@@ -242,7 +255,9 @@ def test_without_a_cluster_view_a_fraction_uses_default_gpu_memory_and_pins_noth
     ],
     ids=["small", "exactly-a-profile", "quantity", "fraction"],
 )
-def test_mig_isolation_takes_the_smallest_profile_that_holds_the_request(annotations: dict[str, str], profile: str) -> None:
+def test_mig_isolation_takes_the_smallest_profile_that_holds_the_request(
+    annotations: dict[str, str], profile: str
+) -> None:
     outcome, pod = convert(deployment_pod({**annotations, "gpuslice.io/isolation": "mig"}))
     assert outcome.kind == mutation.KIND_MIG
     resource = CONTRACT.mig_resource(profile)
@@ -294,7 +309,13 @@ def test_required_expressions_are_anded_into_every_existing_term_and_preferred_t
         },
         "podAntiAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "trainer"}}}}
+                {
+                    "weight": 1,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app": "trainer"}},
+                    },
+                }
             ]
         },
     }
@@ -358,7 +379,9 @@ def test_whole_gpus_are_left_alone_unless_convert_whole_gpus_is_on() -> None:
 def test_a_custom_prefix_and_unit_size_name_every_resource_and_annotation() -> None:
     settings = config.load(environ={}, overrides={"resourcePrefix": "gpus.example.com", "memoryUnitMiB": 1024})
     view = make_view(settings=settings)
-    _, pod = convert(deployment_pod({"gpu-memory": "3000", "gpus.example.com/isolation": "mig"}), settings=settings, view=view)
+    _, pod = convert(
+        deployment_pod({"gpu-memory": "3000", "gpus.example.com/isolation": "mig"}), settings=settings, view=view
+    )
     assert units_of(pod)["limits"] == {"gpus.example.com/mig-1g.10gb": "1"}
     assert "gpus.example.com/decision" in pod["metadata"]["annotations"]
     _, pod = convert(deployment_pod({"gpu-memory": "3000"}), settings=settings, view=view)
@@ -441,10 +464,22 @@ DENIALS = [
         {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"},
         ["gpu-fraction-num-devices='2'", "not supported", "device IDs", "nvidia.com/gpu: N"],
     ),
-    ("num-devices-not-a-number", {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "two"}, ["'two'", "positive integer"]),
-    ("isolation-unknown", {"gpu-memory": "2000", "gpuslice.io/isolation": "strict"}, ["gpuslice.io/isolation='strict'", "'mig'"]),
+    (
+        "num-devices-not-a-number",
+        {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "two"},
+        ["'two'", "positive integer"],
+    ),
+    (
+        "isolation-unknown",
+        {"gpu-memory": "2000", "gpuslice.io/isolation": "strict"},
+        ["gpuslice.io/isolation='strict'", "'mig'"],
+    ),
     ("isolation-without-share", {"gpuslice.io/isolation": "mig"}, ["gpuslice.io/isolation='mig'", "needs a share"]),
-    ("mig-too-large", {"gpu-memory": "50000", "gpuslice.io/isolation": "mig"}, ["50000 MiB", "larger than any MIG profile", "3g.40gb"]),
+    (
+        "mig-too-large",
+        {"gpu-memory": "50000", "gpuslice.io/isolation": "mig"},
+        ["50000 MiB", "larger than any MIG profile", "3g.40gb"],
+    ),
 ]
 
 
@@ -541,3 +576,14 @@ def test_the_kai_examples_in_the_shared_reference_are_accepted() -> None:
     assert len(pods) >= 3
     for pod in pods:
         _check_kai_manifest(pod)
+
+
+def test_mig_isolation_for_a_product_only_mig_gpus_carry_takes_the_fraction_of_a_shared_class() -> None:
+    pod = deployment_pod(
+        {"gpu-fraction": "0.1", "gpuslice.io/isolation": "mig"},
+        nodeSelector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+    )
+    outcome, patched = convert(pod)
+    assert outcome.allowed, outcome.message
+    assert units_of(patched)["limits"] == {CONTRACT.mig_resource("2g.20gb"): "1"}  # 0.1 x 143771 MiB > 9728
+    assert patched["spec"]["nodeSelector"] == pod["spec"]["nodeSelector"]

@@ -27,7 +27,11 @@ def node(name: str, memory_mib: int, gpus: int, *, free_units: int | None = None
     }
     if free_units is not None:
         labels[CONTRACT.label_free_units] = str(free_units)
-    return {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "labels": labels, "resourceVersion": str(version)}}
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": labels, "resourceVersion": str(version)},
+    }
 
 
 class FakeApiServer:
@@ -84,7 +88,9 @@ class FakeApiServer:
 
 
 @pytest.fixture
-async def apiserver(aiohttp_server: Callable[..., Any]) -> AsyncIterator[tuple[FakeApiServer, kubernetes.client.CoreV1Api]]:
+async def apiserver(
+    aiohttp_server: Callable[..., Any],
+) -> AsyncIterator[tuple[FakeApiServer, kubernetes.client.CoreV1Api]]:
     fake = FakeApiServer()
     app = web.Application()
     app.router.add_get("/api/v1/nodes", fake.handle)

@@ -16,13 +16,16 @@ import pytest
 import trustme
 
 from gpuslice import config
-from gpuslice.webhook import certs, cluster, metrics as metrics_, server
+from gpuslice.webhook import certs, cluster, server
+from gpuslice.webhook import metrics as metrics_
 
 SERVICE_DNS = "gpuslice-webhook.gpuslice.svc"
 SETTINGS = config.Config()
 
 
-def review(uid: str = "11111111-2222-3333-4444-555555555555", dry_run: bool = False, **annotations: str) -> dict[str, Any]:
+def review(
+    uid: str = "11111111-2222-3333-4444-555555555555", dry_run: bool = False, **annotations: str
+) -> dict[str, Any]:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -137,7 +140,9 @@ async def test_the_serving_certificate_verifies_against_the_ca_for_the_service_d
     assert any(op["path"] == "/spec/containers/0/resources" for op in patch)
 
 
-async def test_a_client_checking_another_name_or_another_ca_refuses_the_certificate(webhook: Running, ca: trustme.CA) -> None:
+async def test_a_client_checking_another_name_or_another_ca_refuses_the_certificate(
+    webhook: Running, ca: trustme.CA
+) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context(ca))) as client:
         with pytest.raises(aiohttp.ClientConnectorCertificateError):
             await client.get(webhook.url("/healthz"), server_hostname="other.gpuslice.svc")

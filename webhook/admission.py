@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 
 from gpuslice import config
-from gpuslice.webhook import cluster as cluster_, mutation
+from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import mutation
 
 __all__ = ["MalformedReview", "Result", "review"]
 
@@ -61,9 +62,7 @@ def _answer(uid: str, allowed: bool, **fields: Any) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": KIND, "response": {"uid": uid, "allowed": allowed, **fields}}
 
 
-def review(
-    body: bytes | str | Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView
-) -> Result:
+def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Result:
     """Answer one AdmissionReview. Raises MalformedReview when there is nothing to answer."""
     document = _decode(body)
     if document.get("kind") != KIND or document.get("apiVersion") != API_VERSION:

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
 from collections.abc import Sequence
 
+import kubernetes
+
 from gpuslice import config
-from gpuslice.webhook import certs, cluster as cluster_, nodewatch, server
+from gpuslice.webhook import certs, nodewatch, server
+from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["build_parser", "main"]
 
@@ -45,17 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run(args: argparse.Namespace, settings: config.Config) -> None:
+async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api | None) -> None:
     context = certs.server_context(args.tls_cert_file, args.tls_private_key_file)
     reloader = certs.CertificateReloader(
         context, args.tls_cert_file, args.tls_private_key_file, interval=args.cert_reload_seconds
     )
     view = cluster_.ClusterView(settings.contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
-    api = await asyncio.to_thread(nodewatch.api_from_environment, args.kubeconfig)
     watcher = nodewatch.NodeWatcher(api, view) if api is not None else None
     if watcher is None:
         log.info("no cluster found: gpu-fraction uses defaultGpuMemoryMiB=%d", settings.default_gpu_memory_mib)
     app = server.make_app(settings, view, watcher=watcher, reloader=reloader)
+    # Everything built so far (the Kubernetes client's many modules included) lives as long as the
+    # process: keep it out of the garbage collector's full scans, which each admission's JSON triggers.
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -69,11 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = config.from_args(args)
         certs.server_context(args.tls_cert_file, args.tls_private_key_file)  # fail fast, before serving
-    except (config.ConfigError, certs.CertificateError) as exc:
+        api = nodewatch.api_from_environment(args.kubeconfig)
+    except (config.ConfigError, certs.CertificateError, kubernetes.config.ConfigException) as exc:
         print(f"gpuslice-webhook: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_run(args, settings))
+        asyncio.run(_run(args, settings, api))
     except Exception as exc:  # noqa: BLE001 - e.g. a bad kubeconfig or a port in use: one clear line
         print(f"gpuslice-webhook: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

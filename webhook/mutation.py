@@ -24,8 +24,10 @@ from typing import Any
 
 import orjson
 
-from gpuslice import config, contract as contract_
-from gpuslice.webhook import cluster as cluster_, steering
+from gpuslice import config
+from gpuslice import contract as contract_
+from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import steering
 
 __all__ = ["Outcome", "json_pointer", "merge_node_affinity", "mutate", "parse_fraction", "parse_memory_mib"]
 
@@ -65,9 +67,19 @@ _MEMORY_FORMS = 'MiB as a positive integer such as "2000", or a Kubernetes quant
 # Kubernetes quantity suffixes in bytes. Hand-rolled on purpose: kubernetes.utils.parse_quantity would
 # pull the whole API client into this pure module, which the simulator imports for every run.
 _QUANTITY_SUFFIX = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}  # fmt: skip
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
 _QUANTITY_RE = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 
 
@@ -111,7 +123,7 @@ def _parse_num_devices(text: Any) -> int:
     name = contract_.KAI_GPU_FRACTION_NUM_DEVICES
     value = str(text).strip()
     if not value.isdigit() or int(value) == 0:
-        raise _Denied(f"annotation {name}={text!r} is not a positive integer; accepted: a GPU count such as \"1\"")
+        raise _Denied(f'annotation {name}={text!r} is not a positive integer; accepted: a GPU count such as "1"')
     return int(value)
 
 
@@ -185,9 +197,7 @@ def _free_share_key(gpu_class: cluster_.GpuClass, contract: contract_.Contract) 
     return (-share, -gpu_class.gpus, gpu_class.memory_mib)
 
 
-def _candidate_classes(
-    cluster: cluster_.ClusterView, products: frozenset[str] | None
-) -> list[cluster_.GpuClass]:
+def _candidate_classes(cluster: cluster_.ClusterView, products: frozenset[str] | None) -> list[cluster_.GpuClass]:
     classes = cluster.classes()
     if products is None:
         return classes
@@ -407,8 +417,11 @@ def _fraction_basis(
     """(GPU memory a fraction is taken of, pin expressions, decision notes)."""
     classes = _candidate_classes(cluster, products)
     if not classes:
-        return settings.default_gpu_memory_mib, [], {"classMemoryMiB": settings.default_gpu_memory_mib,
-                                                     "rule": "defaultGpuMemoryMiB (no GPU nodes seen)"}  # fmt: skip
+        return (
+            settings.default_gpu_memory_mib,
+            [],
+            {"classMemoryMiB": settings.default_gpu_memory_mib, "rule": "defaultGpuMemoryMiB (no GPU nodes seen)"},
+        )
     best = _best_class(classes, contract)
     pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
     rule = "only class" if len(classes) == 1 else "largest free share"
@@ -472,7 +485,10 @@ def _annotated(
 
     if isolation == ISOLATION_MIG:
         if fraction is not None:
-            basis, _, notes = _fraction_basis(cluster, products, settings, contract)
+            try:
+                basis, _, notes = _fraction_basis(cluster, products, settings, contract)
+            except _Denied:  # a product only MIG-mode GPUs carry: no shared class to take it from
+                basis, _, notes = _fraction_basis(cluster, None, settings, contract)
             need = math.ceil(fraction * basis - 1e-9)
             base.update(fraction=fraction, **notes)
         else:
@@ -494,16 +510,30 @@ def _annotated(
             )
         mib, profile = fitting[0]
         resource = contract.mig_resource(profile)
-        decision = {**base, "resource": resource, "units": 1, "memoryMiB": mib, "requestedMiB": need,
-                    "migProfile": profile, "rule": "smallest MIG profile that holds the request"}  # fmt: skip
-        return _Conversion(KIND_MIG, resource, {target: 1}, decision,
-                           steering_request=steering.Request(mig_profile=profile))  # fmt: skip
+        decision = {
+            **base,
+            "resource": resource,
+            "units": 1,
+            "memoryMiB": mib,
+            "requestedMiB": need,
+            "migProfile": profile,
+            "rule": "smallest MIG profile that holds the request",
+        }
+        return _Conversion(
+            KIND_MIG, resource, {target: 1}, decision, steering_request=steering.Request(mig_profile=profile)
+        )
 
     resource = contract.gpu_memory_resource
     if memory_mib is not None:
         units, required, notes, per_gpu = _memory_conversion(memory_mib, cluster, products, settings, contract)
-        decision = {**base, "resource": resource, "units": units, "memoryMiB": units * contract.unit_mib,
-                    "requestedMiB": memory_mib, **notes}  # fmt: skip
+        decision = {
+            **base,
+            "resource": resource,
+            "units": units,
+            "memoryMiB": units * contract.unit_mib,
+            "requestedMiB": memory_mib,
+            **notes,
+        }
         request = steering.Request(units=units, units_per_gpu=per_gpu)
         return _Conversion(KIND_MEMORY, resource, {target: units}, decision, required, request)
 
@@ -512,8 +542,14 @@ def _annotated(
     per_gpu = contract.units_per_gpu(basis)
     # A fraction near 1 must still fit on one GPU: never more units than the GPU advertises.
     units = per_gpu if fraction == 1 else min(per_gpu, contract_.units_for_mib(fraction * basis, contract.unit_mib))
-    decision = {**base, "resource": resource, "units": units, "memoryMiB": units * contract.unit_mib,
-                "fraction": fraction, **notes}  # fmt: skip
+    decision = {
+        **base,
+        "resource": resource,
+        "units": units,
+        "memoryMiB": units * contract.unit_mib,
+        "fraction": fraction,
+        **notes,
+    }
     request = steering.Request(units=units, units_per_gpu=per_gpu, whole_gpus=fraction == 1)
     return _Conversion(KIND_FRACTION, resource, {target: units}, decision, required, request)
 
@@ -557,8 +593,14 @@ def _whole_gpus(
     per_gpu = contract.units_per_gpu(memory)
     container_units = {key: n * per_gpu for key, n in counts.items()}
     resource = contract.gpu_memory_resource
-    decision = {"containers": names, "resource": resource, "units": sum(container_units.values()),
-                "memoryMiB": sum(container_units.values()) * contract.unit_mib, "gpus": gpus, **notes}  # fmt: skip
+    decision = {
+        "containers": names,
+        "resource": resource,
+        "units": sum(container_units.values()),
+        "memoryMiB": sum(container_units.values()) * contract.unit_mib,
+        "gpus": gpus,
+        **notes,
+    }
     request = steering.Request(units=per_gpu, gpus=gpus, whole_gpus=True, units_per_gpu=per_gpu)
     return _Conversion(KIND_WHOLE_GPUS, resource, container_units, decision, required, request)
 

@@ -25,7 +25,9 @@ import orjson
 from aiohttp import web
 
 from gpuslice import config
-from gpuslice.webhook import admission, certs, cluster as cluster_, metrics as metrics_, nodewatch
+from gpuslice.webhook import admission, certs, nodewatch
+from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import metrics as metrics_
 
 __all__ = ["CLUSTER", "METRICS", "SETTINGS", "make_app", "serve", "start"]
 

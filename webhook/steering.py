@@ -106,9 +106,12 @@ def _share(units: int, units_per_gpu: int, contract: contract_.Contract) -> tupl
             _lt(partial, units + close),
         ),
         _term(WEIGHTS.loose_fit, _gt(partial, units + close - 1)),
-        _term(WEIGHTS.one_free_gpu, _lt(contract.label_free_gpus, 2)),
+        # Only where no partly used GPU fits (the pod must open a free GPU): the fewer free GPUs
+        # the node has, the better; whole free GPUs are what whole-GPU pods need.
+        _term(WEIGHTS.one_free_gpu, _lt(partial, units), _lt(contract.label_free_gpus, 2)),
         _term(
             WEIGHTS.few_free_gpus,
+            _lt(partial, units),
             _gt(contract.label_free_gpus, 1),
             _lt(contract.label_free_gpus, 4),
         ),
