@@ -17,7 +17,7 @@ from gpuslice.deviceplugin import inventory
 
 from gpuslice import contract as contract_
 
-__all__ = ["node_labels", "static_labels", "steering_labels"]
+__all__ = ["headroom_labels", "node_labels", "static_labels", "steering_labels"]
 
 
 def static_labels(node: inventory.NodeInventory, contract: contract_.Contract) -> dict[str, str]:
@@ -67,9 +67,11 @@ def node_labels(
     allocated: Mapping[str, int] | None = None,
     allocated_mig: frozenset[str] | set[str] = frozenset(),
     placement_score: int | None = None,
+    headroom: tuple[int, int] | None = None,
 ) -> dict[str, str]:
     """Every gpuslice label of a node. `allocated`: GPU UUID -> memory units in use;
-    `allocated_mig`: UUIDs of MIG devices in use."""
+    `allocated_mig`: UUIDs of MIG devices in use; `headroom`: (CPU millicores, memory MiB) of
+    the node's allocatable that its pods have not requested, when known."""
     allocated = allocated or {}
     units = {g.uuid: contract.units_per_gpu(g.memory_mib) for g in node.memory_gpus}
     # Clamped: a stale or foreign record must never publish negative or impossible free counts.
@@ -87,4 +89,15 @@ def node_labels(
             placement_score=placement_score,
         )
     )
+    if headroom is not None:
+        labels.update(headroom_labels(contract, *headroom))
     return labels
+
+
+def headroom_labels(contract: contract_.Contract, free_cpu_milli: int, free_memory_mib: int) -> dict[str, str]:
+    """The node's unrequested CPU and memory: lets the webhook pin a share to a GPU class whose
+    nodes can still run it, not one whose free GPUs are stranded behind exhausted CPUs."""
+    return {
+        contract.label_free_cpu_milli: str(max(0, free_cpu_milli)),
+        contract.label_free_memory_mib: str(max(0, free_memory_mib)),
+    }

@@ -171,6 +171,16 @@ class Contract:
         return f"{self.prefix}/gpu.free-units"
 
     @property
+    def label_free_cpu_milli(self) -> str:
+        """CPU (millicores) of the node's allocatable not yet requested by its pods."""
+        return f"{self.prefix}/node.free-cpu-milli"
+
+    @property
+    def label_free_memory_mib(self) -> str:
+        """Memory (MiB) of the node's allocatable not yet requested by its pods."""
+        return f"{self.prefix}/node.free-memory-mib"
+
+    @property
     def label_free_gpus(self) -> str:
         """Number of GPUs of the node with every memory unit free."""
         return f"{self.prefix}/gpu.free-gpus"

@@ -65,14 +65,15 @@ class SimNode:
             amounts[resource] = len(slices.device_ids)
         return amounts
 
-    def labels(self, *, steering: bool) -> dict[str, str]:
-        """The gpuslice labels the plugin would publish now (static ones only without steering)."""
+    def labels(self, *, steering: bool, headroom: tuple[int, int] | None = None) -> dict[str, str]:
+        """The gpuslice labels the plugin would publish now (static ones only without steering);
+        `headroom`: the node's unrequested (CPU millicores, memory MiB), as its labeller sees it."""
         if not self.node.gpus:
             return {}
         if not steering or not self.sharing:
             return labels.static_labels(self.node, self.contract)
         return labels.node_labels(
-            self.node, self.contract, allocated=self.units_in_use, allocated_mig=self.mig_in_use
+            self.node, self.contract, allocated=self.units_in_use, allocated_mig=self.mig_in_use, headroom=headroom
         )
 
     def _resource_devices(self, resource: str) -> devicemanager.ResourceDevices:

@@ -185,7 +185,10 @@ def replay(
         node_.SimNode(n.name, trace.node_inventory(n, gpu_memory_mib), contract, sharing=configuration.sharing)
         for n in nodes
     ]
-    node_labels = [{"kubernetes.io/hostname": n.name, **s.labels(steering=steering)} for n, s in zip(nodes, sim_nodes)]
+    node_labels = [
+        {"kubernetes.io/hostname": n.name, **s.labels(steering=steering, headroom=(n.cpu_milli, n.memory_mib))}
+        for n, s in zip(nodes, sim_nodes)
+    ]
     allocatable = [
         {scheduler.CPU: n.cpu_milli, scheduler.MEMORY: n.memory_mib * _MIB, **s.allocatable()}
         for n, s in zip(nodes, sim_nodes)
@@ -238,8 +241,11 @@ def replay(
         binds += 1
         allocated += pod.gpu_demand_milli
         allocated_after[i] = allocated
-        if steering and request.container_devices:
-            pipe.publish(binds, now, decision.node, {"kubernetes.io/hostname": target.name, **target.labels(steering=True)})
+        if steering and target.node.gpus:
+            # Every bind changes the node's CPU and memory headroom, GPU pods also its free units.
+            headroom = state.headroom(decision.node)
+            labels = target.labels(steering=True, headroom=headroom)
+            pipe.publish(binds, now, decision.node, {"kubernetes.io/hostname": target.name, **labels})
         for index, labels in pipe.due(binds, now):
             state.set_labels(index, labels)
             view.update_node(state.names[index], labels)

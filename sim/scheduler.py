@@ -317,6 +317,11 @@ class Cluster:
     def set_labels(self, node: int, labels: Mapping[str, str]) -> None:
         self.labels.set(node, labels)
 
+    def headroom(self, node: int) -> tuple[int, int]:
+        """(CPU millicores, memory MiB) of the node's allocatable that no pod has requested."""
+        free = self.allocatable[node] - self.requested[node]
+        return int(free[self.column[CPU]]), int(free[self.column[MEMORY]]) // 2**20
+
     def bind(self, node: int, pod: PodRequest) -> None:
         """Account the pod on the node (kube-scheduler's assume, then the bind)."""
         for resource, amount in pod.requests.items():

@@ -25,10 +25,10 @@ async def test_every_demo_pod_lands_on_a_gpu_with_its_memory_and_environment(dem
     by_name = {p.name: p for p in report.pods}
 
     half = by_name["default/gpu-sharing-fraction"]
-    assert half.request.startswith("gpuslice.io/gpu-memory: 160")
-    assert half.where == "GPU 0 (NVIDIA H100 80GB HBM3)" and half.memory_mib == 160 * 256
+    assert half.request.startswith("gpuslice.io/gpu-memory: 159")
+    assert half.where == "GPU 0 (NVIDIA H100 80GB HBM3)" and half.memory_mib == 159 * 256
     assert half.env["NVIDIA_VISIBLE_DEVICES"] == demo_node.gpus[0].uuid
-    assert half.env["GPUSLICE_MEMORY_LIMIT_MIB"] == "40960"
+    assert half.env["GPUSLICE_MEMORY_LIMIT_MIB"] == "40704"
 
     kai = by_name["gpu-workload/gpu-pod"]
     assert kai.memory_mib == 2048
@@ -55,11 +55,11 @@ def test_the_rendered_report_has_the_lines_a_person_looks_for(demo_node: invento
             demo.PodResult(
                 name="default/a",
                 asked="gpu-fraction=0.5",
-                request="gpuslice.io/gpu-memory: 160",
+                request="gpuslice.io/gpu-memory: 159",
                 node="demo-node",
                 gpus=("GPU-x",),
                 where="GPU 0 (H100)",
-                memory_mib=40960,
+                memory_mib=40704,
                 env={"NVIDIA_VISIBLE_DEVICES": "GPU-x"},
             ),
             demo.PodResult(name="default/b", asked="gpu-fraction=0.25", gpus=("GPU-x",), where="GPU 0 (H100)"),
@@ -67,7 +67,7 @@ def test_the_rendered_report_has_the_lines_a_person_looks_for(demo_node: invento
         ],
     )
     text = report.render()
-    assert "placed on demo-node, GPU 0 (H100): 40960 MiB" in text
+    assert "placed on demo-node, GPU 0 (H100): 40704 MiB" in text
     assert "env: NVIDIA_VISIBLE_DEVICES=GPU-x" in text
     assert "DENIED by the webhook: annotation gpu-fraction='1.5' is above 1" in text
     assert "2 GPU pods on 1 physical GPU: 1 GPU saved against one pod per GPU" in text

@@ -185,14 +185,14 @@ def test_gpu_memory_that_every_gpu_holds_is_not_pinned() -> None:
 def test_gpu_fraction_takes_the_class_with_the_largest_free_share_and_pins_it() -> None:
     # Both nodes empty: equal shares, so the class with more GPUs (H200) wins.
     _, pod = convert(deployment_pod({"gpu-fraction": "0.5"}))
-    assert units_of(pod)["limits"] == {GPU_MEMORY: "281"}  # ceil(0.5 * 143771 / 256)
+    assert units_of(pod)["limits"] == {GPU_MEMORY: "280"}  # floor(0.5 * (143771 // 256))
     assert decision(pod)["classMemoryMiB"] == H200_MIB and decision(pod)["products"] == [H200_PRODUCT]
     assert all(pin(H200_MIB) in term["matchExpressions"] for term in required_terms(pod))
 
 
 def test_gpu_fraction_moves_to_another_class_when_the_first_fills_up() -> None:
     _, pod = convert(deployment_pod({"gpu-fraction": "0.5"}), view=make_view(h200_free_units=100))
-    assert units_of(pod)["limits"] == {GPU_MEMORY: "160"}  # ceil(0.5 * 81559 / 256)
+    assert units_of(pod)["limits"] == {GPU_MEMORY: "159"}  # floor(0.5 * (81559 // 256))
     assert decision(pod)["classMemoryMiB"] == H100_MIB
     assert all(pin(H100_MIB) in term["matchExpressions"] for term in required_terms(pod))
 
@@ -223,7 +223,7 @@ def test_gpu_fraction_moves_to_another_class_when_the_first_fills_up() -> None:
 def test_gpu_fraction_respects_a_product_the_pod_already_selects(selection: dict[str, Any]) -> None:
     _, pod = convert(deployment_pod({"gpu-fraction": "0.5"}, **copy.deepcopy(selection)))
     assert decision(pod)["classMemoryMiB"] == H100_MIB
-    assert units_of(pod)["limits"] == {GPU_MEMORY: "160"}
+    assert units_of(pod)["limits"] == {GPU_MEMORY: "159"}
     if "nodeSelector" in selection:
         assert pod["spec"]["nodeSelector"] == selection["nodeSelector"]
     else:
@@ -231,10 +231,19 @@ def test_gpu_fraction_respects_a_product_the_pod_already_selects(selection: dict
         assert product["nodeSelectorTerms"][0]["matchExpressions"][0] in required_terms(pod)[0]["matchExpressions"]
 
 
-@pytest.mark.parametrize(("fraction", "units"), [("1", 561), ("1.0", 561), ("0.9999", 561)])
-def test_a_fraction_of_one_or_near_it_is_exactly_one_whole_gpu(fraction: str, units: int) -> None:
+@pytest.mark.parametrize(
+    ("fraction", "units"), [("1", 561), ("1.0", 561), ("0.9999", 560), ("0.2", 112), ("0.001", 1)]
+)
+def test_a_fraction_is_rounded_down_to_whole_units_of_one_gpu(fraction: str, units: int) -> None:
+    # 143771 // 256 = 561 units per GPU; never more than a GPU has, at least one unit.
     _, pod = convert(deployment_pod({"gpu-fraction": fraction}))
-    assert units_of(pod)["limits"] == {GPU_MEMORY: str(units)}  # 143771 // 256, never more than a GPU has
+    assert units_of(pod)["limits"] == {GPU_MEMORY: str(units)}
+
+
+def test_fractions_that_add_up_to_one_gpu_fit_on_it() -> None:
+    per_gpu = 81559 // 256  # 318: 0.2 x 318 = 63.6
+    for shares in ([0.2] * 5, [0.8, 0.2], [0.5, 0.5], [0.3, 0.3, 0.4], [0.46, 0.54]):
+        assert sum(mutation.fraction_units(f, per_gpu) for f in shares) <= per_gpu, shares
 
 
 def test_without_a_cluster_view_a_fraction_uses_default_gpu_memory_and_pins_nothing() -> None:

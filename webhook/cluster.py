@@ -6,7 +6,7 @@ them. The view keeps running aggregates per class (nodes, GPUs, free units, prod
 node) and per MIG profile, so `update_node` costs O(labels of one node) and `classes()` costs
 O(classes): the simulator calls them after every bind on a thousand-node cluster.
 
-Pure: no I/O. May import gpuslice.contract only (never gpuslice.deviceplugin).
+Pure: no I/O. May import numpy and gpuslice.contract (never gpuslice.deviceplugin).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Mapping
+
+import numpy as np
 
 from gpuslice import contract as contract_
 
@@ -41,6 +43,10 @@ class _NodeGpus:
     gpus: int
     free_units: int
     mig_memory: tuple[tuple[str, int], ...]  # (resource-form profile, MiB)
+    free_block: int = 0  # largest free units on one GPU
+    free_gpus: int = 0  # GPUs with every unit free
+    free_cpu_milli: int = -1  # -1: the node publishes no headroom
+    free_memory_mib: int = -1
 
 
 @dataclasses.dataclass
@@ -50,6 +56,10 @@ class _ClassTotals:
     free_units: int = 0
     products: Counter[str] = dataclasses.field(default_factory=Counter)
     gpus_per_node: Counter[int] = dataclasses.field(default_factory=Counter)
+
+
+_COLUMNS = ("memory_mib", "free_units", "free_block", "free_gpus", "free_cpu_milli", "free_memory_mib")
+_MEMORY, _FREE_UNITS, _FREE_BLOCK, _FREE_GPUS, _FREE_CPU, _FREE_MEM = range(len(_COLUMNS))
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int | None:
@@ -76,6 +86,11 @@ class ClusterView:
         # Rebuilt on the first query after a change: admissions query far more often than nodes change.
         self._classes_cache: list[GpuClass] | None = None
         self._mig_cache: dict[str, int] | None = None
+        # One row per node with shared GPUs, for `usable_free_units`: a scan of a thousand rows in
+        # numpy per admission instead of a Python loop. Rows of removed nodes are reused.
+        self._rows: dict[str, int] = {}
+        self._spare_rows: list[int] = []
+        self._table = np.zeros((64, len(_COLUMNS)), dtype=np.int64)
 
     # --- updates -------------------------------------------------------------------------
     def update_node(self, name: str, labels: Mapping[str, str]) -> None:
@@ -90,11 +105,13 @@ class ClusterView:
         if gpus is not None:
             self._apply(gpus, +1)
             self._nodes[name] = gpus
+        self._set_row(name, gpus)
 
     def remove_node(self, name: str) -> None:
         old = self._nodes.pop(name, None)
         if old is not None:
             self._apply(old, -1)
+        self._set_row(name, None)
 
     def clear(self) -> None:
         """Forget every node (before a fresh list)."""
@@ -103,6 +120,9 @@ class ClusterView:
         self._mig.clear()
         self._classes_cache = None
         self._mig_cache = None
+        self._rows.clear()
+        self._spare_rows.clear()
+        self._table[:] = 0
 
     def node_names(self) -> set[str]:
         return set(self._nodes)
@@ -132,6 +152,30 @@ class ClusterView:
             for memory, totals in sorted(self._classes.items())
         ]
 
+    def usable_free_units(
+        self,
+        memory_mib: int,
+        *,
+        units: int = 0,
+        whole_gpus: int = 0,
+        cpu_milli: int = 0,
+        memory_request_mib: int = 0,
+    ) -> int:
+        """Free units of class `memory_mib` on the nodes where a pod could be placed now: `units`
+        fit on one GPU (or `whole_gpus` GPUs are fully free), and, where a node publishes its
+        CPU and memory headroom, the pod's requests fit too. Capacity stranded behind a node's
+        exhausted CPU does not count: a class full of such GPUs must not attract more pods."""
+        t = self._table
+        fits = t[:, _MEMORY] == memory_mib
+        if whole_gpus:
+            fits &= t[:, _FREE_GPUS] >= whole_gpus
+        else:
+            fits &= t[:, _FREE_BLOCK] >= max(1, units)
+        cpu, mem = t[:, _FREE_CPU], t[:, _FREE_MEM]
+        fits &= (cpu < 0) | (cpu >= cpu_milli)
+        fits &= (mem < 0) | (mem >= memory_request_mib)
+        return int(t[fits, _FREE_UNITS].sum())
+
     def mig_profiles(self) -> dict[str, int]:
         """Resource-form MIG profile -> MiB of one device (the smallest seen for that profile)."""
         if self._mig_cache is None:
@@ -152,12 +196,19 @@ class ClusterView:
         gpus = _int_label(labels, c.label_gpu_count) or 0
         if memory is not None and (memory <= 0 or gpus <= 0):
             memory = None
-        free_units = 0
+        free_units = free_block = free_gpus = 0
         if memory is not None:
-            capacity = gpus * c.units_per_gpu(memory)
+            per_gpu = c.units_per_gpu(memory)
+            capacity = gpus * per_gpu
             # Without steering labels the plugin publishes no free counts: treat the node as empty.
             free = _int_label(labels, c.label_free_units)
             free_units = capacity if free is None else max(0, min(free, capacity))
+            block = _int_label(labels, c.label_free_block_units)
+            free_block = per_gpu if block is None else max(0, min(block, per_gpu))
+            whole = _int_label(labels, c.label_free_gpus)
+            free_gpus = gpus if whole is None else max(0, min(whole, gpus))
+        cpu = _int_label(labels, c.label_free_cpu_milli)
+        mem = _int_label(labels, c.label_free_memory_mib)
         mig = []
         for key, value in labels.items():
             if key.startswith(self._mig_prefix) and key.endswith(self._mig_suffix):
@@ -176,6 +227,34 @@ class ClusterView:
             gpus=gpus if memory is not None else 0,
             free_units=free_units,
             mig_memory=tuple(sorted(mig)),
+            free_block=free_block,
+            free_gpus=free_gpus,
+            free_cpu_milli=-1 if cpu is None else max(0, cpu),
+            free_memory_mib=-1 if mem is None else max(0, mem),
+        )
+
+    def _set_row(self, name: str, node: _NodeGpus | None) -> None:
+        row = self._rows.get(name)
+        if node is None or node.memory_mib is None:
+            if row is not None:
+                self._table[row] = 0
+                self._spare_rows.append(row)
+                del self._rows[name]
+            return
+        if row is None:
+            row = self._spare_rows.pop() if self._spare_rows else len(self._rows)
+            if row >= len(self._table):
+                grown = np.zeros((2 * len(self._table), len(_COLUMNS)), dtype=np.int64)
+                grown[: len(self._table)] = self._table
+                self._table = grown
+            self._rows[name] = row
+        self._table[row] = (
+            node.memory_mib,
+            node.free_units,
+            node.free_block,
+            node.free_gpus,
+            node.free_cpu_milli,
+            node.free_memory_mib,
         )
 
     def _apply(self, node: _NodeGpus, sign: int) -> None:

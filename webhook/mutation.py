@@ -3,8 +3,8 @@ patch out. Pure and fast (the simulator calls it for every pod it places); no I/
 
 Conversions (docs/webhook.md explains them for users):
   gpu-memory: "2000"            -> <prefix>/gpu-memory: ceil(2000 / unit) in requests and limits
-  gpu-fraction: "0.5"           -> the same resource, 0.5 x the memory of the GPU class chosen,
-                                   pinned by required node affinity on <prefix>/gpu.memory-mib
+  gpu-fraction: "0.5"           -> the same resource, floor(0.5 x the units of one GPU of the class
+                                   chosen), pinned by required node affinity on <prefix>/gpu.memory-mib
   <prefix>/isolation: mig       -> <prefix>/mig-<smallest profile that holds the memory>: 1
   nvidia.com/gpu: N (convertWholeGpus, no annotations) -> N whole GPUs of units, pinned to a class
 Bad input is denied with a message naming the annotation, the value and the accepted forms; a
@@ -23,13 +23,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
+from kubernetes.utils import quantity
 
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import steering
 
-__all__ = ["Outcome", "json_pointer", "merge_node_affinity", "mutate", "parse_fraction", "parse_memory_mib"]
+__all__ = [
+    "Outcome",
+    "fraction_units",
+    "json_pointer",
+    "merge_node_affinity",
+    "mutate",
+    "parse_fraction",
+    "parse_memory_mib",
+]
 
 KAI_SCHEDULER = "kai-scheduler"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -211,8 +220,78 @@ def _candidate_classes(cluster: cluster_.ClusterView, products: frozenset[str] |
     return chosen
 
 
-def _best_class(classes: Sequence[cluster_.GpuClass], contract: contract_.Contract) -> cluster_.GpuClass:
-    return min(classes, key=lambda c: _free_share_key(c, contract))
+def fraction_units(fraction: float, units_per_gpu: int) -> int:
+    """Units for a share of one GPU: rounded down (at least one), so shares that add up to one
+    GPU always fit on it (five pods of 0.2 share one GPU); a share of 1 is the whole GPU."""
+    if fraction >= 1:
+        return units_per_gpu
+    return max(1, math.floor(fraction * units_per_gpu + 1e-9))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Demand:
+    """What the pod needs on one node, to judge which GPU class can run it now."""
+
+    fraction: float = 0.0  # share of one GPU; 0 for whole GPUs
+    whole_gpus: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def usable_share(
+        self, gpu_class: cluster_.GpuClass, cluster: cluster_.ClusterView, contract: contract_.Contract
+    ) -> float:
+        per_gpu = contract.units_per_gpu(gpu_class.memory_mib)
+        capacity = gpu_class.gpus * per_gpu
+        if not capacity:
+            return 0.0
+        usable = cluster.usable_free_units(
+            gpu_class.memory_mib,
+            units=0 if self.whole_gpus else fraction_units(self.fraction, per_gpu),
+            whole_gpus=self.whole_gpus,
+            cpu_milli=self.cpu_milli,
+            memory_request_mib=self.memory_mib,
+        )
+        return usable / capacity
+
+
+def _best_class(
+    classes: Sequence[cluster_.GpuClass],
+    contract: contract_.Contract,
+    cluster: cluster_.ClusterView,
+    demand: _Demand,
+) -> tuple[cluster_.GpuClass, str]:
+    """The class with the largest free share on nodes where the pod fits now (its units on one
+    GPU, its CPU and memory beside them); when no node has room, the largest free share overall
+    (the pod then waits for room in that class)."""
+    if len(classes) == 1:
+        return classes[0], "only class"
+    usable = {c.memory_mib: demand.usable_share(c, cluster, contract) for c in classes}
+    best = min(classes, key=lambda c: (-usable[c.memory_mib], *_free_share_key(c, contract)))
+    if usable[best.memory_mib] > 0:
+        return best, "largest free share on nodes where the pod fits now"
+    return best, "largest free share (no node has room now)"
+
+
+def _pod_requests(spec: Mapping[str, Any]) -> tuple[int, int]:
+    """(CPU millicores, memory MiB) the scheduler counts for the pod: the larger of its regular
+    containers' sum and its largest init container. Unreadable quantities count as 0: the API
+    server validates them, and class choice is only a preference."""
+
+    def of(container: Mapping[str, Any]) -> tuple[int, int]:
+        requests = (container.get("resources") or {}).get("requests") or {}
+        values = []
+        for name, scale in (("cpu", 1000), ("memory", 1 / 2**20)):
+            try:
+                values.append(int(quantity.parse_quantity(requests.get(name, 0)) * scale))
+            except (ValueError, TypeError, ArithmeticError):
+                values.append(0)
+        return values[0], values[1]
+
+    regular = [of(c) for c in spec.get("containers") or ()]
+    init = [of(c) for c in spec.get("initContainers") or ()]
+    cpu = max(sum(c for c, _ in regular), max((c for c, _ in init), default=0))
+    mem = max(sum(m for _, m in regular), max((m for _, m in init), default=0))
+    return cpu, mem
 
 
 def _class_note(gpu_class: cluster_.GpuClass) -> dict[str, Any]:
@@ -413,6 +492,7 @@ def _fraction_basis(
     products: frozenset[str] | None,
     settings: config.Config,
     contract: contract_.Contract,
+    demand: _Demand,
 ) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
     """(GPU memory a fraction is taken of, pin expressions, decision notes)."""
     classes = _candidate_classes(cluster, products)
@@ -422,9 +502,8 @@ def _fraction_basis(
             [],
             {"classMemoryMiB": settings.default_gpu_memory_mib, "rule": "defaultGpuMemoryMiB (no GPU nodes seen)"},
         )
-    best = _best_class(classes, contract)
+    best, rule = _best_class(classes, contract, cluster, demand)
     pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
-    rule = "only class" if len(classes) == 1 else "largest free share"
     return best.memory_mib, [pin], {**_class_note(best), "rule": rule}
 
 
@@ -485,10 +564,11 @@ def _annotated(
 
     if isolation == ISOLATION_MIG:
         if fraction is not None:
+            demand = _Demand(fraction, 0, *_pod_requests(spec))
             try:
-                basis, _, notes = _fraction_basis(cluster, products, settings, contract)
+                basis, _, notes = _fraction_basis(cluster, products, settings, contract, demand)
             except _Denied:  # a product only MIG-mode GPUs carry: no shared class to take it from
-                basis, _, notes = _fraction_basis(cluster, None, settings, contract)
+                basis, _, notes = _fraction_basis(cluster, None, settings, contract, demand)
             need = math.ceil(fraction * basis - 1e-9)
             base.update(fraction=fraction, **notes)
         else:
@@ -538,10 +618,11 @@ def _annotated(
         return _Conversion(KIND_MEMORY, resource, {target: units}, decision, required, request)
 
     assert fraction is not None
-    basis, required, notes = _fraction_basis(cluster, products, settings, contract)
+    basis, required, notes = _fraction_basis(
+        cluster, products, settings, contract, _Demand(fraction, 0, *_pod_requests(spec))
+    )
     per_gpu = contract.units_per_gpu(basis)
-    # A fraction near 1 must still fit on one GPU: never more units than the GPU advertises.
-    units = per_gpu if fraction == 1 else min(per_gpu, contract_.units_for_mib(fraction * basis, contract.unit_mib))
+    units = fraction_units(fraction, per_gpu)
     decision = {
         **base,
         "resource": resource,
@@ -583,10 +664,10 @@ def _whole_gpus(
                 f"{contract_.NVIDIA_GPU}: {gpus} GPUs in one pod, but no gpuslice node has that many "
                 f"(most on one node: {max(c.max_gpus_per_node for c in classes)})"
             )
-        best = _best_class(fitting, contract)
+        best, rule = _best_class(fitting, contract, cluster, _Demand(0.0, gpus, *_pod_requests(spec)))
         memory = best.memory_mib
         required.append({"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(memory)]})
-        notes = {**_class_note(best), "rule": "largest free share"}
+        notes = {**_class_note(best), "rule": rule}
     else:
         memory = settings.default_gpu_memory_mib
         notes = {"classMemoryMiB": memory, "rule": "defaultGpuMemoryMiB (no GPU nodes seen)"}
