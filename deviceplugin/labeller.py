@@ -30,9 +30,9 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import prometheus_client
-from gpuslice.deviceplugin import allocation, health, inventory, labels, podresources
 
 from gpuslice import config
+from gpuslice.deviceplugin import allocation, health, inventory, labels, podresources
 
 __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller"]
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from gpuslice.deviceplugin import inventory
-
 from gpuslice import contract as contract_
+from gpuslice.deviceplugin import inventory
 
 __all__ = ["headroom_labels", "node_labels", "static_labels", "steering_labels"]
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Self
 
 import grpc
+
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 __all__ = ["DEFAULT_SOCKET", "Client", "PodResourcesError"]

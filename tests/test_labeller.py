@@ -18,10 +18,10 @@ import kubernetes
 import prometheus_client
 import pytest
 from aiohttp import web
-from gpuslice.deviceplugin import allocation, health, labeller, labels
-from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 from gpuslice import config, contract
+from gpuslice.deviceplugin import allocation, health, labeller, labels
+from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 NODE = "gpu-node-1"
 CONTRACT = contract.Contract()

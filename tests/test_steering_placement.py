@@ -4,6 +4,7 @@ capacity weighting and per-GPU read errors, driven by a settable reader and a se
 from __future__ import annotations
 
 import pytest
+
 from gpuslice.deviceplugin import inventory, placement
 
 

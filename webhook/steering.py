@@ -9,12 +9,17 @@ pod's affinity. Imports only gpuslice.contract.
 Why the preferred terms look like this (docs/steering.md has the full argument):
 - kube-scheduler sums the weights of the preferred terms a node matches, normalises so the best
   feasible node gets 100, and multiplies by NodeAffinity's plugin weight 2. The default profile's
-  other scores (LeastAllocated and BalancedAllocation on cpu/memory, weight 1 each) spread pods;
-  200 points of affinity against at most 200 of those is what lets packing win.
+  other scores (LeastAllocated and BalancedAllocation on cpu/memory, weight 1 each) spread pods
+  and can add up to 200 points.
 - Weights are graded in disjoint ranges so a node matches at most one term of each family, and
   every "fits a partly used GPU" grade outweighs every "fewer free GPUs" grade: a share never
   breaks a fully free GPU when a partly used one (anywhere) fits.
-- Few terms (at most 7), in a fixed order: each costs the scheduler time on every node.
+- A first term that every feasible node matches (weight 100), and packing terms of at most 30,
+  keep the normalised lead of the best-packing node below LeastAllocated's range: GPU packing
+  breaks ties and leads, but a node whose CPU is nearly exhausted can still lose to one with CPU
+  left. In the trace replay, GPUs on nodes without CPU are the largest loss, and this compressed
+  form allocated more than full-strength packing (docs/steering.md, "Tuning").
+- Few terms (at most 8), in a fixed order: each costs the scheduler time on every node.
 """
 
 from __future__ import annotations
@@ -42,22 +47,27 @@ class Request:
 class Weights:
     """Preferred-term weights (kube-scheduler accepts 1..100 each)."""
 
+    # Every feasible node. Against it the packing terms below are small: the best-packing node
+    # leads a feasible node that matches no packing term by at most 2 x 100 x 30/130 = 46 points,
+    # less than LeastAllocated's 100, so cpu/memory headroom can still overrule GPU packing (GPUs
+    # on a node without CPU left are lost for good: the largest loss in the trace replay).
+    fits: int = 100
     # A share fits a partly used GPU, by slack left on the node's largest partly used block.
-    tight_fit: int = 100  # slack < 1/10 GPU
-    close_fit: int = 70  # slack < 1/4 GPU
-    loose_fit: int = 45  # any partly used GPU fits
-    # Fuller nodes: fewer fully free GPUs left (protects whole GPUs for whole-GPU pods).
-    one_free_gpu: int = 30  # 0 or 1 fully free GPU
-    few_free_gpus: int = 15  # 2 or 3
+    tight_fit: int = 30  # slack < 1/10 GPU
+    close_fit: int = 20  # slack < 1/4 GPU
+    loose_fit: int = 14  # any partly used GPU fits
+    # No partly used GPU fits: fewer fully free GPUs left (protects whole GPUs for whole-GPU pods).
+    one_free_gpu: int = 9  # 0 or 1 fully free GPU
+    few_free_gpus: int = 4  # 2 or 3
     # Whole GPUs: the node's free GPUs fit the request exactly, or nearly.
-    exact_gpus: int = 100
-    near_gpus: int = 50  # one or two GPUs more than asked
+    exact_gpus: int = 30
+    near_gpus: int = 15  # one or two GPUs more than asked
     # MIG: the last free slices of the profile on the node go first.
-    last_mig: int = 100
-    few_mig: int = 50
-    # Memory-aware placement score (NVML): low, so it orders nodes only among equal fits.
-    score_high: int = 10  # score >= 70
-    score_mid: int = 5  # 40 <= score < 70
+    last_mig: int = 30
+    few_mig: int = 15
+    # Memory-aware placement score (NVML): lowest, so it orders nodes only among equal fits.
+    score_high: int = 4  # score >= 70 (below every step between fit grades, the smallest is 5)
+    score_mid: int = 2  # 40 <= score < 70
 
 
 WEIGHTS = Weights()
@@ -99,6 +109,7 @@ def _share(units: int, units_per_gpu: int, contract: contract_.Contract) -> tupl
         close = max(tight + 1, units)
     partial = contract.label_free_partial_block_units
     preferred = [
+        _term(WEIGHTS.fits, *required),
         _term(WEIGHTS.tight_fit, _gt(partial, units - 1), _lt(partial, units + tight)),
         _term(
             WEIGHTS.close_fit,
@@ -124,6 +135,7 @@ def _whole_gpus(gpus: int, contract: contract_.Contract) -> tuple[list, list]:
     free_gpus = contract.label_free_gpus
     required = [_gt(free_gpus, gpus - 1)]
     preferred = [
+        _term(WEIGHTS.fits, *required),
         _term(WEIGHTS.exact_gpus, _lt(free_gpus, gpus + 1)),
         _term(WEIGHTS.near_gpus, _gt(free_gpus, gpus), _lt(free_gpus, gpus + 3)),
         *_score_terms(contract),
@@ -135,6 +147,7 @@ def _mig(profile: str, contract: contract_.Contract) -> tuple[list, list]:
     free = contract.label_mig_free(profile)
     required = [_gt(free, 0)]
     preferred = [
+        _term(WEIGHTS.fits, *required),
         _term(WEIGHTS.last_mig, _lt(free, 2)),
         _term(WEIGHTS.few_mig, _gt(free, 1), _lt(free, 4)),
     ]
