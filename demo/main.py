@@ -35,6 +35,9 @@ from typing import Any
 import aiohttp
 import jsonpatch
 import numpy as np
+
+from gpuslice import config
+from gpuslice import contract as contract_
 from gpuslice.demo import pods as demo_pods
 from gpuslice.demo import tls
 from gpuslice.deviceplugin import health, inventory, labels, manager, metrics, nodefile
@@ -42,9 +45,6 @@ from gpuslice.sim import kubelet as kubelet_
 from gpuslice.sim import scheduler
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import server as webhook_server
-
-from gpuslice import config
-from gpuslice import contract as contract_
 
 __all__ = ["PodResult", "Report", "main", "run_demo"]
 

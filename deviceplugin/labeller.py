@@ -24,17 +24,20 @@ ALL marker), inventory, labels, podresources}; the `kubernetes` client is used o
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from decimal import Decimal
 from typing import Any, Protocol
 
 import prometheus_client
+from kubernetes.utils import quantity
 
 from gpuslice import config
 from gpuslice.deviceplugin import allocation, health, inventory, labels, podresources
 
-__all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller"]
+__all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "headroom_from"]
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +66,53 @@ class KubernetesNodeApi:
     async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
         await asyncio.to_thread(self._patch, node_name, {"metadata": {"labels": labels}})
 
+    async def headroom(self, node_name: str) -> tuple[int, int]:
+        """(CPU millicores, memory MiB) of the node's allocatable that its pods have not requested,
+        counted as the scheduler counts them."""
+        return await asyncio.to_thread(self._headroom, node_name)
+
+    def _core_api(self) -> Any:
+        import kubernetes  # imported here: only the production path needs it
+
+        if self._core is None:
+            if self._api_client is None:
+                try:
+                    kubernetes.config.load_incluster_config()
+                except kubernetes.config.ConfigException:
+                    kubernetes.config.load_kube_config()
+                self._api_client = kubernetes.client.ApiClient()
+            self._core = kubernetes.client.CoreV1Api(self._api_client)
+        return self._core
+
+    def _headroom(self, node_name: str) -> tuple[int, int]:
+        import kubernetes
+        import urllib3
+
+        try:
+            core = self._core_api()
+            node = core.read_node(node_name, _request_timeout=self._timeout, _preload_content=False)
+            # resourceVersion "0": served from the API server's watch cache, not etcd.
+            pods = core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node_name}",
+                resource_version="0",
+                _request_timeout=self._timeout,
+                _preload_content=False,
+            )
+            allocatable = json.loads(node.data)["status"].get("allocatable") or {}
+            return headroom_from(allocatable, json.loads(pods.data).get("items") or ())
+        except kubernetes.client.ApiException as exc:
+            raise NodeApiError(f"GET node {node_name} and its pods: HTTP {exc.status} {exc.reason}") from None
+        except kubernetes.config.ConfigException as exc:
+            raise NodeApiError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from None
+        except (urllib3.exceptions.HTTPError, OSError, ValueError, KeyError) as exc:
+            raise NodeApiError(f"GET node {node_name} and its pods: {type(exc).__name__}: {exc}") from None
+
     def _patch(self, node_name: str, body: dict[str, Any]) -> None:
         import kubernetes  # imported here: only the production path needs it
         import urllib3
 
         try:
-            if self._core is None:
-                if self._api_client is None:
-                    try:
-                        kubernetes.config.load_incluster_config()
-                    except kubernetes.config.ConfigException:
-                        kubernetes.config.load_kube_config()
-                    self._api_client = kubernetes.client.ApiClient()
-                self._core = kubernetes.client.CoreV1Api(self._api_client)
-            self._core.patch_node(
+            self._core_api().patch_node(
                 node_name,
                 body,
                 _content_type="application/merge-patch+json",
@@ -93,6 +129,38 @@ class KubernetesNodeApi:
     def close(self) -> None:
         if self._owns_client and self._api_client is not None:
             self._api_client.close()
+
+
+def headroom_from(allocatable: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
+    """(CPU millicores, memory MiB) left of `allocatable` after the requests of `pods` that still
+    hold resources, each pod counted as kube-scheduler does: the larger of its containers' sum
+    and its largest init container, plus its overhead."""
+
+    def amount(resources: Mapping[str, Any] | None, name: str) -> Decimal:
+        value = (resources or {}).get(name)
+        return quantity.parse_quantity(value) if value is not None else Decimal(0)
+
+    free_cpu = amount(allocatable, "cpu")
+    free_mem = amount(allocatable, "memory")
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        spec = pod.get("spec") or {}
+        for name in ("cpu", "memory"):
+            regular = sum(
+                (amount((c.get("resources") or {}).get("requests"), name) for c in spec.get("containers") or ()),
+                Decimal(0),
+            )
+            init = max(
+                (amount((c.get("resources") or {}).get("requests"), name) for c in spec.get("initContainers") or ()),
+                default=Decimal(0),
+            )
+            used = max(regular, init) + amount(spec.get("overhead"), name)
+            if name == "cpu":
+                free_cpu -= used
+            else:
+                free_mem -= used
+    return max(0, int(free_cpu * 1000)), max(0, int(free_mem / 2**20))
 
 
 class NodeLabeller:
@@ -129,7 +197,7 @@ class NodeLabeller:
         self._random = random.Random()
         # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
         # are never in here, so they are never removed.
-        self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0))
+        self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0, headroom=(0, 0)))
         self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
         self.written: dict[str, str] | None = None  # what the API server has, as far as we know
         self.writes = 0
@@ -188,13 +256,14 @@ class NodeLabeller:
         if self._metrics:
             self._metrics.reads.labels("ok").inc()
         score = await self._score()
-        self.desired = self._labels_for(in_use, allocatable, score)
+        self.desired = self._labels_for(in_use, allocatable, score, await self._headroom())
 
     def _labels_for(
         self,
         in_use: Mapping[str, set[str]],
         allocatable: Mapping[str, set[str]] | None,
         score: int | None,
+        headroom: tuple[int, int] | None = None,
     ) -> dict[str, str]:
         """Labels from kubelet's record: units in use per GPU, MIG devices in use. Units of an
         unhealthy GPU, unhealthy MIG devices and devices kubelet does not offer as allocatable
@@ -226,7 +295,21 @@ class NodeLabeller:
             allocated=allocated,
             allocated_mig=taken_mig & self._mig_ids,
             placement_score=score,
+            headroom=headroom,
         )
+
+    async def _headroom(self) -> tuple[int, int] | None:
+        """The node's CPU and memory headroom, when the API offers it (KubernetesNodeApi does).
+        A failed read drops the headroom labels until the next refresh: the webhook then treats
+        the node's CPU and memory as unknown rather than acting on a stale figure."""
+        read = getattr(self._api, "headroom", None)
+        if read is None:
+            return None
+        try:
+            return await read(self._node_name)
+        except NodeApiError as exc:
+            log.warning("node CPU/memory headroom not refreshed: %s", exc)
+            return None
 
     async def _score(self) -> int | None:
         if self._usage is None:

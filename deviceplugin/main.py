@@ -126,6 +126,7 @@ async def run(
             api=node_api,
             usage=placement.from_nvml(node, nvml) if nvml is not None else None,
             registry=plugin_metrics.registry,
+            unhealthy=lambda: health_state.unhealthy,
         )
         health_state.add_listener(node_labeller.notify)
         plugins.add_allocation_listener(lambda resource: node_labeller.notify())

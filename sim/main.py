@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from gpuslice.sim import replay, trace
 
 from gpuslice import config
+from gpuslice.sim import replay, trace
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args"]
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from gpuslice import contract as contract_
 from gpuslice.deviceplugin import allocation, inventory, labels
 from gpuslice.sim import devicemanager
-
-from gpuslice import contract as contract_
 
 __all__ = ["AdmissionFailure", "Grant", "SimNode"]
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import jsonpatch
 import numpy as np
+
+from gpuslice import config
 from gpuslice.sim import node as node_
 from gpuslice.sim import scheduler, trace
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import mutation
-
-from gpuslice import config
 
 __all__ = [
     "CONFIGURATION_NAMES",

@@ -16,9 +16,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslice.deviceplugin import inventory
-
 from gpuslice import contract as contract_
+from gpuslice.deviceplugin import inventory
 
 __all__ = [
     "DEFAULT_NODE_FILE",

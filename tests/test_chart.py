@@ -294,10 +294,13 @@ def rules_of(manifests: chartkit.Manifests, component: str) -> list[dict[str, An
     return manifests.one("ClusterRole", component)["rules"]
 
 
-def test_webhook_may_only_read_nodes_and_the_plugin_only_get_and_patch_them():
+def test_webhook_may_only_read_nodes_and_the_plugin_only_label_nodes_and_list_pods():
     manifests = rendered("defaults")
     assert rules_of(manifests, "webhook") == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
-    assert rules_of(manifests, "device-plugin") == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert rules_of(manifests, "device-plugin") == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # its node's CPU/memory headroom
+    ]
     for component in ("webhook", "device-plugin"):
         binding = manifests.one("ClusterRoleBinding", component)
         (subject,) = binding["subjects"]

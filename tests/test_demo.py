@@ -7,10 +7,9 @@ import subprocess
 import sys
 import tempfile
 
+from gpuslice import config
 from gpuslice.demo import main as demo
 from gpuslice.deviceplugin import inventory
-
-from gpuslice import config
 
 
 def _leftovers() -> set[str]:

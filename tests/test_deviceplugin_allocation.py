@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from kubelet_emulator import AdmissionError, kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config, contract
 from gpuslice.deviceplugin import allocation, nodefile, response
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from kubelet_emulator import AdmissionError, kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 

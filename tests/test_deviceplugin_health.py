@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import types
 
+import fake_nvml
 import grpc
 import pytest
+from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
-import fake_nvml
 from gpuslice import config
 from gpuslice.deviceplugin import health
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 

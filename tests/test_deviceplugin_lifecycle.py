@@ -11,10 +11,10 @@ import sys
 
 import aiohttp
 import pytest
+from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config
 from gpuslice.deviceplugin import health, main, manager, metrics
-from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 

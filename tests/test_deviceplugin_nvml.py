@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import fake_nvml
 import pytest
 
-import fake_nvml
 from gpuslice.deviceplugin import inventory, nodefile, nvml_source
 
 

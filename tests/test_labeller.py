@@ -98,6 +98,21 @@ class FakeApiServer:
     fail_next: int = 0  # answer this many PATCHes with 500
     hang_next: int = 0  # leave this many PATCHes unanswered past the client's timeout
     content_types: list[str] = dataclasses.field(default_factory=list)
+    allocatable: dict[str, str] | None = None  # None: GET of the node and its pods is not served
+    pods: list[dict] = dataclasses.field(default_factory=list)
+    pod_queries: list[str] = dataclasses.field(default_factory=list)
+
+    async def get_node(self, request: web.Request) -> web.Response:
+        if self.allocatable is None or request.match_info["name"] != NODE:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": self.labels}}
+        return web.json_response({**node, "status": {"allocatable": self.allocatable}})
+
+    async def list_pods(self, request: web.Request) -> web.Response:
+        if self.allocatable is None:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        self.pod_queries.append(request.query.get("fieldSelector", ""))
+        return web.json_response({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self.pods})
 
     async def patch_node(self, request: web.Request) -> web.Response:
         if request.match_info["name"] != NODE:
@@ -135,6 +150,8 @@ async def api_server(
     fake = FakeApiServer()
     app = web.Application()
     app.router.add_patch("/api/v1/nodes/{name}", fake.patch_node)
+    app.router.add_get("/api/v1/nodes/{name}", fake.get_node)
+    app.router.add_get("/api/v1/pods", fake.list_pods)
     server = await aiohttp_server(app, host="127.0.0.1")
     configuration = kubernetes.client.Configuration()
     configuration.host = f"http://127.0.0.1:{server.port}"
@@ -432,3 +449,37 @@ async def test_notify_from_another_thread_wakes_the_labeller(demo_node, kubelet_
         }
         await asyncio.to_thread(running.notify)
         await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "woken from a thread")
+
+
+def pod(phase: str, cpu: str, memory: str, *, init_cpu: str | None = None) -> dict:
+    spec: dict = {"containers": [{"name": "a", "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}
+    if init_cpu is not None:
+        spec["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": init_cpu}}}]
+    return {"spec": spec, "status": {"phase": phase}}
+
+
+def test_headroom_counts_requests_as_the_scheduler_does():
+    pods = [
+        pod("Running", "1500m", "2Gi"),
+        pod("Pending", "500m", "1Gi", init_cpu="4"),  # init container larger: 4 CPUs count
+        pod("Succeeded", "16", "64Gi"),  # finished pods hold nothing
+    ]
+    assert labeller.headroom_from({"cpu": "16", "memory": "64Gi"}, pods) == (16000 - 1500 - 4000, 65536 - 3072)
+    assert labeller.headroom_from({"cpu": "1"}, [pod("Running", "2", "1Gi")]) == (0, 0)
+
+
+async def test_cpu_and_memory_headroom_of_the_node_are_published(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    fake.allocatable = {"cpu": "32", "memory": "128Gi"}
+    fake.pods = [pod("Running", "6", "16Gi")]
+    async with Running(make(demo_node, kubelet_socket, api)):
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "26000", "headroom published")
+    assert fake.labels[CONTRACT.label_free_memory_mib] == str(112 * 1024)
+    assert fake.pod_queries[-1] == f"spec.nodeName={NODE}"
+
+
+async def test_without_a_readable_headroom_no_headroom_labels_are_published(demo_node, kubelet_socket, api_server):
+    fake, api = api_server  # GET node / pods answer 404
+    async with Running(make(demo_node, kubelet_socket, api)):
+        await eventually(lambda: CONTRACT.label_free_block_units in fake.labels, "steering labels written")
+    assert CONTRACT.label_free_cpu_milli not in fake.labels

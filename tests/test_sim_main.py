@@ -6,6 +6,7 @@ import json
 import pathlib
 
 import pytest
+
 from gpuslice.sim import main as sim_main
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"

@@ -8,9 +8,9 @@ import pathlib
 
 import numpy as np
 import pytest
-from gpuslice.sim import replay, trace
 
 from gpuslice import config
+from gpuslice.sim import replay, trace
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"
 NODES = trace.load_nodes(TINY / trace.DEFAULT_NODE_FILE)

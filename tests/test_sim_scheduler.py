@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from gpuslice.sim import scheduler
 
 GIB = 1024**3

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from gpuslice.sim import trace
 
 from gpuslice import contract as contract_
+from gpuslice.sim import trace
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"
 CONTRACT = contract_.Contract()
