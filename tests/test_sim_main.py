@@ -10,7 +10,7 @@ import pytest
 from gpuslice.sim import main as sim_main
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"
-TINY_ARGS = ["--nodes", str(TINY / "openb_node_list_gpu_node.csv"), "--pods", str(TINY / "openb_pod_list_default.csv")]
+TINY_ARGS = ["--nodes", str(TINY / "tiny_nodes.csv"), "--pods", str(TINY / "tiny_pods.csv")]
 
 
 def test_json_output_has_the_fields_of_every_configuration(capsys: pytest.CaptureFixture[str]) -> None:

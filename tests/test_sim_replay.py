@@ -13,8 +13,8 @@ from gpuslice import config
 from gpuslice.sim import replay, trace
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"
-NODES = trace.load_nodes(TINY / trace.DEFAULT_NODE_FILE)
-PODS = trace.load_pods(TINY / trace.DEFAULT_POD_FILE)
+NODES = trace.load_nodes(TINY / "tiny_nodes.csv")
+PODS = trace.load_pods(TINY / "tiny_pods.csv")
 
 
 def _settings(*, steering: bool = True) -> config.Config:

@@ -14,7 +14,7 @@ CONTRACT = contract_.Contract()
 
 
 def test_the_tiny_node_list_is_read_with_models_and_gpu_counts() -> None:
-    nodes = trace.load_nodes(TINY / trace.DEFAULT_NODE_FILE)
+    nodes = trace.load_nodes(TINY / "tiny_nodes.csv")
     assert [(n.name, n.gpus, n.model) for n in nodes] == [
         ("tiny-node-0", 2, "T4"),
         ("tiny-node-1", 2, "T4"),
@@ -25,7 +25,7 @@ def test_the_tiny_node_list_is_read_with_models_and_gpu_counts() -> None:
 
 
 def test_the_tiny_pod_list_is_read_with_shares_whole_gpus_and_gpu_specs() -> None:
-    pods = {p.name: p for p in trace.load_pods(TINY / trace.DEFAULT_POD_FILE)}
+    pods = {p.name: p for p in trace.load_pods(TINY / "tiny_pods.csv")}
     assert pods["tiny-pod-0"].is_sharing and pods["tiny-pod-0"].gpu_demand_milli == 500
     assert pods["tiny-pod-2"].num_gpu == 2 and pods["tiny-pod-2"].gpu_demand_milli == 2000
     assert pods["tiny-pod-3"].num_gpu == 0 and pods["tiny-pod-3"].gpu_demand_milli == 0
@@ -70,12 +70,17 @@ def test_a_missing_trace_directory_names_the_flag_the_variable_and_the_default(t
 
 
 def test_the_trace_directory_comes_from_the_flag_before_the_environment(tmp_path: pathlib.Path) -> None:
-    assert trace.find_trace_dir(TINY, {"GPUSLICE_TRACE_DIR": str(tmp_path)}, tmp_path) == TINY
-    assert trace.find_trace_dir(None, {"GPUSLICE_TRACE_DIR": str(TINY)}, tmp_path) == TINY
+    # A trace directory laid out like the real one, from the synthetic fixture (no trace data in the repo).
+    laid_out = tmp_path / "trace"
+    laid_out.mkdir()
+    (laid_out / trace.DEFAULT_NODE_FILE).write_text((TINY / "tiny_nodes.csv").read_text())
+    (laid_out / trace.DEFAULT_POD_FILE).write_text((TINY / "tiny_pods.csv").read_text())
+    assert trace.find_trace_dir(laid_out, {"GPUSLICE_TRACE_DIR": str(tmp_path)}, tmp_path) == laid_out
+    assert trace.find_trace_dir(None, {"GPUSLICE_TRACE_DIR": str(laid_out)}, tmp_path) == laid_out
 
 
 def test_trace_nodes_become_inventories_with_the_assumed_memory_and_stable_uuids() -> None:
-    node = trace.load_nodes(TINY / trace.DEFAULT_NODE_FILE)[0]
+    node = trace.load_nodes(TINY / "tiny_nodes.csv")[0]
     first, again = trace.node_inventory(node), trace.node_inventory(node)
     assert [g.memory_mib for g in first.gpus] == [15360, 15360]
     assert [g.model for g in first.gpus] == ["T4", "T4"]
