@@ -2,19 +2,25 @@
 model and the device plugin's allocation, for each compared configuration, and print the GPU
 allocation ratio beside the FGD paper's published figures (docs/simulator.md).
 
-Wiring only: parse the command line, build the Config once, run sim.replay per configuration,
-print (text, --json) and draw (--plot, needs the `plot` extra).
+Wiring only: parse the command line, build the Config once, run sim.replay per configuration and
+seed (--seeds; in worker processes with --jobs), print (text, --json; several seeds: means, spread
+and per-seed figures) and draw (--plot, needs the `plot` extra).
+
+May import numpy, gpuslice.config and the other gpuslice.sim modules.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import json
 import os
 import pathlib
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
+from concurrent import futures
 from typing import Any
 
 import numpy as np
@@ -37,6 +43,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pods", metavar="FILE", help=f"pod list (default: {trace.DEFAULT_POD_FILE} in the trace dir)")
     parser.add_argument("--nodes", metavar="FILE", help=f"node list (default: {trace.DEFAULT_NODE_FILE} in the trace dir)")
     parser.add_argument("--seed", type=int, default=42, help="shuffle, resampling and tie-break seed (default 42)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="replay seeds --seed .. --seed+N-1 and report their mean (default 1; the FGD paper: 10, seeds 42..51)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        metavar="J",
+        help="worker processes for the (seed, configuration) replays (default: one per replay, at most the CPU count)",
+    )
     parser.add_argument("--demand", type=float, default=1.3, help="arrived GPU demand / cluster GPUs (default 1.3)")
     parser.add_argument(
         "--configs",
@@ -72,6 +91,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.demand <= 0:
         parser.error(f"--demand must be greater than 0, got {args.demand}")
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.label_delay_binds < 0 or args.label_delay_seconds < 0 or args.pod_interval < 0:
         parser.error("--label-delay-binds, --label-delay-seconds and --pod-interval must not be negative")
     if not 0 <= args.percentage_of_nodes_to_score <= 100:
@@ -145,31 +168,82 @@ def _text_report(
             f"{r.name:<20}{r.at_demand(100):>11.2%}{r.gpu_allocation_ratio:>11.2%}{r.unallocated_gpus:>13.0f}"
             f"{r.fragmented_gpus:>11.0f}{r.failed_pods:>8}{r.admission_failures:>10}{r.denied_pods:>8}{r.runtime_s:>8.1f}s"
         )
-    if paper and paper.summary:
-        lines += ["", "FGD paper (USENIX ATC'23), same workload, mean of 10 seeds, own simulator:"]
-        for policy in PAPER_POLICIES:
-            row = paper.summary.get(policy)
-            if row:
-                lines.append(
-                    f"  {policy[3:]:<18}{row['alloc_pct_at_arrive100'] / 100:>11.2%}"
-                    f"{row['alloc_pct_at_arrive130'] / 100:>11.2%}{row['unallocated_gpus_at_130']:>13.0f}"
-                )
-    elif paper is None:
-        lines += ["", "(FGD paper figures not found: pass --paper-dir)"]
+    lines += _paper_lines(paper, gap=0)
     for r in results:
-        for message, count in list(r.admission_reasons.items())[:2]:
-            lines.append(f"{r.name}: {count} admission failure(s): {message}")
-    lines += [
+        lines += _admission_lines(r.name, [r])
+    lines += ["", f"{_ALLOC}; fragmented = unallocated share on GPUs that hold a pod; {_ADMISSION}"]
+    return "\n".join(lines)
+
+
+_ALLOC = "alloc = sum of gpu_milli of placed pods / (GPUs x 1000) when that share of demand has arrived"
+_ADMISSION = "admission = passed the scheduler, refused by kubelet."
+_RANGE_WIDTH = 16  # the min–max column of the multi-seed report; the paper's rows leave it blank
+
+
+def _seeds_report(
+    document: Mapping[str, Any], results: Sequence[Sequence[replay.Result]], paper: PaperFigures | None
+) -> str:
+    """One row per configuration, aggregated over the seeds, then the paper's rows (also seed means)."""
+    seeds, arrivals = document["seeds"], document["arrivals"]
+    pods = f"{min(arrivals)}" if min(arrivals) == max(arrivals) else f"{min(arrivals)}–{max(arrivals)}"
+    lines = [
+        (
+            f"gpuslice-sim: {document['pods_file']} ({pods} pods at {document['demand']:.0%} of GPU capacity, "
+            f"{_seeds_label(seeds)}) on {document['nodes']} nodes / {document['gpus']} GPUs"
+        ),
         "",
         (
-            "alloc = sum of gpu_milli of placed pods / (GPUs x 1000) when that share of demand has arrived; "
-            "fragmented = unallocated share on GPUs that hold a pod; admission = passed the scheduler, refused by kubelet."
+            f"{'configuration':<20}{'alloc@100%':>11}{'alloc@130%':>11}{'min–max@130%':>{_RANGE_WIDTH}}"
+            f"{'unalloc GPUs':>13}{'failed':>8}{'admission':>10}{'denied':>8}{'cpu':>9}"
+        ),
+    ]
+    for c in document["configurations"]:
+        spread = f"{c['gpu_allocation_ratio_min']:.2%}–{c['gpu_allocation_ratio_max']:.2%}"
+        lines.append(
+            f"{c['name']:<20}{c['at_demand_100']:>11.2%}{c['gpu_allocation_ratio']:>11.2%}{spread:>{_RANGE_WIDTH}}"
+            f"{c['unallocated_gpus']:>13.0f}{c['failed_pods']:>8.1f}{c['admission_failures']:>10}"
+            f"{c['denied_pods']:>8}{c['cpu_s']:>8.1f}s"
+        )
+    lines += _paper_lines(paper, gap=_RANGE_WIDTH)
+    for c, per_seed in zip(document["configurations"], results, strict=True):
+        lines += _admission_lines(c["name"], per_seed)
+    lines += [
+        "",
+        f"{_ALLOC}; {_ADMISSION}",
+        (
+            "alloc, unalloc GPUs and failed are means over the seeds, like the paper's; min–max = lowest and highest "
+            "seed; admission and denied = totals over all seeds; cpu = total CPU time of the replays."
         ),
     ]
     return "\n".join(lines)
 
 
-def _plot(path: str, results: Sequence[replay.Result], paper: PaperFigures | None, title: str) -> None:
+def _paper_lines(paper: PaperFigures | None, *, gap: int) -> list[str]:
+    """The paper's rows under ours; `gap` blank columns keep its unallocated GPUs under ours."""
+    if paper is None:
+        return ["", "(FGD paper figures not found: pass --paper-dir)"]
+    if not paper.summary:
+        return []
+    lines = ["", "FGD paper (USENIX ATC'23), same workload, mean of 10 seeds, own simulator:"]
+    for policy in PAPER_POLICIES:
+        row = paper.summary.get(policy)
+        if row:
+            lines.append(
+                f"  {policy[3:]:<18}{row['alloc_pct_at_arrive100'] / 100:>11.2%}"
+                f"{row['alloc_pct_at_arrive130'] / 100:>11.2%}{'':>{gap}}{row['unallocated_gpus_at_130']:>13.0f}"
+            )
+    return lines
+
+
+def _admission_lines(name: str, results: Sequence[replay.Result]) -> list[str]:
+    """The two commonest admission failure kinds of a configuration, summed over its seeds."""
+    reasons: collections.Counter[str] = collections.Counter()
+    for r in results:
+        reasons.update(r.admission_reasons)
+    return [f"{name}: {count} admission failure(s): {message}" for message, count in reasons.most_common(2)]
+
+
+def _plot(path: str, curves: Sequence[tuple[str, Sequence[float]]], paper: PaperFigures | None, title: str) -> None:
     try:
         import matplotlib
 
@@ -180,8 +254,8 @@ def _plot(path: str, results: Sequence[replay.Result], paper: PaperFigures | Non
             "gpuslice-sim: --plot needs matplotlib; install the plot extra: pip install 'gpuslice[plot]'"
         ) from None
     figure, axes = pyplot.subplots(figsize=(8, 5))
-    for r in results:
-        axes.plot(range(len(r.allocation_curve)), [100 * v for v in r.allocation_curve], label=r.name, linewidth=2)
+    for name, curve in curves:
+        axes.plot(range(len(curve)), [100 * v for v in curve], label=name, linewidth=2)
     if paper:
         for policy, curve in sorted(paper.curves.items()):
             axes.plot(range(len(curve)), [100 * v for v in curve], label=f"paper: {policy[3:]}", linestyle="--", linewidth=1)
@@ -195,11 +269,86 @@ def _plot(path: str, results: Sequence[replay.Result], paper: PaperFigures | Non
     pyplot.close(figure)
 
 
+# --- several seeds ---------------------------------------------------------------------------
+
+
+def _seeds_label(seeds: Sequence[int]) -> str:
+    return f"mean of {len(seeds)} seeds ({seeds[0]}–{seeds[-1]})"
+
+
+def _aggregate(seeds: Sequence[int], results: Sequence[replay.Result]) -> dict[str, Any]:
+    """One configuration over several seeds. Means are what the paper reports, min/max/stdev the
+    spread; admission failures and denials are totals because the bar for them is zero."""
+    ratios = [r.gpu_allocation_ratio for r in results]
+    width = min(len(r.allocation_curve) for r in results)  # each seed's curve ends where its demand did
+    curve = np.mean([r.allocation_curve[:width] for r in results], axis=0)
+    return {
+        "name": results[0].name,
+        "gpu_allocation_ratio": round(statistics.fmean(ratios), 6),
+        "gpu_allocation_ratio_min": round(min(ratios), 6),
+        "gpu_allocation_ratio_max": round(max(ratios), 6),
+        "gpu_allocation_ratio_stdev": round(statistics.stdev(ratios), 6),
+        "at_demand_100": round(statistics.fmean(r.at_demand(100) for r in results), 6),
+        "failed_pods": round(statistics.fmean(r.failed_pods for r in results), 3),
+        "admission_failures": sum(r.admission_failures for r in results),
+        "denied_pods": sum(r.denied_pods for r in results),
+        "unallocated_gpus": round(statistics.fmean(r.unallocated_gpus for r in results), 3),
+        "fragmented_gpus": round(statistics.fmean(r.fragmented_gpus for r in results), 3),
+        "runtime_s": round(sum(r.runtime_s for r in results), 3),
+        "cpu_s": round(sum(r.cpu_s for r in results), 3),
+        "allocation_curve": [round(float(v), 6) for v in curve],
+        "seeds": [_seed_entry(seed, r) for seed, r in zip(seeds, results, strict=True)],
+    }
+
+
+def _seed_entry(seed: int, result: replay.Result) -> dict[str, Any]:
+    """One seed's figures; its curve is left out to keep the document small (the mean curve stays)."""
+    entry = {"seed": seed, **result.to_json(), "at_demand_100": round(result.at_demand(100), 6)}
+    del entry["allocation_curve"]
+    return entry
+
+
+def _workload(
+    pods: Sequence[trace.TracePod], capacity: int, demand: float, seed: int, pods_file: pathlib.Path
+) -> list[trace.TracePod]:
+    """The seed's arrival order; a pod list that cannot be resampled is a trace error, not a crash."""
+    try:
+        return replay.workload(pods, capacity, demand, np.random.default_rng(seed))
+    except ValueError as exc:
+        raise trace.TraceError(f"{pods_file}: {exc}") from None
+
+
+def _replay_all(
+    nodes: Sequence[trace.TraceNode],
+    arrivals: Mapping[int, Sequence[trace.TracePod]],
+    chosen: Sequence[replay.Configuration],
+    delay: replay.LabelDelay,
+    jobs: int | None,
+) -> list[list[replay.Result]]:
+    """results[configuration][seed], in that order. A replay depends only on its seed's arrivals and
+    tie-break generator, so worker processes change the time taken, not the results."""
+    tasks = [(c, seed) for c in chosen for seed in arrivals]
+    workers = min(jobs if jobs is not None else (os.cpu_count() or 1), len(tasks))
+    if workers == 1:
+        flat = [replay.replay(nodes, arrivals[seed], c, seed=seed, label_delay=delay) for c, seed in tasks]
+    else:
+        pool = futures.ProcessPoolExecutor(max_workers=workers)
+        try:
+            pending = [
+                pool.submit(replay.replay, nodes, arrivals[seed], c, seed=seed, label_delay=delay) for c, seed in tasks
+            ]
+            flat = [f.result() for f in pending]  # re-raises a worker's TraceError / ConfigError here
+        finally:
+            pool.shutdown(cancel_futures=True)  # after an error, start none of the rest
+    per_configuration = len(arrivals)
+    return [flat[i : i + per_configuration] for i in range(0, len(flat), per_configuration)]
+
+
 # --- entry point -------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
-    """Load the trace, replay every chosen configuration; returns the JSON document."""
+    """Load the trace, replay every chosen configuration for every seed; returns the JSON document."""
     settings = config.from_args(args, environ)
     needs_dir = not (args.pods and args.nodes)
     trace_dir = trace.find_trace_dir(args.trace_dir, environ, REPO) if needs_dir else None
@@ -210,27 +359,30 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     capacity = replay.gpu_capacity_milli(nodes)
     if capacity == 0:
         raise trace.TraceError(f"{nodes_file}: no GPU nodes")
-    arrivals = replay.workload(pods, capacity, args.demand, np.random.default_rng(args.seed))
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    # Drawn once per seed here and shared by the configurations, exactly as a single-seed run does.
+    arrivals = {seed: _workload(pods, capacity, args.demand, seed, pods_file) for seed in seeds}
     delay = replay.LabelDelay(args.label_delay_binds, args.label_delay_seconds, args.pod_interval)
     chosen = replay.configurations(
         settings, percentage_of_nodes_to_score=args.percentage_of_nodes_to_score, binpack_strategy=args.binpack_strategy
     )
-    results = [
-        replay.replay(nodes, arrivals, chosen[name], seed=args.seed, label_delay=delay) for name in args.config_names
-    ]
+    results = _replay_all(nodes, arrivals, [chosen[name] for name in args.config_names], delay, args.jobs)
     paper_dir = pathlib.Path(args.paper_dir) if args.paper_dir else (nodes_file.parent.parent / "fgd-paper-results")
     paper = paper_figures(paper_dir, pods_file.stem, with_curves=bool(args.plot))
+    single = len(seeds) == 1
     meta = {
         "pods_file": pods_file.name,
         "nodes": len(nodes),
         "gpus": capacity // 1000,
-        "arrivals": len(arrivals),
+        "arrivals": len(arrivals[args.seed]) if single else [len(arrivals[seed]) for seed in seeds],
         "demand": args.demand,
         "seed": args.seed,
+        **({} if single else {"seeds": seeds}),
         "steering": settings.steering.enabled,
         "label_delay": {"binds": delay.binds, "seconds": delay.seconds, "pod_interval_seconds": delay.pod_interval_seconds},
     }
-    document: dict[str, Any] = {**meta, "configurations": [r.to_json() for r in results]}
+    entries = [rs[0].to_json() for rs in results] if single else [_aggregate(seeds, rs) for rs in results]
+    document: dict[str, Any] = {**meta, "configurations": entries}
     if paper:
         document["paper"] = {p[3:]: paper.summary[p] for p in PAPER_POLICIES if p in paper.summary}
     document["_results"] = results
@@ -245,14 +397,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (trace.TraceError, config.ConfigError) as exc:
         print(f"gpuslice-sim: {exc}", file=sys.stderr)
         return 2
-    results = document.pop("_results")
+    results = document.pop("_results")  # results[configuration][seed]
     paper = document.pop("_paper")
+    seeds = document.get("seeds")
     if args.plot:
-        _plot(args.plot, results, paper, f"{document['pods_file']}, seed {args.seed}")
+        curves = [(c["name"], c["allocation_curve"]) for c in document["configurations"]]
+        title = f"{document['pods_file']}, " + (_seeds_label(seeds) if seeds else f"seed {args.seed}")
+        _plot(args.plot, curves, paper, title)
     if args.json:
         print(json.dumps(document, indent=2))
     else:
-        print(_text_report(results, paper, document))
+        if seeds:
+            print(_seeds_report(document, results, paper))
+        else:
+            print(_text_report([rs[0] for rs in results], paper, document))
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0

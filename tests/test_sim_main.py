@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import pathlib
+import statistics
+from typing import Any
 
 import pytest
 
 from gpuslice.sim import main as sim_main
+from gpuslice.sim import replay, trace
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"
 TINY_ARGS = ["--nodes", str(TINY / "tiny_nodes.csv"), "--pods", str(TINY / "tiny_pods.csv")]
@@ -54,8 +58,10 @@ def test_a_missing_trace_directory_is_a_clear_error(tmp_path: pathlib.Path, caps
         (["--configs", "fastest"], "--configs: unknown fastest"),
         (["--demand", "0"], "--demand must be greater than 0"),
         (["--percentage-of-nodes-to-score", "101"], "must be 0..100"),
+        (["--seeds", "0"], "--seeds must be at least 1, got 0"),
+        (["--jobs", "0"], "--jobs must be at least 1, got 0"),
     ],
-    ids=["unknown-config", "zero-demand", "bad-percentage"],
+    ids=["unknown-config", "zero-demand", "bad-percentage", "zero-seeds", "zero-jobs"],
 )
 def test_bad_flags_are_refused_naming_the_flag(flags: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
@@ -69,6 +75,100 @@ def test_the_plot_draws_a_png(tmp_path: pathlib.Path, capsys: pytest.CaptureFixt
     target = tmp_path / "alloc.png"
     assert sim_main.main([*TINY_ARGS, "--plot", str(target)]) == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_of_several_seeds_draws_their_mean_curve(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra (matplotlib)")
+    target = tmp_path / "alloc.png"
+    assert sim_main.main([*TINY_ARGS, "--seeds", "2", "--plot", str(target)]) == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot written to {target}" in capsys.readouterr().out
+
+
+def _json_run(capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, Any]:
+    assert sim_main.main([*TINY_ARGS, "--json", *flags]) == 0
+    document: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return document
+
+
+def _without_timings(value: Any) -> Any:
+    """The document minus wall-clock and CPU times, which differ from run to run."""
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items() if k not in ("runtime_s", "cpu_s")}
+    if isinstance(value, list):
+        return [_without_timings(v) for v in value]
+    return value
+
+
+def test_each_seed_of_a_multi_seed_run_equals_a_single_run_with_that_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    several = _json_run(capsys, "--seed", "5", "--seeds", "3")
+    singles = [_json_run(capsys, "--seed", str(seed)) for seed in (5, 6, 7)]
+    assert several["seeds"] == [5, 6, 7]
+    assert several["arrivals"] == [single["arrivals"] for single in singles]
+    for index, entry in enumerate(several["configurations"]):
+        assert [s["seed"] for s in entry["seeds"]] == [5, 6, 7]
+        for per_seed, single in zip(entry["seeds"], singles, strict=True):
+            alone = single["configurations"][index]
+            assert per_seed["gpu_allocation_ratio"] == alone["gpu_allocation_ratio"]
+            assert per_seed["at_demand_100"] == alone["allocation_curve"][100]
+            # Everything else too: the per-seed entry is the single run's, less its curve.
+            own = {k: v for k, v in per_seed.items() if k not in ("seed", "at_demand_100")}
+            curveless = {k: v for k, v in alone.items() if k != "allocation_curve"}
+            assert _without_timings(own) == _without_timings(curveless)
+
+
+def test_a_multi_seed_run_reports_the_mean_spread_and_totals(capsys: pytest.CaptureFixture[str]) -> None:
+    document = _json_run(capsys, "--seeds", "3")
+    assert document["seed"] == 42 and document["seeds"] == [42, 43, 44]
+    for entry in document["configurations"]:
+        per_seed = entry["seeds"]
+        ratios = [s["gpu_allocation_ratio"] for s in per_seed]
+        assert entry["gpu_allocation_ratio"] == pytest.approx(statistics.fmean(ratios), abs=1e-6)
+        assert entry["gpu_allocation_ratio_min"] == min(ratios) and entry["gpu_allocation_ratio_max"] == max(ratios)
+        assert entry["gpu_allocation_ratio_stdev"] == pytest.approx(statistics.stdev(ratios), abs=1e-6)
+        assert entry["at_demand_100"] == pytest.approx(statistics.fmean(s["at_demand_100"] for s in per_seed), abs=1e-6)
+        assert entry["failed_pods"] == pytest.approx(statistics.fmean(s["failed_pods"] for s in per_seed), abs=1e-3)
+        unallocated = statistics.fmean(s["unallocated_gpus"] for s in per_seed)
+        assert entry["unallocated_gpus"] == pytest.approx(unallocated, abs=1e-3)
+        assert entry["admission_failures"] == sum(s["admission_failures"] for s in per_seed)
+        assert isinstance(entry["admission_failures"], int)
+        assert entry["cpu_s"] == pytest.approx(sum(s["cpu_s"] for s in per_seed), abs=1e-2)
+        # The mean curve is kept once per configuration, the per-seed curves are dropped.
+        assert len(entry["allocation_curve"]) >= 131
+        assert entry["allocation_curve"][100] == pytest.approx(entry["at_demand_100"], abs=1e-6)
+        assert all("allocation_curve" not in s for s in per_seed)
+
+
+def test_the_number_of_jobs_does_not_change_the_results(capsys: pytest.CaptureFixture[str]) -> None:
+    in_process = _json_run(capsys, "--seeds", "2", "--jobs", "1")
+    in_workers = _json_run(capsys, "--seeds", "2", "--jobs", "2")
+    assert _without_timings(in_process) == _without_timings(in_workers)
+
+
+def _refuse_the_trace(*args: Any, **kwargs: Any) -> replay.Result:
+    raise trace.TraceError("tiny_nodes.csv: refused in a worker process")
+
+
+@pytest.mark.skipif(
+    multiprocessing.get_start_method() != "fork", reason="workers see the patched replay only when forked"
+)
+def test_an_error_in_a_worker_process_is_reported_as_usual(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(replay, "replay", _refuse_the_trace)
+    assert sim_main.main([*TINY_ARGS, "--seeds", "2", "--jobs", "2"]) == 2
+    assert capsys.readouterr().err == "gpuslice-sim: tiny_nodes.csv: refused in a worker process\n"
+
+
+def test_the_text_report_of_several_seeds_names_the_mean_and_range(capsys: pytest.CaptureFixture[str]) -> None:
+    binpack = _json_run(capsys, "--seeds", "2")["configurations"][2]
+    assert sim_main.main([*TINY_ARGS, "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "mean of 2 seeds (42–43)" in out and "min–max@130%" in out
+    spread = f"{binpack['gpu_allocation_ratio_min']:.2%}–{binpack['gpu_allocation_ratio_max']:.2%}"
+    assert any(line.startswith("gpuslice-binpack") and spread in line for line in out.splitlines())
 
 
 @pytest.mark.tracedata
