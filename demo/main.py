@@ -110,6 +110,9 @@ class Report:
             if pod.failed:
                 lines.append(f"  NOT PLACED: {pod.failed}")
                 continue
+            if not pod.gpus:
+                lines.append(f"  placed on {pod.node}, no GPU")
+                continue
             lines.append(f"  placed on {pod.node}, {pod.where}: {pod.memory_mib} MiB")
             lines.append("  env: " + " ".join(f"{k}={v}" for k, v in pod.env.items()))
         placed, used = len(self.placed), self.gpus_used
@@ -172,9 +175,19 @@ def _extended_requests(pod: dict[str, Any], contract: contract_.Contract) -> str
     affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
     terms = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ()
     expressions = [e for t in terms for e in t.get("matchExpressions") or ()]
-    pins = [f"{e['key'].split('/')[-1]} {e['operator']} {','.join(e.get('values', []))}" for e in expressions]
-    text = ", ".join(parts) or "no GPU resource"
-    return text + (f" (node affinity: {'; '.join(pins)})" if pins else "")
+    pins = [_expression(e) for e in expressions]
+    if parts:
+        return ", ".join(parts) + (f" (node affinity: {'; '.join(pins)})" if pins else "")
+    # No GPU resource: show the preference a pod that asks for no device was given, if any.
+    preferred = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
+    prefers = [" and ".join(_expression(e) for e in t["preference"].get("matchExpressions") or ()) for t in preferred]
+    return "no GPU resource" + (f" (prefers nodes where {' or '.join(prefers)})" if prefers else "")
+
+
+def _expression(expression: dict[str, Any]) -> str:
+    """A node selector requirement, short: "free-gpus Lt 1"."""
+    values = ",".join(expression.get("values", []))
+    return f"{expression['key'].split('/')[-1]} {expression['operator']}" + (f" {values}" if values else "")
 
 
 @contextlib.asynccontextmanager

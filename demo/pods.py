@@ -1,6 +1,6 @@
 """The pods `make demo` sends through the webhook: KAI Scheduler's own example manifests, taken
 unchanged (users must not have to edit them), plus a few of ours covering gpu-fraction,
-gpu-memory, MIG isolation and one bad annotation.
+gpu-memory, MIG isolation, one bad annotation and a pod that asks for no GPU at all.
 
 Pure data; may import only yaml and gpuslice.contract.
 """
@@ -97,5 +97,6 @@ def demo_pods(contract: contract_.Contract) -> list[dict[str, Any]]:
         _pod("llm-inference", {contract_.KAI_GPU_MEMORY: "20Gi"}, cpu="4", memory="32Gi"),
         _pod("isolated-tenant", {contract_.KAI_GPU_MEMORY: "8000", contract.isolation_annotation: "mig"}),
         _pod("typo", {contract_.KAI_GPU_FRACTION: "1.5"}),
+        _pod("etl-batch", {}, cpu="4", memory="16Gi"),  # no GPU: steered off nodes with whole GPUs free
     ]
     return pods

@@ -65,6 +65,9 @@ class SteeringConfig:
     label_min_interval_seconds: float = 2.0
     # How often the plugin re-reads kubelet's PodResources List to notice released devices.
     pod_resources_poll_seconds: float = 5.0
+    # Webhook: give pods that ask for no device a preference for nodes without a fully free GPU,
+    # so their CPU does not strand whole GPUs (docs/steering.md, "Pods without a GPU").
+    cpu_pods: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +209,13 @@ FIELDS: tuple[Field, ...] = (
         float,
         _positive,
         "seconds between reads of kubelet's PodResources List",
+    ),
+    Field(
+        "steering.cpuPods",
+        "steering.cpu_pods",
+        bool,
+        _always_ok,
+        "prefer nodes without a fully free GPU for pods that ask for no device",
     ),
     Field(
         "defaultGpuMemoryMiB",

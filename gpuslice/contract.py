@@ -204,6 +204,12 @@ class Contract:
         return f"{self.prefix}/gpu.placement-score"
 
     @property
+    def label_pod_cpu_steering(self) -> str:
+        """A pod label: `"off"` keeps a pod that asks for no device exactly as written (no
+        preference for nodes without a free GPU is added to it)."""
+        return f"{self.prefix}/cpu-pod-steering"
+
+    @property
     def label_node_enabled(self) -> str:
         """Set by operators on GPU nodes that run the gpuslice device plugin."""
         return f"{self.prefix}/enabled"

@@ -36,9 +36,16 @@ def prefix_of(combination: str) -> str:
     return chartkit.COMBINATIONS[combination].get("config", {}).get("resourcePrefix", contract.DEFAULT_PREFIX)
 
 
-def webhook_configuration(manifests: chartkit.Manifests) -> dict[str, Any]:
-    (hook,) = manifests.one("MutatingWebhookConfiguration")["webhooks"]
-    return hook
+def webhook_entries(manifests: chartkit.Manifests) -> dict[str, dict[str, Any]]:
+    """The MutatingWebhookConfiguration's entries by the first word of their name ("pods", "cpu-pods")."""
+    hooks = manifests.one("MutatingWebhookConfiguration")["webhooks"]
+    entries = {hook["name"].split(".", 1)[0]: hook for hook in hooks}
+    assert len(entries) == len(hooks), [hook["name"] for hook in hooks]
+    return entries
+
+
+def webhook_configuration(manifests: chartkit.Manifests, entry: str = "pods") -> dict[str, Any]:
+    return webhook_entries(manifests)[entry]
 
 
 def shared_config(manifests: chartkit.Manifests, tmp_path) -> config.Config:
@@ -199,7 +206,14 @@ def cel_program(expression: str) -> celpy.Runner:
     return env.program(env.compile(expression), functions={"join": lambda items, sep: sep.join(items)})
 
 
-def pod(annotations: dict[str, str] | None = None, limits: dict[str, str] | None = None, init_limits=None):
+def pod(
+    annotations: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
+    init_limits=None,
+    *,
+    labels: dict[str, str] | None = None,
+    owner: str | None = None,
+):
     spec: dict[str, Any] = {"containers": [{"name": "main", "image": "cuda"}]}
     if limits is not None:
         spec["containers"][0]["resources"] = {"limits": limits}
@@ -208,6 +222,10 @@ def pod(annotations: dict[str, str] | None = None, limits: dict[str, str] | None
     metadata: dict[str, Any] = {"name": "p"}
     if annotations is not None:
         metadata["annotations"] = annotations
+    if labels is not None:
+        metadata["labels"] = labels
+    if owner is not None:
+        metadata["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "o", "uid": "1", "controller": True}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
@@ -236,6 +254,97 @@ def test_match_conditions_send_only_pods_that_ask_for_gpuslice(combination, case
     program = cel_program(condition["expression"])
     expected = when_converting if combination == "whole-gpu-conversion" else by_default
     assert bool(program.evaluate({"object": celpy.json_to_cel(obj)})) is expected
+
+
+def sends(hook: dict[str, Any], obj: dict[str, Any]) -> bool:
+    """Whether the API server calls this webhook entry for creating `obj` (a namespace it selects):
+    the objectSelector over the pod's labels, then every matchCondition."""
+    labels = obj["metadata"].get("labels", {})
+    for requirement in hook.get("objectSelector", {}).get("matchExpressions", []):
+        value = labels.get(requirement["key"])
+        assert requirement["operator"] in ("In", "NotIn"), requirement  # the only ones the chart uses
+        if (value is not None and value in requirement["values"]) is (requirement["operator"] == "NotIn"):
+            return False
+    assert not hook.get("objectSelector", {}).get("matchLabels")
+    activation = {"object": celpy.json_to_cel(obj)}
+    return all(bool(cel_program(c["expression"]).evaluate(activation)) for c in hook.get("matchConditions", []))
+
+
+CPU_POD_CASES = [
+    # (id, pod, sent to the cpu-pods entry)
+    ("plain-cpu-pod", pod(limits={"cpu": "1", "memory": "1Gi"}), True),
+    ("no-resources-at-all", pod(), True),
+    ("unrelated-annotations", pod({"team": "ml"}), True),
+    ("replicaset-owned", pod(owner="ReplicaSet"), True),
+    ("opt-out-label-on", pod(labels={"{prefix}/cpu-pod-steering": "on"}), True),
+    ("opt-out-label-off", pod(labels={"{prefix}/cpu-pod-steering": "off"}), False),
+    ("kai-gpu-fraction", pod({"gpu-fraction": "0.5"}), False),
+    ("kai-gpu-memory", pod({"gpu-memory": "2000"}), False),
+    ("isolation-annotation", pod({"{prefix}/isolation": "mig"}), False),
+    ("whole-gpu-limit", pod(limits={"nvidia.com/gpu": "1"}), False),
+    ("whole-gpu-in-init-container", pod(init_limits={"nvidia.com/gpu": "1"}), False),
+    ("daemonset-owned", pod(limits={"cpu": "100m"}, owner="DaemonSet"), False),
+    ("daemonset-owned-whole-gpu", pod(limits={"nvidia.com/gpu": "1"}, owner="DaemonSet"), False),
+    ("daemonset-owned-gpu-fraction", pod({"gpu-fraction": "0.5"}, owner="DaemonSet"), False),
+]
+
+
+@pytest.mark.parametrize("combination", ["defaults", "whole-gpu-conversion", "custom-prefix"])
+@pytest.mark.parametrize(("case", "obj", "expected"), CPU_POD_CASES, ids=[c[0] for c in CPU_POD_CASES])
+def test_cpu_pods_entry_sends_only_pods_that_ask_for_no_device_and_never_one_the_first_entry_sends(
+    combination, case, obj, expected
+):
+    prefix = prefix_of(combination)
+    obj = json.loads(json.dumps(obj).replace("{prefix}", prefix))
+    entries = webhook_entries(rendered(combination))
+    sent_for_gpuslice = sends(entries["pods"], obj)
+    assert sends(entries["cpu-pods"], obj) is expected
+    assert not (expected and sent_for_gpuslice), "both entries would mutate the same pod"
+    # The first entry takes annotated pods always, pods asking for nvidia.com/gpu only with
+    # convertWholeGpus; a DaemonSet's pod asking for nvidia.com/gpu without it goes to neither.
+    annotated = any(k in obj["metadata"].get("annotations", {}) for k in (*contract.KAI_ANNOTATIONS, f"{prefix}/isolation"))
+    whole_gpu = "nvidia.com/gpu" in json.dumps(obj["spec"])
+    assert sent_for_gpuslice is (annotated or (whole_gpu and combination == "whole-gpu-conversion"))
+
+
+@pytest.mark.parametrize("combination", COMBINATION_IDS)
+def test_cpu_pods_entry_fails_open_and_calls_the_same_service_as_the_first_entry(combination):
+    manifests = rendered(combination)
+    prefix = prefix_of(combination)
+    first, cpu_pods = webhook_configuration(manifests), webhook_configuration(manifests, "cpu-pods")
+    assert [h["name"] for h in manifests.one("MutatingWebhookConfiguration")["webhooks"]] == [first["name"], cpu_pods["name"]]
+    assert cpu_pods["name"] == f"cpu-pods.{prefix}"
+    assert cpu_pods["failurePolicy"] == "Ignore"  # it sees ordinary pods: an outage must not block them
+    assert cpu_pods["reinvocationPolicy"] == "Never"
+    assert cpu_pods["matchPolicy"] == "Equivalent"
+    assert cpu_pods["sideEffects"] == "None" and cpu_pods["admissionReviewVersions"] == ["v1"]
+    for field in ("clientConfig", "rules", "namespaceSelector", "timeoutSeconds"):
+        assert cpu_pods[field] == first[field], field  # caBundle included (cert-manager injects into both)
+    assert cpu_pods["clientConfig"]["service"]["path"] == "/mutate"
+    assert cpu_pods["objectSelector"] == {
+        "matchExpressions": [
+            {"key": contract.Contract(prefix=prefix).label_pod_cpu_steering, "operator": "NotIn", "values": ["off"]}
+        ]
+    }
+    assert {c["name"] for c in cpu_pods["matchConditions"]} == {"no-gpuslice-annotations", "asks-for-no-gpu", "not-a-daemonset-pod"}
+    names = [*contract.KAI_ANNOTATIONS, contract.Contract(prefix=prefix).isolation_annotation]
+    (annotations,) = [c for c in cpu_pods["matchConditions"] if c["name"] == "no-gpuslice-annotations"]
+    assert all(f"'{name}'" in annotations["expression"] for name in names)
+
+
+@pytest.mark.parametrize(
+    "setting", ["config.steering.cpuPods=false", "config.steering.enabled=false"], ids=["cpu-pods-off", "steering-off"]
+)
+def test_cpu_pods_entry_is_left_out_when_cpu_pods_or_steering_is_off(setting, tmp_path):
+    result = chartkit.run_helm(*chartkit.template_args({}, tmp_path, "--set", setting))
+    assert result.returncode == 0, result.stderr
+    manifests = chartkit.parse(result.stdout)
+    assert list(webhook_entries(manifests)) == ["pods"]
+    assert webhook_configuration(manifests) == webhook_configuration(rendered("defaults")) | {
+        "clientConfig": webhook_configuration(manifests)["clientConfig"]  # a fresh CA each render
+    }
+    settings = shared_config(manifests, tmp_path)
+    assert not (settings.steering.enabled and settings.steering.cpu_pods)
 
 
 @pytest.mark.parametrize("combination", COMBINATION_IDS)

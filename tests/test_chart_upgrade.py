@@ -166,8 +166,9 @@ async def render_against(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, value
 
 def tls_of(manifests: chartkit.Manifests) -> tuple[dict[str, Any], str]:
     secret = manifests.one("Secret", "webhook")
-    (hook,) = manifests.one("MutatingWebhookConfiguration")["webhooks"]
-    return secret, hook["clientConfig"]["caBundle"]
+    hooks = manifests.one("MutatingWebhookConfiguration")["webhooks"]
+    (bundle,) = {hook["clientConfig"]["caBundle"] for hook in hooks}  # every entry trusts the same CA
+    return secret, bundle
 
 
 async def test_generated_ca_and_certificate_survive_helm_upgrade(api_server, tmp_path):

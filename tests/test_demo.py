@@ -40,6 +40,10 @@ async def test_every_demo_pod_lands_on_a_gpu_with_its_memory_and_environment(dem
     typo = by_name["default/typo"]
     assert "gpu-fraction='1.5' is above 1" in typo.denied and not typo.gpus
 
+    etl = by_name["default/etl-batch"]  # asks for no GPU: steered, placed, holds no GPU
+    assert "prefers nodes where gpu.free-gpus Lt 1 or gpu.free-gpus DoesNotExist" in etl.request
+    assert etl.node == "demo-node" and not etl.gpus
+
     assert len(report.placed) == 6
     assert report.gpus_used == 3
     assert _leftovers() == before
@@ -63,9 +67,11 @@ def test_the_rendered_report_has_the_lines_a_person_looks_for(demo_node: invento
             ),
             demo.PodResult(name="default/b", asked="gpu-fraction=0.25", gpus=("GPU-x",), where="GPU 0 (H100)"),
             demo.PodResult(name="default/typo", asked="gpu-fraction=1.5", denied="annotation gpu-fraction='1.5' is above 1"),
+            demo.PodResult(name="default/etl", asked="no annotations", request="no GPU resource", node="demo-node"),
         ],
     )
     text = report.render()
+    assert "placed on demo-node, no GPU" in text
     assert "placed on demo-node, GPU 0 (H100): 40704 MiB" in text
     assert "env: NVIDIA_VISIBLE_DEVICES=GPU-x" in text
     assert "DENIED by the webhook: annotation gpu-fraction='1.5' is above 1" in text

@@ -312,3 +312,38 @@ def test_weight_grades_keep_their_order_whatever_the_placement_score():
     smallest_step = min(a - b for a, b in zip(fit_grades, fit_grades[1:], strict=False))
     assert w.score_high < smallest_step and w.score_mid < w.score_high
     assert all(1 <= getattr(w, f.name) <= 100 for f in dataclasses.fields(w))
+
+
+# --- pods that ask for no device --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("node_labels", "weight"),
+    [
+        (labelled(U, U), steering.WEIGHTS.cpu_pod_no_free_gpu),  # every GPU full
+        (labelled(U, 40), steering.WEIGHTS.cpu_pod_no_free_gpu),  # no GPU fully free, a share left
+        ({"kubernetes.io/hostname": "cpu-only"}, steering.WEIGHTS.cpu_pod_no_free_gpu),  # no gpuslice GPUs
+        (labelled(U, 0), 0),  # one whole GPU still free
+        (labelled(0, 0), 0),
+    ],
+    ids=["full", "partly-used", "cpu-node", "one-free-gpu", "empty"],
+)
+def test_a_cpu_pod_prefers_nodes_whose_gpus_are_no_longer_whole(node_labels, weight):
+    # The two terms match disjoint nodes: a node scores one weight or none.
+    assert preference(steering.cpu_pod_preferences(CONTRACT), node_labels) == weight
+
+
+@pytest.mark.parametrize("version", ["1.29", "1.35"])
+def test_the_cpu_pod_preferences_are_a_valid_pod_node_affinity(version):
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "cpu-only"},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "affinity": {
+                "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": steering.cpu_pod_preferences(CONTRACT)}
+            },
+        },
+    }
+    kubernetes_validate.validate(pod, version, strict=True)

@@ -362,7 +362,9 @@ def test_a_configured_scheduler_name_is_set_on_converted_pods_only() -> None:
     _, pod = convert(deployment_pod({"gpu-memory": "2000"}), settings=settings)
     assert pod["spec"]["schedulerName"] == "gpuslice-binpack"
     plain = deployment_pod(containers=[container(limits={"cpu": "1"})])
-    assert mutation.mutate(plain, settings=settings, cluster=make_view()).patch == []
+    outcome = mutation.mutate(plain, settings=settings, cluster=make_view())
+    assert outcome.kind == mutation.KIND_CPU_POD  # steered, but its scheduler is not changed
+    assert [op["path"] for op in outcome.patch] == ["/spec/affinity"]
 
 
 def test_whole_gpus_are_converted_when_asked_and_pinned_to_a_class_with_enough_gpus_per_node() -> None:
@@ -410,7 +412,8 @@ def test_a_custom_prefix_and_unit_size_name_every_resource_and_annotation() -> N
     ids=["no-annotations", "other-annotations", "container-name-only"],
 )
 def test_pods_without_gpu_annotations_are_allowed_without_a_patch(pod: dict[str, Any]) -> None:
-    assert mutation.mutate(pod, settings=SETTINGS, cluster=make_view()) == mutation.Outcome(allowed=True)
+    without_cpu_steering = dataclasses.replace(SETTINGS, steering=dataclasses.replace(SETTINGS.steering, cpu_pods=False))
+    assert mutation.mutate(pod, settings=without_cpu_steering, cluster=make_view()) == mutation.Outcome(allowed=True)
 
 
 @pytest.mark.parametrize(
@@ -433,6 +436,96 @@ def test_reinvocation_on_a_converted_pod_adds_nothing(annotations: dict[str, str
 def test_a_pod_that_already_carries_the_gpuslice_resource_is_not_converted_again() -> None:
     pod = deployment_pod({"gpu-fraction": "0.5"}, containers=[container(limits={GPU_MEMORY: "10"})])
     assert mutation.mutate(pod, settings=SETTINGS, cluster=make_view()) == mutation.Outcome(allowed=True)
+
+
+# --- pods that ask for no device (steering.cpuPods) ------------------------------------------
+
+
+def cpu_pod(**spec: Any) -> dict[str, Any]:
+    return deployment_pod(**{"containers": [container(requests={"cpu": "8", "memory": "16Gi"})], **spec})
+
+
+def preferred_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    node_affinity = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+    return node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution", [])
+
+
+def test_a_pod_that_asks_for_no_device_prefers_nodes_without_a_free_whole_gpu() -> None:
+    outcome, pod = convert(cpu_pod())
+    assert outcome.kind == mutation.KIND_CPU_POD and outcome.decision is None
+    assert preferred_terms(pod) == steering.cpu_pod_preferences(CONTRACT)
+    assert required_terms(pod) == []  # a preference only: the pod may still go anywhere
+    assert "annotations" not in pod["metadata"] and pod["spec"]["containers"] == cpu_pod()["spec"]["containers"]
+
+
+def test_a_cpu_pod_keeps_its_own_required_node_affinity() -> None:
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [zone]}]}}}
+    _, pod = convert(cpu_pod(affinity=affinity))
+    assert required_terms(pod) == [{"matchExpressions": [zone]}]
+    assert preferred_terms(pod) == steering.cpu_pod_preferences(CONTRACT)
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [{"requests": {"cpu": "1", "ephemeral-storage": "1Gi"}}, {"limits": {"memory": "1Gi", "hugepages-2Mi": "64Mi"}}, {}],
+    ids=["ephemeral-storage", "hugepages", "no-resources"],
+)
+def test_cpu_memory_storage_and_hugepages_count_as_asking_for_no_device(resources: dict[str, Any]) -> None:
+    outcome, _ = convert(deployment_pod(containers=[container(**resources)]))
+    assert outcome.kind == mutation.KIND_CPU_POD
+
+
+_OWN_PREFERENCE = {
+    "nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}
+        ]
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("pod", "settings"),
+    [
+        (deployment_pod(containers=[container(limits={"nvidia.com/gpu": "1"})]), SETTINGS),
+        (deployment_pod(containers=[container(limits={"amd.com/gpu": "1"})]), SETTINGS),
+        (cpu_pod(initContainers=[container("load", limits={"nvidia.com/mig-1g.10gb": "1"})]), SETTINGS),
+        (deployment_pod({"gpu-fraction-container-name": "main"}, containers=[container()]), SETTINGS),
+        (cpu_pod(nodeName="gpu-node-1"), SETTINGS),
+        (cpu_pod(affinity=_OWN_PREFERENCE), SETTINGS),
+        (cpu_pod(), dataclasses.replace(SETTINGS, steering=dataclasses.replace(SETTINGS.steering, enabled=False))),
+        (cpu_pod(), dataclasses.replace(SETTINGS, steering=dataclasses.replace(SETTINGS.steering, cpu_pods=False))),
+    ],
+    ids=[
+        "nvidia-gpu-not-converted",
+        "other-vendor-device",
+        "device-in-init-container",
+        "gpu-annotation",
+        "already-bound",
+        "own-node-preferences",
+        "steering-off",
+        "cpu-pods-off",
+    ],
+)
+def test_pods_that_are_not_plain_cpu_pods_or_not_to_be_steered_are_left_alone(
+    pod: dict[str, Any], settings: config.Config
+) -> None:
+    assert mutation.mutate(pod, settings=settings, cluster=make_view()) == mutation.Outcome(allowed=True)
+
+
+def test_daemonset_pods_and_pods_opted_out_by_label_are_left_alone() -> None:
+    daemon = cpu_pod()
+    daemon["metadata"]["ownerReferences"][0].update(kind="DaemonSet", name="node-exporter")
+    opted_out = cpu_pod()
+    opted_out["metadata"]["labels"][CONTRACT.label_pod_cpu_steering] = "off"
+    for pod in (daemon, opted_out):
+        assert mutation.mutate(pod, settings=SETTINGS, cluster=make_view()) == mutation.Outcome(allowed=True)
+
+
+def test_reinvocation_on_a_steered_cpu_pod_adds_nothing() -> None:
+    _, once = convert(cpu_pod())
+    assert mutation.mutate(once, settings=SETTINGS, cluster=make_view()) == mutation.Outcome(allowed=True)
 
 
 def test_merging_an_affinity_twice_adds_each_expression_once() -> None:

@@ -187,19 +187,21 @@ async def test_probes_answer_and_metrics_count_results_and_conversions(
     await post(session, webhook, review(**{"gpu-memory": "2000"}))
     await post(session, webhook, review(dry_run=True, **{"gpu-memory": "2000"}))
     await post(session, webhook, review(**{"gpu-fraction": "7"}))
-    await post(session, webhook, review())
+    await post(session, webhook, review())  # asks for no device: given the CPU-pod preferences
+    await post(session, webhook, review(**{"gpu-fraction-container-name": "main"}))  # nothing to convert
     await post(session, webhook, b"nope")
     for path in ("/healthz", "/readyz"):
         async with session.get(webhook.url(path), server_hostname=SERVICE_DNS) as response:
             assert response.status == 200
     async with session.get(webhook.url("/metrics"), server_hostname=SERVICE_DNS) as response:
         text = await response.text()
-    assert 'gpuslice_webhook_admissions_total{result="mutated"} 2.0' in text
+    assert 'gpuslice_webhook_admissions_total{result="mutated"} 3.0' in text
     assert 'gpuslice_webhook_admissions_total{result="denied"} 1.0' in text
     assert 'gpuslice_webhook_admissions_total{result="unchanged"} 1.0' in text
     assert 'gpuslice_webhook_admissions_total{result="malformed"} 1.0' in text
     assert 'gpuslice_webhook_conversions_total{kind="gpu-memory"} 1.0' in text  # the dry run is not counted
-    assert "gpuslice_webhook_admission_duration_seconds_count 4.0" in text
+    assert 'gpuslice_webhook_conversions_total{kind="cpu-pod"} 1.0' in text
+    assert "gpuslice_webhook_admission_duration_seconds_count 5.0" in text
 
 
 # --- certificate rotation ------------------------------------------------------------------

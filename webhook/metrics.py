@@ -33,7 +33,7 @@ class Metrics:
         )
         self.conversions = prometheus_client.Counter(
             "gpuslice_webhook_conversions",
-            "Pods converted, by kind (gpu-memory, gpu-fraction, mig, whole-gpus); dry runs not counted",
+            "Pods mutated, by kind (gpu-memory, gpu-fraction, mig, whole-gpus, cpu-pod); dry runs not counted",
             ["kind"],
             registry=self.registry,
         )

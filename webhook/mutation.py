@@ -7,6 +7,7 @@ Conversions (docs/webhook.md explains them for users):
                                    chosen), pinned by required node affinity on <prefix>/gpu.memory-mib
   <prefix>/isolation: mig       -> <prefix>/mig-<smallest profile that holds the memory>: 1
   nvidia.com/gpu: N (convertWholeGpus, no annotations) -> N whole GPUs of units, pinned to a class
+  no device asked for (steering.cpuPods) -> preferred node affinity for nodes without a free whole GPU
 Bad input is denied with a message naming the annotation, the value and the accepted forms; a
 denied pod gets no patch. A container that already carries a gpuslice resource is left alone,
 so reinvocation never adds a second or conflicting conversion.
@@ -48,6 +49,10 @@ KIND_MEMORY = "gpu-memory"
 KIND_FRACTION = "gpu-fraction"
 KIND_WHOLE_GPUS = "whole-gpus"
 KIND_MIG = "mig"
+KIND_CPU_POD = "cpu-pod"  # no conversion: a pod that asks for no device, given steering preferences
+
+# What a pod may ask for and still count as asking for no device (hugepages-<size> too).
+_PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -700,22 +705,60 @@ def _wants_conversion(annotations: Mapping[str, Any], isolation_key: str) -> boo
     return isolation_key in annotations
 
 
+def _asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) -> bool:
+    """True for a pod the scheduler may place anywhere and that only competes for CPU and memory
+    beside the GPUs: none of the annotations the webhook reads, no extended resource in any
+    container, not pinned to a node (nodeName, DaemonSet), no node preferences of its own (they
+    stay undiluted; this also makes reinvocation a no-op), and not opted out by label."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = metadata.get("annotations") or {}
+    if contract.isolation_annotation in annotations or any(k in annotations for k in contract_.KAI_ANNOTATIONS):
+        return False
+    if spec.get("nodeName") or (metadata.get("labels") or {}).get(contract.label_pod_cpu_steering) == "off":
+        return False
+    owners = metadata.get("ownerReferences") or ()
+    if any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" for o in owners):
+        return False
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    if node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution"):
+        return False
+    for _, _, container in _containers(spec):
+        for amounts in _resource_maps(container):
+            if any(name not in _PLAIN_RESOURCES and not name.startswith("hugepages-") for name in amounts):
+                return False
+    return True
+
+
+def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config) -> Outcome:
+    """A pod that asks for no device: prefer nodes without a fully free GPU (steering.cpuPods)."""
+    contract = settings.contract
+    if not (settings.steering.enabled and settings.steering.cpu_pods) or not _asks_for_no_device(pod, contract):
+        return _UNCHANGED
+    affinity = merge_node_affinity((pod.get("spec") or {}).get("affinity"), (), steering.cpu_pod_preferences(contract))
+    if affinity is None:
+        return _UNCHANGED
+    return Outcome(allowed=True, patch=[{"op": "add", "path": "/spec/affinity", "value": affinity}], kind=KIND_CPU_POD)
+
+
 def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
     """Convert one pod (a Pod object as JSON) or say why it is refused."""
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     contract = settings.contract
+    wants_conversion = _wants_conversion(annotations, contract.isolation_annotation)
     try:
-        if _wants_conversion(annotations, contract.isolation_annotation):
+        if wants_conversion:
             conversion = _annotated(pod, annotations, settings, contract, cluster)
         elif settings.convert_whole_gpus:
             conversion = _whole_gpus(pod, settings, contract, cluster)
         else:
-            return _UNCHANGED
+            conversion = None
     except _Denied as denied:
         return Outcome(allowed=False, message=str(denied))
     if conversion is None:
-        return _UNCHANGED
+        # Annotated but nothing to convert (already converted, container name only): leave it.
+        return _UNCHANGED if wants_conversion else _steer_cpu_pod(pod, settings)
     patch, warnings = _build_patch(pod, conversion, settings, contract)
     return Outcome(
         allowed=True, patch=patch, decision=conversion.decision, warnings=tuple(warnings), kind=conversion.kind

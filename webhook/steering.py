@@ -1,10 +1,11 @@
-"""Node affinity that steers a converted pod (issue 6): required terms so the pod is only
+"""Node affinity that steers pods (issue 6): for a converted pod, required terms so it is only
 considered for nodes where it fits on one GPU (or where enough whole GPUs are free), and
-preferred terms that make even the default scheduler pack.
+preferred terms that make even the default scheduler pack; for a pod that asks for no device,
+preferred terms that keep its CPU off nodes whose GPUs are still whole.
 
 Pure functions over the contract's label keys (published by gpuslice.deviceplugin.labels); the
-mutation calls `placement_affinity` when `steering.enabled` and merges the result into the
-pod's affinity. Imports only gpuslice.contract.
+mutation calls `placement_affinity` (and `cpu_pod_preferences` with `steering.cpuPods`) when
+`steering.enabled` and merges the result into the pod's affinity. Imports only gpuslice.contract.
 
 Why the preferred terms look like this (docs/steering.md has the full argument):
 - kube-scheduler sums the weights of the preferred terms a node matches, normalises so the best
@@ -29,7 +30,7 @@ from typing import Any
 
 from gpuslice import contract as contract_
 
-__all__ = ["WEIGHTS", "Request", "placement_affinity"]
+__all__ = ["WEIGHTS", "Request", "cpu_pod_preferences", "placement_affinity"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +69,10 @@ class Weights:
     # Memory-aware placement score (NVML): lowest, so it orders nodes only among equal fits.
     score_high: int = 4  # score >= 70 (below every step between fit grades, the smallest is 5)
     score_mid: int = 2  # 40 <= score < 70
+    # A pod that asks for no device: nodes without a fully free GPU (or without gpuslice GPUs).
+    # Full strength: a CPU-only pod on a node whose GPUs are still whole takes the CPU that the
+    # whole-GPU pods those GPUs wait for will need; FGD scores CPU pods the same way.
+    cpu_pod_no_free_gpu: int = 100
 
 
 WEIGHTS = Weights()
@@ -152,6 +157,21 @@ def _mig(profile: str, contract: contract_.Contract) -> tuple[list, list]:
         _term(WEIGHTS.few_mig, _gt(free, 1), _lt(free, 4)),
     ]
     return required, preferred
+
+
+def cpu_pod_preferences(contract: contract_.Contract) -> list[dict[str, Any]]:
+    """Preferred terms for a pod that asks for no device: a node where no GPU is fully free, or
+    a node without gpuslice GPUs (the label is absent), over a node with whole GPUs free.
+
+    In the trace replay CPU is what strands GPUs: CPU-only pods spread by LeastAllocated land on
+    nodes whose GPUs are still free and take the CPU their future pods need (docs/steering.md).
+    The two terms match disjoint nodes, so a node scores at most one weight."""
+    free_gpus = contract.label_free_gpus
+    weight = WEIGHTS.cpu_pod_no_free_gpu
+    return [
+        _term(weight, _lt(free_gpus, 1)),
+        _term(weight, {"key": free_gpus, "operator": "DoesNotExist"}),
+    ]
 
 
 def _score_terms(contract: contract_.Contract) -> list[dict[str, Any]]:
