@@ -225,7 +225,8 @@ def pod(
     if labels is not None:
         metadata["labels"] = labels
     if owner is not None:
-        metadata["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "o", "uid": "1", "controller": True}]
+        owner_reference = {"apiVersion": "apps/v1", "kind": owner, "name": "o", "uid": "1", "controller": True}
+        metadata["ownerReferences"] = [owner_reference]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
@@ -302,7 +303,8 @@ def test_cpu_pods_entry_sends_only_pods_that_ask_for_no_device_and_never_one_the
     assert not (expected and sent_for_gpuslice), "both entries would mutate the same pod"
     # The first entry takes annotated pods always, pods asking for nvidia.com/gpu only with
     # convertWholeGpus; a DaemonSet's pod asking for nvidia.com/gpu without it goes to neither.
-    annotated = any(k in obj["metadata"].get("annotations", {}) for k in (*contract.KAI_ANNOTATIONS, f"{prefix}/isolation"))
+    keys = (*contract.KAI_ANNOTATIONS, f"{prefix}/isolation")
+    annotated = any(k in obj["metadata"].get("annotations", {}) for k in keys)
     whole_gpu = "nvidia.com/gpu" in json.dumps(obj["spec"])
     assert sent_for_gpuslice is (annotated or (whole_gpu and combination == "whole-gpu-conversion"))
 
@@ -312,7 +314,8 @@ def test_cpu_pods_entry_fails_open_and_calls_the_same_service_as_the_first_entry
     manifests = rendered(combination)
     prefix = prefix_of(combination)
     first, cpu_pods = webhook_configuration(manifests), webhook_configuration(manifests, "cpu-pods")
-    assert [h["name"] for h in manifests.one("MutatingWebhookConfiguration")["webhooks"]] == [first["name"], cpu_pods["name"]]
+    entries = [h["name"] for h in manifests.one("MutatingWebhookConfiguration")["webhooks"]]
+    assert entries == [first["name"], cpu_pods["name"]]
     assert cpu_pods["name"] == f"cpu-pods.{prefix}"
     assert cpu_pods["failurePolicy"] == "Ignore"  # it sees ordinary pods: an outage must not block them
     assert cpu_pods["reinvocationPolicy"] == "Never"
@@ -326,7 +329,8 @@ def test_cpu_pods_entry_fails_open_and_calls_the_same_service_as_the_first_entry
             {"key": contract.Contract(prefix=prefix).label_pod_cpu_steering, "operator": "NotIn", "values": ["off"]}
         ]
     }
-    assert {c["name"] for c in cpu_pods["matchConditions"]} == {"no-gpuslice-annotations", "asks-for-no-gpu", "not-a-daemonset-pod"}
+    conditions = {c["name"] for c in cpu_pods["matchConditions"]}
+    assert conditions == {"no-gpuslice-annotations", "asks-for-no-gpu", "not-a-daemonset-pod"}
     names = [*contract.KAI_ANNOTATIONS, contract.Contract(prefix=prefix).isolation_annotation]
     (annotations,) = [c for c in cpu_pods["matchConditions"] if c["name"] == "no-gpuslice-annotations"]
     assert all(f"'{name}'" in annotations["expression"] for name in names)

@@ -286,23 +286,20 @@ def test_label_keys_follow_the_configured_prefix():
 )
 def test_the_affinity_is_a_valid_pod_node_affinity(version, request_):
     required, preferred = steering.placement_affinity(request_, CONTRACT)
-    pod = {
+    node_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": required}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+    }
+    kubernetes_validate.validate(pod_with(node_affinity), version, strict=True)
+
+
+def pod_with(node_affinity: dict[str, Any]) -> dict[str, Any]:
+    return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "steered"},
-        "spec": {
-            "containers": [{"name": "main", "image": "busybox"}],
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [{"matchExpressions": required}]
-                    },
-                    "preferredDuringSchedulingIgnoredDuringExecution": preferred,
-                }
-            },
-        },
+        "spec": {"containers": [{"name": "main", "image": "busybox"}], "affinity": {"nodeAffinity": node_affinity}},
     }
-    kubernetes_validate.validate(pod, version, strict=True)
 
 
 def test_weight_grades_keep_their_order_whatever_the_placement_score():
@@ -335,15 +332,5 @@ def test_a_cpu_pod_prefers_nodes_whose_gpus_are_no_longer_whole(node_labels, wei
 
 @pytest.mark.parametrize("version", ["1.29", "1.35"])
 def test_the_cpu_pod_preferences_are_a_valid_pod_node_affinity(version):
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "cpu-only"},
-        "spec": {
-            "containers": [{"name": "main", "image": "busybox"}],
-            "affinity": {
-                "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": steering.cpu_pod_preferences(CONTRACT)}
-            },
-        },
-    }
-    kubernetes_validate.validate(pod, version, strict=True)
+    node_affinity = {"preferredDuringSchedulingIgnoredDuringExecution": steering.cpu_pod_preferences(CONTRACT)}
+    kubernetes_validate.validate(pod_with(node_affinity), version, strict=True)

@@ -412,8 +412,8 @@ def test_a_custom_prefix_and_unit_size_name_every_resource_and_annotation() -> N
     ids=["no-annotations", "other-annotations", "container-name-only"],
 )
 def test_pods_without_gpu_annotations_are_allowed_without_a_patch(pod: dict[str, Any]) -> None:
-    without_cpu_steering = dataclasses.replace(SETTINGS, steering=dataclasses.replace(SETTINGS.steering, cpu_pods=False))
-    assert mutation.mutate(pod, settings=without_cpu_steering, cluster=make_view()) == mutation.Outcome(allowed=True)
+    no_cpu_steering = dataclasses.replace(SETTINGS, steering=dataclasses.replace(SETTINGS.steering, cpu_pods=False))
+    assert mutation.mutate(pod, settings=no_cpu_steering, cluster=make_view()) == mutation.Outcome(allowed=True)
 
 
 @pytest.mark.parametrize(
@@ -460,7 +460,8 @@ def test_a_pod_that_asks_for_no_device_prefers_nodes_without_a_free_whole_gpu() 
 
 def test_a_cpu_pod_keeps_its_own_required_node_affinity() -> None:
     zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [zone]}]}}}
+    required = {"nodeSelectorTerms": [{"matchExpressions": [zone]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
     _, pod = convert(cpu_pod(affinity=affinity))
     assert required_terms(pod) == [{"matchExpressions": [zone]}]
     assert preferred_terms(pod) == steering.cpu_pod_preferences(CONTRACT)
@@ -468,7 +469,11 @@ def test_a_cpu_pod_keeps_its_own_required_node_affinity() -> None:
 
 @pytest.mark.parametrize(
     "resources",
-    [{"requests": {"cpu": "1", "ephemeral-storage": "1Gi"}}, {"limits": {"memory": "1Gi", "hugepages-2Mi": "64Mi"}}, {}],
+    [
+        {"requests": {"cpu": "1", "ephemeral-storage": "1Gi"}},
+        {"limits": {"memory": "1Gi", "hugepages-2Mi": "64Mi"}},
+        {},
+    ],
     ids=["ephemeral-storage", "hugepages", "no-resources"],
 )
 def test_cpu_memory_storage_and_hugepages_count_as_asking_for_no_device(resources: dict[str, Any]) -> None:
