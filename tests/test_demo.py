@@ -41,7 +41,7 @@ async def test_every_demo_pod_lands_on_a_gpu_with_its_memory_and_environment(dem
     assert "gpu-fraction='1.5' is above 1" in typo.denied and not typo.gpus
 
     etl = by_name["default/etl-batch"]  # asks for no GPU: steered, placed, holds no GPU
-    assert "prefers nodes where gpu.free-gpus Lt 1 or gpu.free-gpus DoesNotExist" in etl.request
+    assert "prefers nodes where gpu.free-gpus DoesNotExist or gpu.free-gpus Lt 1" in etl.request
     assert etl.node == "demo-node" and not etl.gpus
 
     assert len(report.placed) == 6

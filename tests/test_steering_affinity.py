@@ -317,17 +317,22 @@ def test_weight_grades_keep_their_order_whatever_the_placement_score():
 @pytest.mark.parametrize(
     ("node_labels", "weight"),
     [
+        ({"kubernetes.io/hostname": "cpu-only"}, steering.WEIGHTS.cpu_pod_cpu_node),  # no gpuslice GPUs
         (labelled(U, U), steering.WEIGHTS.cpu_pod_no_free_gpu),  # every GPU full
         (labelled(U, 40), steering.WEIGHTS.cpu_pod_no_free_gpu),  # no GPU fully free, a share left
-        ({"kubernetes.io/hostname": "cpu-only"}, steering.WEIGHTS.cpu_pod_no_free_gpu),  # no gpuslice GPUs
         (labelled(U, 0), 0),  # one whole GPU still free
         (labelled(0, 0), 0),
     ],
-    ids=["full", "partly-used", "cpu-node", "one-free-gpu", "empty"],
+    ids=["cpu-node", "full", "partly-used", "one-free-gpu", "empty"],
 )
-def test_a_cpu_pod_prefers_nodes_whose_gpus_are_no_longer_whole(node_labels, weight):
+def test_a_cpu_pod_prefers_cpu_nodes_then_nodes_whose_gpus_are_no_longer_whole(node_labels, weight):
     # The two terms match disjoint nodes: a node scores one weight or none.
     assert preference(steering.cpu_pod_preferences(CONTRACT), node_labels) == weight
+
+
+def test_cpu_pod_grades_keep_cpu_nodes_first_and_free_whole_gpus_last():
+    w = steering.WEIGHTS
+    assert w.cpu_pod_cpu_node > w.cpu_pod_no_free_gpu > 0
 
 
 @pytest.mark.parametrize("version", ["1.29", "1.35"])

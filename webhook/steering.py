@@ -69,10 +69,13 @@ class Weights:
     # Memory-aware placement score (NVML): lowest, so it orders nodes only among equal fits.
     score_high: int = 4  # score >= 70 (below every step between fit grades, the smallest is 5)
     score_mid: int = 2  # 40 <= score < 70
-    # A pod that asks for no device: nodes without a fully free GPU (or without gpuslice GPUs).
-    # Full strength: a CPU-only pod on a node whose GPUs are still whole takes the CPU that the
-    # whole-GPU pods those GPUs wait for will need; FGD scores CPU pods the same way.
-    cpu_pod_no_free_gpu: int = 100
+    # A pod that asks for no device. Nodes without gpuslice GPUs first: their CPU serves no GPU.
+    # Then gpuslice nodes without a fully free GPU, at full strength against a node with whole
+    # GPUs free (normalised, 50 becomes 100 where no CPU-only node is a candidate): a CPU-only pod
+    # there takes the CPU that the whole-GPU pods those GPUs wait for will need (FGD scores CPU
+    # pods the same way).
+    cpu_pod_cpu_node: int = 100
+    cpu_pod_no_free_gpu: int = 50
 
 
 WEIGHTS = Weights()
@@ -160,17 +163,16 @@ def _mig(profile: str, contract: contract_.Contract) -> tuple[list, list]:
 
 
 def cpu_pod_preferences(contract: contract_.Contract) -> list[dict[str, Any]]:
-    """Preferred terms for a pod that asks for no device: a node where no GPU is fully free, or
-    a node without gpuslice GPUs (the label is absent), over a node with whole GPUs free.
+    """Preferred terms for a pod that asks for no device: a node without gpuslice GPUs (the label
+    is absent), then a node where no GPU is fully free, over a node with whole GPUs free.
 
     In the trace replay CPU is what strands GPUs: CPU-only pods spread by LeastAllocated land on
     nodes whose GPUs are still free and take the CPU their future pods need (docs/steering.md).
     The two terms match disjoint nodes, so a node scores at most one weight."""
     free_gpus = contract.label_free_gpus
-    weight = WEIGHTS.cpu_pod_no_free_gpu
     return [
-        _term(weight, _lt(free_gpus, 1)),
-        _term(weight, {"key": free_gpus, "operator": "DoesNotExist"}),
+        _term(WEIGHTS.cpu_pod_cpu_node, {"key": free_gpus, "operator": "DoesNotExist"}),
+        _term(WEIGHTS.cpu_pod_no_free_gpu, _lt(free_gpus, 1)),
     ]
 
 
