@@ -162,6 +162,20 @@ def test_without_steering_binpack_fills_one_node_where_the_default_profile_sprea
     assert packed.idle_gpus == 3  # both pods on one GPU
 
 
+def test_a_cpu_only_pod_is_steered_off_the_cpu_that_free_whole_gpus_need() -> None:
+    # Two T4 nodes of 16 cores. The first pod takes both GPUs of one node; the CPU-only pod then
+    # goes beside them (steered) or to the emptier node (LeastAllocated alone), where it leaves
+    # 4 cores and the second two-GPU pod, which needs 8, finds no node.
+    nodes = [dataclasses.replace(_t4_node(f"n{i}"), cpu_milli=16000) for i in range(2)]
+    pods = [trace.TracePod("gpus-1", 2000, 1024, 2, 1000), trace.TracePod("etl", 12000, 1024, 0, 0)]
+    pods.append(trace.TracePod("gpus-2", 8000, 1024, 2, 1000))
+    steered = replay.replay(nodes, pods, _config("gpuslice-default"), seed=0)
+    without = replay.configurations(config.load(environ={}, overrides={"steering.cpuPods": False}))
+    unsteered = replay.replay(nodes, pods, without["gpuslice-default"], seed=0)
+    assert (steered.placed_pods, steered.gpu_allocation_ratio) == (3, 1.0)
+    assert (unsteered.placed_pods, unsteered.gpu_allocation_ratio) == (2, 0.5)
+
+
 def test_multi_gpu_pods_are_converted_to_whole_gpus_of_units() -> None:
     pods = [trace.TracePod("two", 1000, 1024, 2, 1000), _share("half", 500)]
     result = replay.replay([_t4_node()], pods, _config("gpuslice-default"), seed=0)
