@@ -339,3 +339,31 @@ def test_cpu_pod_grades_keep_cpu_nodes_first_and_free_whole_gpus_last():
 def test_the_cpu_pod_preferences_are_a_valid_pod_node_affinity(version):
     node_affinity = {"preferredDuringSchedulingIgnoredDuringExecution": steering.cpu_pod_preferences(CONTRACT)}
     kubernetes_validate.validate(pod_with(node_affinity), version, strict=True)
+
+
+# --- keeping the largest nodes whole ----------------------------------------------------------
+
+
+def test_a_small_pod_keeps_off_a_largest_node_while_all_its_gpus_are_free():
+    _, preferred = steering.placement_affinity(dataclasses.replace(share(0.25), largest_node_gpus=8), CONTRACT)
+    whole = labelled(*[0] * 8)
+    broken = labelled(40, *[0] * 7)  # one GPU partly used: no longer a whole node
+    smaller = labelled(0, 0)  # a 2-GPU node can never host the largest pods
+    assert preference(preferred, broken) > preference(preferred, whole)
+    assert preference(preferred, smaller) > preference(preferred, whole)
+
+
+@pytest.mark.parametrize(
+    ("request_", "expected"),
+    [
+        (steering.Request(units=U, gpus=4, whole_gpus=True, largest_node_gpus=8), True),
+        (steering.Request(units=U, gpus=8, whole_gpus=True, largest_node_gpus=8), False),  # the largest pods
+        (steering.Request(units=40, units_per_gpu=U, largest_node_gpus=1), False),  # one-GPU nodes only
+        (steering.Request(units=40, units_per_gpu=U), False),  # class unknown
+    ],
+    ids=["four-of-eight", "eight-of-eight", "single-gpu-class", "unknown"],
+)
+def test_only_pods_smaller_than_the_largest_node_of_their_class_get_the_term(request_, expected):
+    _, preferred = steering.placement_affinity(request_, CONTRACT)
+    keep_whole = {"key": CONTRACT.label_free_gpus, "operator": "Lt", "values": [str(request_.largest_node_gpus)]}
+    assert any(t["preference"]["matchExpressions"] == [keep_whole] for t in preferred) is expected

@@ -331,7 +331,7 @@ def test_required_expressions_are_anded_into_every_existing_term_and_preferred_t
     _, pod = convert(deployment_pod({"gpu-fraction": "0.5"}, affinity=copy.deepcopy(affinity)))
     units = int(units_of(pod)["limits"][GPU_MEMORY])
     steer_required, steer_preferred = steering.placement_affinity(
-        steering.Request(units=units, units_per_gpu=CONTRACT.units_per_gpu(H200_MIB)), CONTRACT
+        steering.Request(units=units, units_per_gpu=CONTRACT.units_per_gpu(H200_MIB), largest_node_gpus=8), CONTRACT
     )
     terms = required_terms(pod)
     assert [t["matchExpressions"][0] for t in terms] == [zone, pool]
@@ -341,6 +341,21 @@ def test_required_expressions_are_anded_into_every_existing_term_and_preferred_t
     preferred = pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert preferred == [own_preference] + steer_preferred
     assert pod["spec"]["affinity"]["podAntiAffinity"] == affinity["podAntiAffinity"]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "largest"),
+    [({"gpu-fraction": "0.5"}, 8), ({"gpu-memory": "100000"}, 8), ({"gpu-memory": "2000"}, 8)],
+    ids=["fraction-on-h200", "memory-only-h200-holds", "memory-any-class"],
+)
+def test_a_pod_smaller_than_the_largest_node_of_its_class_keeps_off_whole_free_such_nodes(
+    annotations: dict[str, str], largest: int
+) -> None:
+    # The view's classes: 2 x H100 (the demo node) and 8 x H200; a share is pinned to H200 here.
+    _, pod = convert(deployment_pod(annotations))
+    keep_whole = {"key": CONTRACT.label_free_gpus, "operator": "Lt", "values": [str(largest)]}
+    matching = [t for t in preferred_terms(pod) if t["preference"]["matchExpressions"] == [keep_whole]]
+    assert [t["weight"] for t in matching] == [steering.WEIGHTS.keep_whole_node]
 
 
 def test_with_steering_off_only_the_class_pin_is_added() -> None:

@@ -458,8 +458,8 @@ def _memory_conversion(
     products: frozenset[str] | None,
     settings: config.Config,
     contract: contract_.Contract,
-) -> tuple[int, list[dict[str, Any]], dict[str, Any], int]:
-    """(units, required pin expressions, decision notes, units per GPU or 0) for gpu-memory."""
+) -> tuple[int, list[dict[str, Any]], dict[str, Any], steering.Request]:
+    """(units, required pin expressions, decision notes, steering request) for gpu-memory."""
     units = contract_.units_for_mib(mib, contract.unit_mib)
     classes = _candidate_classes(cluster, products)
     if not classes:
@@ -469,7 +469,7 @@ def _memory_conversion(
                 f"annotation {contract_.KAI_GPU_MEMORY}={mib} MiB is larger than any known GPU "
                 f"(no GPU nodes seen; assumed {largest} MiB, defaultGpuMemoryMiB)"
             )
-        return units, [], {"classMemoryMiB": None, "rule": "memory"}, 0
+        return units, [], {"classMemoryMiB": None, "rule": "memory"}, steering.Request(units=units)
     fitting = [c for c in classes if contract.units_per_gpu(c.memory_mib) >= units]
     if not fitting:
         sizes = ", ".join(f"{c.memory_mib} MiB" for c in classes)
@@ -489,7 +489,8 @@ def _memory_conversion(
         "rule": "memory",
     }
     per_gpu = contract.units_per_gpu(fitting[0].memory_mib) if len(fitting) == 1 else 0
-    return units, required, notes, per_gpu
+    largest = max(c.max_gpus_per_node for c in fitting)
+    return units, required, notes, steering.Request(units=units, units_per_gpu=per_gpu, largest_node_gpus=largest)
 
 
 def _fraction_basis(
@@ -498,18 +499,20 @@ def _fraction_basis(
     settings: config.Config,
     contract: contract_.Contract,
     demand: _Demand,
-) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
-    """(GPU memory a fraction is taken of, pin expressions, decision notes)."""
+) -> tuple[int, list[dict[str, Any]], dict[str, Any], int]:
+    """(GPU memory a fraction is taken of, pin expressions, decision notes, GPUs of the class's
+    largest node or 0)."""
     classes = _candidate_classes(cluster, products)
     if not classes:
         return (
             settings.default_gpu_memory_mib,
             [],
             {"classMemoryMiB": settings.default_gpu_memory_mib, "rule": "defaultGpuMemoryMiB (no GPU nodes seen)"},
+            0,
         )
     best, rule = _best_class(classes, contract, cluster, demand)
     pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
-    return best.memory_mib, [pin], {**_class_note(best), "rule": rule}
+    return best.memory_mib, [pin], {**_class_note(best), "rule": rule}, best.max_gpus_per_node
 
 
 def _annotated(
@@ -571,9 +574,9 @@ def _annotated(
         if fraction is not None:
             demand = _Demand(fraction, 0, *_pod_requests(spec))
             try:
-                basis, _, notes = _fraction_basis(cluster, products, settings, contract, demand)
+                basis, _, notes, _ = _fraction_basis(cluster, products, settings, contract, demand)
             except _Denied:  # a product only MIG-mode GPUs carry: no shared class to take it from
-                basis, _, notes = _fraction_basis(cluster, None, settings, contract, demand)
+                basis, _, notes, _ = _fraction_basis(cluster, None, settings, contract, demand)
             need = math.ceil(fraction * basis - 1e-9)
             base.update(fraction=fraction, **notes)
         else:
@@ -610,7 +613,7 @@ def _annotated(
 
     resource = contract.gpu_memory_resource
     if memory_mib is not None:
-        units, required, notes, per_gpu = _memory_conversion(memory_mib, cluster, products, settings, contract)
+        units, required, notes, request = _memory_conversion(memory_mib, cluster, products, settings, contract)
         decision = {
             **base,
             "resource": resource,
@@ -619,11 +622,10 @@ def _annotated(
             "requestedMiB": memory_mib,
             **notes,
         }
-        request = steering.Request(units=units, units_per_gpu=per_gpu)
         return _Conversion(KIND_MEMORY, resource, {target: units}, decision, required, request)
 
     assert fraction is not None
-    basis, required, notes = _fraction_basis(
+    basis, required, notes, largest = _fraction_basis(
         cluster, products, settings, contract, _Demand(fraction, 0, *_pod_requests(spec))
     )
     per_gpu = contract.units_per_gpu(basis)
@@ -636,7 +638,7 @@ def _annotated(
         "fraction": fraction,
         **notes,
     }
-    request = steering.Request(units=units, units_per_gpu=per_gpu, whole_gpus=fraction == 1)
+    request = steering.Request(units=units, units_per_gpu=per_gpu, whole_gpus=fraction == 1, largest_node_gpus=largest)
     return _Conversion(KIND_FRACTION, resource, {target: units}, decision, required, request)
 
 
@@ -670,11 +672,11 @@ def _whole_gpus(
                 f"(most on one node: {max(c.max_gpus_per_node for c in classes)})"
             )
         best, rule = _best_class(fitting, contract, cluster, _Demand(0.0, gpus, *_pod_requests(spec)))
-        memory = best.memory_mib
+        memory, largest = best.memory_mib, best.max_gpus_per_node
         required.append({"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(memory)]})
         notes = {**_class_note(best), "rule": rule}
     else:
-        memory = settings.default_gpu_memory_mib
+        memory, largest = settings.default_gpu_memory_mib, 0
         notes = {"classMemoryMiB": memory, "rule": "defaultGpuMemoryMiB (no GPU nodes seen)"}
     per_gpu = contract.units_per_gpu(memory)
     container_units = {key: n * per_gpu for key, n in counts.items()}
@@ -687,7 +689,9 @@ def _whole_gpus(
         "gpus": gpus,
         **notes,
     }
-    request = steering.Request(units=per_gpu, gpus=gpus, whole_gpus=True, units_per_gpu=per_gpu)
+    request = steering.Request(
+        units=per_gpu, gpus=gpus, whole_gpus=True, units_per_gpu=per_gpu, largest_node_gpus=largest
+    )
     return _Conversion(KIND_WHOLE_GPUS, resource, container_units, decision, required, request)
 
 

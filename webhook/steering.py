@@ -42,6 +42,7 @@ class Request:
     whole_gpus: bool = False
     mig_profile: str | None = None  # resource-form profile for MIG isolation
     units_per_gpu: int = 0  # units of one GPU of the class the pod is pinned to (0: unknown)
+    largest_node_gpus: int = 0  # GPUs of the largest node of the pod's class(es) (0: unknown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,9 @@ class Weights:
     # Whole GPUs: the node's free GPUs fit the request exactly, or nearly.
     exact_gpus: int = 30
     near_gpus: int = 15  # one or two GPUs more than asked
+    # A pod smaller than the largest node of its class: not on such a node while it is entirely
+    # free (the largest multi-GPU pods need whole free nodes; FGD protects them the same way).
+    keep_whole_node: int = 30
     # MIG: the last free slices of the profile on the node go first.
     last_mig: int = 30
     few_mig: int = 15
@@ -98,16 +102,17 @@ def placement_affinity(
     if request.whole_gpus:
         if request.gpus < 1:
             raise ValueError(f"a whole-GPU request needs at least 1 GPU, got {request.gpus}")
-        return _whole_gpus(request.gpus, contract)
+        return _whole_gpus(request.gpus, request.largest_node_gpus, contract)
     if request.units < 1:
         raise ValueError(f"a shared-GPU request needs at least 1 memory unit, got {request.units}")
-    return _share(request.units, request.units_per_gpu, contract)
+    return _share(request, contract)
 
 
 # --- the three kinds of request -----------------------------------------------------------
 
 
-def _share(units: int, units_per_gpu: int, contract: contract_.Contract) -> tuple[list, list]:
+def _share(request: Request, contract: contract_.Contract) -> tuple[list, list]:
+    units, units_per_gpu = request.units, request.units_per_gpu
     required = [_gt(contract.label_free_block_units, units - 1)]
     if units_per_gpu > units:
         tight = max(1, units_per_gpu // _TIGHT_SLACK_DIVISOR)
@@ -134,21 +139,32 @@ def _share(units: int, units_per_gpu: int, contract: contract_.Contract) -> tupl
             _gt(contract.label_free_gpus, 1),
             _lt(contract.label_free_gpus, 4),
         ),
+        *_keep_whole_nodes(1, request.largest_node_gpus, contract),
         *_score_terms(contract),
     ]
     return required, preferred
 
 
-def _whole_gpus(gpus: int, contract: contract_.Contract) -> tuple[list, list]:
+def _whole_gpus(gpus: int, largest_node_gpus: int, contract: contract_.Contract) -> tuple[list, list]:
     free_gpus = contract.label_free_gpus
     required = [_gt(free_gpus, gpus - 1)]
     preferred = [
         _term(WEIGHTS.fits, *required),
         _term(WEIGHTS.exact_gpus, _lt(free_gpus, gpus + 1)),
         _term(WEIGHTS.near_gpus, _gt(free_gpus, gpus), _lt(free_gpus, gpus + 3)),
+        *_keep_whole_nodes(gpus, largest_node_gpus, contract),
         *_score_terms(contract),
     ]
     return required, preferred
+
+
+def _keep_whole_nodes(gpus: int, largest_node_gpus: int, contract: contract_.Contract) -> list[dict[str, Any]]:
+    """Every node but a largest one with all its GPUs free, for a pod smaller than such a node.
+    Smaller nodes always match (they can never host the largest pods); a largest node matches
+    once one of its GPUs is in use, so small pods fill broken nodes first."""
+    if largest_node_gpus <= gpus:
+        return []
+    return [_term(WEIGHTS.keep_whole_node, _lt(contract.label_free_gpus, largest_node_gpus))]
 
 
 def _mig(profile: str, contract: contract_.Contract) -> tuple[list, list]:
