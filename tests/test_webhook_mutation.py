@@ -358,6 +358,13 @@ def test_a_pod_smaller_than_the_largest_node_of_its_class_keeps_off_whole_free_s
     assert [t["weight"] for t in matching] == [steering.WEIGHTS.keep_whole_node]
 
 
+def test_without_cpu_pod_steering_whole_free_nodes_are_not_kept_for_the_largest_pods() -> None:
+    settings = dataclasses.replace(SETTINGS, steering=dataclasses.replace(SETTINGS.steering, cpu_pods=False))
+    _, pod = convert(deployment_pod({"gpu-fraction": "0.5"}), settings=settings)
+    keep_whole = {"key": CONTRACT.label_free_gpus, "operator": "Lt", "values": ["8"]}
+    assert all(t["preference"]["matchExpressions"] != [keep_whole] for t in preferred_terms(pod))
+
+
 def test_with_steering_off_only_the_class_pin_is_added() -> None:
     settings = dataclasses.replace(SETTINGS, steering=config.SteeringConfig(enabled=False))
     _, pod = convert(deployment_pod({"gpu-fraction": "0.5"}), settings=settings)

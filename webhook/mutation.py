@@ -405,7 +405,12 @@ def _build_patch(
     required = list(conversion.required)
     preferred: list[dict[str, Any]] = []
     if settings.steering.enabled and conversion.steering_request is not None:
-        steer_required, steer_preferred = steering.placement_affinity(conversion.steering_request, contract)
+        request = conversion.steering_request
+        if not settings.steering.cpu_pods:
+            # Keeping whole nodes free for the largest pods only pays when CPU-only pods keep off
+            # them too; otherwise they land there and take the CPU (docs/steering.md, "Tuning").
+            request = dataclasses.replace(request, largest_node_gpus=0)
+        steer_required, steer_preferred = steering.placement_affinity(request, contract)
         required.extend(steer_required)
         preferred.extend(steer_preferred)
     affinity = merge_node_affinity(spec.get("affinity"), required, preferred)

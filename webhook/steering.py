@@ -20,7 +20,7 @@ Why the preferred terms look like this (docs/steering.md has the full argument):
   breaks ties and leads, but a node whose CPU is nearly exhausted can still lose to one with CPU
   left. In the trace replay, GPUs on nodes without CPU are the largest loss, and this compressed
   form allocated more than full-strength packing (docs/steering.md, "Tuning").
-- Few terms (at most 8), in a fixed order: each costs the scheduler time on every node.
+- Few terms (at most 9), in a fixed order: each costs the scheduler time on every node.
 """
 
 from __future__ import annotations
