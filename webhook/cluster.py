@@ -154,27 +154,24 @@ class ClusterView:
 
     def usable_free_units(
         self,
-        memory_mib: int,
+        needs: Mapping[int, int],
         *,
-        units: int = 0,
-        whole_gpus: int = 0,
+        whole_gpus: bool = False,
         cpu_milli: int = 0,
         memory_request_mib: int = 0,
-    ) -> int:
-        """Free units of class `memory_mib` on the nodes where a pod could be placed now: `units`
-        fit on one GPU (or `whole_gpus` GPUs are fully free), and, where a node publishes its
-        CPU and memory headroom, the pod's requests fit too. Capacity stranded behind a node's
-        exhausted CPU does not count: a class full of such GPUs must not attract more pods."""
+    ) -> dict[int, int]:
+        """Free units of each class (GPU memory MiB -> what the pod needs there: units on one GPU,
+        or whole GPUs with `whole_gpus`) on the nodes where the pod could be placed now: it fits on
+        one GPU (or enough GPUs are fully free), and, where a node publishes its CPU and memory
+        headroom, the pod's requests fit too. Capacity stranded behind a node's exhausted CPU does
+        not count: a class full of such GPUs must not attract more pods. One pass over the table
+        for every class: the admission path calls this for every converted pod."""
         t = self._table
-        fits = t[:, _MEMORY] == memory_mib
-        if whole_gpus:
-            fits &= t[:, _FREE_GPUS] >= whole_gpus
-        else:
-            fits &= t[:, _FREE_BLOCK] >= max(1, units)
         cpu, mem = t[:, _FREE_CPU], t[:, _FREE_MEM]
-        fits &= (cpu < 0) | (cpu >= cpu_milli)
-        fits &= (mem < 0) | (mem >= memory_request_mib)
-        return int(t[fits, _FREE_UNITS].sum())
+        room = ((cpu < 0) | (cpu >= cpu_milli)) & ((mem < 0) | (mem >= memory_request_mib))
+        free = t[:, _FREE_GPUS] if whole_gpus else t[:, _FREE_BLOCK]
+        memory, units = t[:, _MEMORY], t[:, _FREE_UNITS]
+        return {m: int(units[room & (memory == m) & (free >= max(1, need))].sum()) for m, need in needs.items()}
 
     def mig_profiles(self) -> dict[str, int]:
         """Resource-form MIG profile -> MiB of one device (the smallest seen for that profile)."""

@@ -242,21 +242,16 @@ class _Demand:
     cpu_milli: int = 0
     memory_mib: int = 0
 
-    def usable_share(
-        self, gpu_class: cluster_.GpuClass, cluster: cluster_.ClusterView, contract: contract_.Contract
-    ) -> float:
-        per_gpu = contract.units_per_gpu(gpu_class.memory_mib)
-        capacity = gpu_class.gpus * per_gpu
-        if not capacity:
-            return 0.0
-        usable = cluster.usable_free_units(
-            gpu_class.memory_mib,
-            units=0 if self.whole_gpus else fraction_units(self.fraction, per_gpu),
-            whole_gpus=self.whole_gpus,
-            cpu_milli=self.cpu_milli,
-            memory_request_mib=self.memory_mib,
-        )
-        return usable / capacity
+    def need(self, gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> int:
+        """Units on one GPU of the class (or whole GPUs) the pod needs there."""
+        if self.whole_gpus:
+            return self.whole_gpus
+        return fraction_units(self.fraction, contract.units_per_gpu(gpu_class.memory_mib))
+
+
+def _share_of(units: int, gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> float:
+    capacity = gpu_class.gpus * contract.units_per_gpu(gpu_class.memory_mib)
+    return units / capacity if capacity else 0.0
 
 
 def _best_class(
@@ -270,7 +265,13 @@ def _best_class(
     (the pod then waits for room in that class)."""
     if len(classes) == 1:
         return classes[0], "only class"
-    usable = {c.memory_mib: demand.usable_share(c, cluster, contract) for c in classes}
+    units = cluster.usable_free_units(
+        {c.memory_mib: demand.need(c, contract) for c in classes},
+        whole_gpus=bool(demand.whole_gpus),
+        cpu_milli=demand.cpu_milli,
+        memory_request_mib=demand.memory_mib,
+    )
+    usable = {c.memory_mib: _share_of(units[c.memory_mib], c, contract) for c in classes}
     best = min(classes, key=lambda c: (-usable[c.memory_mib], *_free_share_key(c, contract)))
     if usable[best.memory_mib] > 0:
         return best, "largest free share on nodes where the pod fits now"
