@@ -204,11 +204,15 @@ def _selected_products(spec: Mapping[str, Any], contract: contract_.Contract) ->
 # --- choosing a GPU class ------------------------------------------------------------------
 
 
-def _free_share_key(gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> tuple[float, int, int]:
+def _share_of(units: int, gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> float:
+    """`units` as a share of the class's whole capacity (0 for a class without capacity)."""
     capacity = gpu_class.gpus * contract.units_per_gpu(gpu_class.memory_mib)
-    share = gpu_class.free_units / capacity if capacity else 0.0
+    return units / capacity if capacity else 0.0
+
+
+def _free_share_key(gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> tuple[float, int, int]:
     # Largest free share first, then more GPUs, then the smaller GPU.
-    return (-share, -gpu_class.gpus, gpu_class.memory_mib)
+    return (-_share_of(gpu_class.free_units, gpu_class, contract), -gpu_class.gpus, gpu_class.memory_mib)
 
 
 def _candidate_classes(cluster: cluster_.ClusterView, products: frozenset[str] | None) -> list[cluster_.GpuClass]:
@@ -247,11 +251,6 @@ class _Demand:
         if self.whole_gpus:
             return self.whole_gpus
         return fraction_units(self.fraction, contract.units_per_gpu(gpu_class.memory_mib))
-
-
-def _share_of(units: int, gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> float:
-    capacity = gpu_class.gpus * contract.units_per_gpu(gpu_class.memory_mib)
-    return units / capacity if capacity else 0.0
 
 
 def _best_class(
@@ -740,9 +739,8 @@ def _asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) ->
     return True
 
 
-def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config) -> Outcome:
+def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config, contract: contract_.Contract) -> Outcome:
     """A pod that asks for no device: prefer nodes without a fully free GPU (steering.cpuPods)."""
-    contract = settings.contract
     if not (settings.steering.enabled and settings.steering.cpu_pods) or not _asks_for_no_device(pod, contract):
         return _UNCHANGED
     affinity = merge_node_affinity((pod.get("spec") or {}).get("affinity"), (), steering.cpu_pod_preferences(contract))
@@ -768,7 +766,7 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
         return Outcome(allowed=False, message=str(denied))
     if conversion is None:
         # Annotated but nothing to convert (already converted, container name only): leave it.
-        return _UNCHANGED if wants_conversion else _steer_cpu_pod(pod, settings)
+        return _UNCHANGED if wants_conversion else _steer_cpu_pod(pod, settings, contract)
     patch, warnings = _build_patch(pod, conversion, settings, contract)
     return Outcome(
         allowed=True, patch=patch, decision=conversion.decision, warnings=tuple(warnings), kind=conversion.kind
