@@ -1,0 +1,189 @@
+"""Steering on the real kube-scheduler: our labeller writes a node's labels to the real API server (as
+the plugin's ServiceAccount, through the chart's node-write policy), and the real scheduler places
+webhook-mutated pods by them: the required terms keep a pod off a node where no single GPU has room
+(even when the node's total allocatable would), the preferred terms pack shares, and the chart's
+bin-packing profile runs in a real kube-scheduler with the chart's own configuration and identity.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import k8skit
+import kubernetes
+import pytest
+import yaml
+
+from gpuslice import config as config_
+from gpuslice.deviceplugin import nodefile
+from gpuslice.sim import controlplane
+
+pytestmark = [pytest.mark.e2e, pytest.mark.helm]
+
+CONTRACT = config_.Config().contract
+GPU_MEMORY = CONTRACT.gpu_memory_resource
+NVIDIA_GPU = "nvidia.com/gpu"
+DEMO_NODE = k8skit.EXAMPLES / "demo-node.yaml"
+H100_A = "GPU-21302f2a-76fb-5940-b684-dae50f92c162"
+H100_B = "GPU-eeca949e-f642-56d1-9ca3-6efaa80acfb1"
+GROUP = "e2e.gpuslice.io/group"
+
+
+def _share(name: str, group: str, annotations: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return k8skit.pod_object(name, annotations=annotations, limits={NVIDIA_GPU: 1}, nodeSelector={GROUP: group}, **spec)
+
+
+@pytest.fixture
+def labelled_node(
+    release: Any,
+    cluster: controlplane.ControlPlane,
+    core: kubernetes.client.CoreV1Api,
+    nodes: list[str],
+    namespace: str,
+    workdir: pathlib.Path,
+) -> Iterator[tuple[str, k8skit.Harness]]:
+    """Node A registered as a kubelet would (no labels of ours yet), kubelet's device manager for it, and
+    our device plugin on it with its pod-bound ServiceAccount token: the labeller publishes A's labels."""
+    name = f"{namespace}-a"
+    node = nodefile.load(DEMO_NODE)
+    bare = k8skit.gpu_node_object(name, node, extra_labels={GROUP: namespace})
+    bare["metadata"]["labels"] = {
+        k: v for k, v in bare["metadata"]["labels"].items() if not k.startswith(CONTRACT.prefix + "/gpu")
+    }
+    core.create_node(bare)
+    nodes.append(name)
+    account = f"{release.fullname}-device-plugin"
+    plugin_pod = core.create_namespaced_pod(
+        release.namespace, k8skit.pod_object(f"plugin-{namespace}", serviceAccountName=account, nodeName=name)
+    )
+    harness = k8skit.Harness(cluster, workdir, name=f"dmharness-{namespace}").start()
+    plugin = k8skit.start_device_plugin(
+        cluster,
+        harness,
+        DEMO_NODE,
+        name=f"device-plugin-{namespace}",
+        node_name=name,
+        kubeconfig=release.kubeconfig_of(account, bound_pod=plugin_pod),
+        extra_args=["--steering-label-min-interval-seconds=0.2", "--steering-pod-resources-poll-seconds=0.5"],
+    )
+    try:
+        yield name, harness
+    finally:
+        cluster.stop_process(plugin.process)
+        harness.close()
+
+
+def _labels(core: kubernetes.client.CoreV1Api, node: str) -> dict[str, str]:
+    return dict(core.read_node(node).metadata.labels or {})
+
+
+def test_the_labeller_publishes_and_updates_the_nodes_labels_on_the_real_api_server(
+    labelled_node: tuple[str, k8skit.Harness], core: kubernetes.client.CoreV1Api, namespace: str
+) -> None:
+    name, harness = labelled_node
+    free_units = CONTRACT.label_free_units
+    published = k8skit.wait_for("the labeller's first write", lambda: _labels(core, name).get(free_units), timeout=60)
+    assert published == "636"  # 2 x H100 of 318 units
+    labels = _labels(core, name)
+    assert labels[CONTRACT.label_gpu_memory_mib] == "81559"
+    assert labels[CONTRACT.label_free_gpus] == "2"
+    assert labels[CONTRACT.label_mig_free("1g.10gb")] == "2"
+
+    # The real scheduler binds a share to A; kubelet's device manager admits it through our plugin.
+    core.create_namespaced_pod(namespace, _share("share", namespace, {"gpu-fraction": "0.5"}))
+    assert k8skit.bound_node(core, namespace, "share") == name
+    bound = core.read_namespaced_pod("share", namespace)
+    status, admitted = harness.admit(kubernetes.client.ApiClient().sanitize_for_serialization(bound))
+    assert status == 200, admitted
+    units = len(admitted["containers"]["main"]["devices"][GPU_MEMORY])
+    assert units == 159  # floor(0.5 x 318)
+    k8skit.wait_for(
+        "the labels to follow the allocation",
+        lambda: _labels(core, name).get(free_units) == str(636 - units) or None,
+        timeout=30,
+    )
+    labels = _labels(core, name)
+    assert labels[CONTRACT.label_free_gpus] == "1"
+    assert labels[CONTRACT.label_free_block_units] == "318"
+    assert labels[CONTRACT.label_free_partial_block_units] == str(318 - units)
+
+
+def test_a_pod_goes_where_one_gpu_has_room_not_where_the_node_total_does(
+    release: Any, core: kubernetes.client.CoreV1Api, nodes: list[str], namespace: str
+) -> None:
+    node = nodefile.load(DEMO_NODE)
+    roomy, crowded = f"{namespace}-roomy", f"{namespace}-crowded"
+    # crowded: 10 units free on each H100 per its labels, while the scheduler, counting only bound
+    # pods (none), sees all 636 units allocatable: only the label terms keep the pod off it.
+    core.create_node(
+        k8skit.gpu_node_object(crowded, node, allocated={H100_A: 308, H100_B: 308}, extra_labels={GROUP: namespace})
+    )
+    core.create_node(
+        k8skit.gpu_node_object(roomy, node, allocated={H100_A: 200, H100_B: 200}, extra_labels={GROUP: namespace})
+    )
+    nodes += [roomy, crowded]
+    for i in range(3):
+        core.create_namespaced_pod(namespace, _share(f"eight-gib-{i}", namespace, {"gpu-memory": "8Gi"}))
+        assert k8skit.bound_node(core, namespace, f"eight-gib-{i}") == roomy
+    pod = core.read_namespaced_pod("eight-gib-0", namespace)
+    required = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    expressions = {e.key: e for term in required.node_selector_terms for e in term.match_expressions}
+    assert expressions[CONTRACT.label_free_block_units].operator == "Gt"
+    assert expressions[CONTRACT.label_free_block_units].values == ["31"]  # needs 32 units on one GPU
+
+    # Larger than any free block anywhere: unschedulable, and the scheduler says why.
+    core.create_namespaced_pod(namespace, _share("too-big", namespace, {"gpu-memory": "40Gi"}))
+    message = k8skit.scheduling_failure(core, namespace, "too-big")
+    assert "didn't match Pod's node affinity/selector" in message
+
+
+def test_a_share_prefers_a_partly_used_gpu_to_breaking_a_whole_one(
+    release: Any, core: kubernetes.client.CoreV1Api, nodes: list[str], namespace: str
+) -> None:
+    node = nodefile.load(DEMO_NODE)
+    partly, whole = f"{namespace}-partly", f"{namespace}-whole"
+    core.create_node(k8skit.gpu_node_object(partly, node, allocated={H100_A: 200}, extra_labels={GROUP: namespace}))
+    core.create_node(k8skit.gpu_node_object(whole, node, extra_labels={GROUP: namespace}))
+    nodes += [partly, whole]
+    core.create_namespaced_pod(namespace, _share("quarter", namespace, {"gpu-fraction": "0.25"}))
+    assert k8skit.bound_node(core, namespace, "quarter") == partly
+
+
+def test_the_charts_binpack_profile_runs_in_the_real_scheduler_and_packs_the_fuller_node(
+    release: Any,
+    cluster: controlplane.ControlPlane,
+    core: kubernetes.client.CoreV1Api,
+    nodes: list[str],
+    namespace: str,
+) -> None:
+    node = nodefile.load(DEMO_NODE)
+    names = [f"{namespace}-{i}" for i in range(2)]
+    for name in names:
+        core.create_node(k8skit.gpu_node_object(name, node, extra_labels={GROUP: namespace}))
+        nodes.append(name)
+    original = json.loads(json.dumps(release.values))
+    release.upgrade({**original, "scheduler": {"enabled": True}})
+    scheduler = None
+    try:
+        config_map = core.read_namespaced_config_map(f"{release.fullname}-scheduler", release.namespace)
+        configuration = yaml.safe_load(config_map.data["scheduler-config.yaml"])
+        profile = configuration["profiles"][0]["schedulerName"]
+        scheduler = cluster.start_scheduler(
+            "kube-scheduler-binpack",
+            configuration=configuration,
+            kubeconfig=release.kubeconfig_of(f"{release.fullname}-scheduler"),
+        )
+        placed = []
+        for i in range(4):
+            pod = core.create_namespaced_pod(namespace, _share(f"packed-{i}", namespace, {"gpu-fraction": "0.2"}))
+            assert pod.spec.scheduler_name == profile  # set by the webhook (config.schedulerName)
+            placed.append(k8skit.bound_node(core, namespace, f"packed-{i}"))
+        # MostAllocated on gpu-memory: every pod follows the first onto the node already in use.
+        assert len(set(placed)) == 1, placed
+    finally:
+        if scheduler is not None:
+            cluster.stop_process(scheduler)
+        release.upgrade(original)
