@@ -1,0 +1,1 @@
+"""DRA plugin API v1 (generated stubs: api_pb2, api_pb2_grpc)."""

@@ -1,0 +1,1 @@
+"""Kubelet's plugin registration API; stubs generated below."""

@@ -1,0 +1,170 @@
+"""The chart's DRA mode: `mode` picks the device plugin, the DRA driver or both; DRA mode brings the
+DeviceClasses, the DRA plugin DaemonSet and its RBAC, the webhook's right to create claim templates
+and sideEffects NoneOnDryRun; clusters that cannot run consumable capacity are refused with a message."""
+
+from __future__ import annotations
+
+import celpy
+import chartkit
+import pytest
+import yaml
+
+from gpuslice import config, contract
+from gpuslice.deviceplugin import nodefile
+from gpuslice.dra import main as dra_main
+from gpuslice.dra import slices
+
+pytestmark = pytest.mark.helm
+
+DRA = {"mode": "dra"}
+BOTH = {"mode": "both"}
+
+
+def config_of(manifests: chartkit.Manifests) -> config.Config:
+    text = manifests.one("ConfigMap", "config")["data"]["config.yaml"]
+    return config.load(overrides=dict(_flatten(yaml.safe_load(text))), environ={})
+
+
+def _flatten(mapping, prefix=""):
+    for key, value in mapping.items():
+        if key == "version":
+            continue
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+def side_effects(manifests: chartkit.Manifests) -> dict[str, str]:
+    hooks = manifests.one("MutatingWebhookConfiguration")["webhooks"]
+    return {hook["name"]: hook["sideEffects"] for hook in hooks}
+
+
+def test_device_plugin_mode_renders_nothing_of_dra():
+    manifests = chartkit.render({}, "1.37.0")
+    assert "DeviceClass" not in manifests.kinds()
+    assert manifests.all("DaemonSet", "dra-plugin") == []
+    assert manifests.one("DaemonSet", "device-plugin")
+    assert set(side_effects(manifests).values()) == {"None"}
+    assert config_of(manifests).dra.enabled is False
+
+
+@pytest.mark.parametrize("kube", ["1.36.0", "1.37.0"])
+def test_dra_mode_renders_the_driver_instead_of_the_device_plugin(kube):
+    manifests = chartkit.render(DRA, kube)
+    assert manifests.all("DaemonSet", "device-plugin") == []
+    assert manifests.all("ClusterRole", "device-plugin") == []
+    classes = {c["metadata"]["name"]: c for c in manifests.all("DeviceClass")}
+    assert sorted(classes) == ["gpu.gpuslice.io", "mig.gpuslice.io"]
+    for obj in manifests:
+        try:
+            assert chartkit.schema_errors(obj, kube) == [], obj["kind"]
+        except chartkit.NoSchema:
+            pass
+    assert config_of(manifests).dra.enabled is True
+    assert side_effects(manifests)["pods.gpuslice.io"] == "NoneOnDryRun"
+    rules = manifests.named("ClusterRole", "gpuslice-webhook-claims")["rules"]
+    assert rules == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]}]
+
+
+def test_the_dra_plugin_gets_what_kubelet_dra_needs():
+    manifests = chartkit.render(DRA, "1.37.0")
+    daemonset = manifests.one("DaemonSet", "dra-plugin")
+    spec = chartkit.pod_spec(daemonset)
+    assert spec["nodeSelector"] == {"gpuslice.io/enabled": "true"}
+    container = chartkit.container(daemonset)
+    assert container["command"] == ["gpuslice-dra-plugin"]
+    for path in ("/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/etc/gpuslice"):
+        assert chartkit.mount_for(container, path) is not None, path
+    assert chartkit.volume(daemonset, "kubelet-registry")["hostPath"]["path"] == "/var/lib/kubelet/plugins_registry"
+    # The program accepts the command line the chart gives it.
+    args = [
+        a.replace("$(NODE_NAME)", "node-a").replace("/etc/gpuslice/config.yaml", "/dev/null") for a in container["args"]
+    ]
+    settings, options, _ = dra_main.parse_args(args)
+    assert options.node_name == "node-a" and options.registry_dir == "/var/lib/kubelet/plugins_registry"
+    assert options.cdi_dir == "/var/run/cdi" and options.http_port == 9401 and settings == config.Config()
+    rules = manifests.named("ClusterRole", "gpuslice-dra-plugin")["rules"]
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]} in rules
+    assert any("resourceslices" in r["resources"] and "create" in r["verbs"] and "delete" in r["verbs"] for r in rules)
+
+
+def test_both_modes_split_the_nodes_by_label_and_the_webhook_follows_config():
+    manifests = chartkit.render(BOTH, "1.37.0")
+    assert chartkit.pod_spec(manifests.one("DaemonSet", "dra-plugin"))["nodeSelector"] == {"gpuslice.io/dra": "true"}
+    assert chartkit.pod_spec(manifests.one("DaemonSet", "device-plugin"))["nodeSelector"] == {
+        "gpuslice.io/enabled": "true"
+    }
+    assert config_of(manifests).dra.enabled is False and side_effects(manifests)["pods.gpuslice.io"] == "None"
+    claims = chartkit.render({**BOTH, "config": {"dra": {"enabled": True}}}, "1.37.0")
+    assert config_of(claims).dra.enabled is True and side_effects(claims)["pods.gpuslice.io"] == "NoneOnDryRun"
+
+
+@pytest.mark.parametrize(
+    ("values", "kube", "message"),
+    [
+        (DRA, "1.33.0", "needs Kubernetes 1.34 or later"),
+        (BOTH, "1.29.0", "needs Kubernetes 1.34 or later"),
+        (DRA, "1.35.0", "needs the alpha feature gate DRAConsumableCapacity"),
+        (BOTH, "1.34.0", "set dra.consumableCapacityGateEnabled=true"),
+        ({"mode": "kubelet"}, "1.37.0", "mode"),
+        (
+            {**DRA, "config": {"resourcePrefix": "a-very-long-prefix-that-goes-on-and-on-and-on-and-on.example.com"}},
+            "1.37.0",
+            "63",
+        ),
+    ],
+    ids=[
+        "dra-on-1.33",
+        "both-on-1.29",
+        "dra-on-1.35-without-gate",
+        "both-on-1.34-without-gate",
+        "unknown-mode",
+        "long-driver",
+    ],
+)
+def test_dra_mode_is_refused_where_the_cluster_cannot_run_it(values, kube, message, tmp_path):
+    result = chartkit.run_helm(*chartkit.template_args(values, tmp_path, "--kube-version", kube))
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_with_the_gate_declared_1_34_and_1_35_render_dra_mode():
+    for kube in ("1.34.0", "1.35.0"):
+        manifests = chartkit.render({**DRA, "dra": {"consumableCapacityGateEnabled": True}}, kube)
+        assert len(manifests.all("DeviceClass")) == 2
+
+
+def test_the_device_classes_select_exactly_the_plugins_devices(demo_node):
+    manifests = chartkit.render(DRA, "1.37.0")
+    devices = slices.devices(demo_node, contract.Contract())
+    environment = celpy.Environment()
+
+    def selected(device_class: dict) -> list[str]:
+        program = environment.program(environment.compile(device_class["spec"]["selectors"][0]["cel"]["expression"]))
+        names = []
+        for device in devices:
+            attributes = {k: next(iter(v.values())) for k, v in device["attributes"].items()}
+            activation = {
+                "device": celpy.json_to_cel(
+                    {"driver": "gpu.gpuslice.io", "attributes": {"gpu.gpuslice.io": attributes}}
+                )
+            }
+            if program.evaluate(activation):
+                names.append(device["name"])
+        return names
+
+    assert selected(manifests.named("DeviceClass", "gpu.gpuslice.io")) == ["gpu-0", "gpu-1"]
+    assert selected(manifests.named("DeviceClass", "mig.gpuslice.io")) == [f"gpu-2-mig-{i}" for i in range(4)]
+
+
+def test_a_custom_prefix_names_the_driver_and_its_classes():
+    manifests = chartkit.render({**DRA, "config": {"resourcePrefix": "gpu.example.com"}}, "1.37.0")
+    assert sorted(c["metadata"]["name"] for c in manifests.all("DeviceClass")) == [
+        "gpu.gpu.example.com",
+        "mig.gpu.example.com",
+    ]
+    node = nodefile.load(chartkit.REPO / "gpuslice" / "examples" / "demo-node.yaml")
+    published = slices.build_slices(node, contract.Contract(prefix="gpu.example.com"), "n")[0]["spec"]["driver"]
+    expression = manifests.named("DeviceClass", "gpu.gpu.example.com")["spec"]["selectors"][0]["cel"]["expression"]
+    assert f'device.driver == "{published}"' in expression

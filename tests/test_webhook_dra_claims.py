@@ -1,0 +1,439 @@
+"""DRA mode of the webhook: the ResourceClaimTemplate and pod patch built from what the mutation
+decided (webhook/dra_claims.py). Templates and patched pods are checked against the strict
+Kubernetes 1.34-1.37 schemas; the CEL selectors are evaluated against the devices the DRA plugin
+publishes; and a small model of the allocator checks that the capacity requests land on one GPU
+within its memory."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import celpy
+import chartkit
+import jsonpatch
+import pytest
+
+from gpuslice import config
+from gpuslice.deviceplugin import labels as node_labels
+from gpuslice.deviceplugin import nodefile
+from gpuslice.dra import slices
+from gpuslice.webhook import claim_templates, cluster, dra_claims, mutation, server
+
+SETTINGS = config.load(overrides={"dra.enabled": True}, environ={})
+CONTRACT = SETTINGS.contract
+KUBES = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
+
+
+def pod(*containers: dict[str, Any], annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "trainer-", "namespace": "team-a"},
+        "spec": {"containers": list(containers) or [ctr()], **spec},
+    }
+    if annotations is not None:
+        body["metadata"]["annotations"] = annotations
+    return body
+
+
+def ctr(name: str = "main", **resources: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "image": "registry.example/train:1.0"}
+    if resources:
+        body["resources"] = resources
+    return body
+
+
+def apply(original: dict[str, Any], need: dra_claims.Need, settings: config.Config = SETTINGS):
+    before = copy.deepcopy(original)
+    claims = dra_claims.build(original, need, settings, namespace="team-a")
+    assert original == before, "build must not change its input"
+    patched = jsonpatch.apply_patch(original, claims.patch)
+    for kube in KUBES:
+        assert chartkit.schema_errors(claims.template, kube) == [], kube
+        assert chartkit.schema_errors(patched, kube) == [], kube
+    return claims, patched
+
+
+def share(memory_mib: int, allowed: tuple[int, ...] = ()) -> dra_claims.Need:
+    return dra_claims.Need(
+        kind="gpu-memory",
+        containers=(dra_claims.ContainerNeed("containers", 0, memory_mib=memory_mib),),
+        gpu_memory_mib=allowed,
+        decision={"container": "main", "annotation": "gpu-memory", "resource": "gpuslice.io/gpu-memory", "units": 8},
+    )
+
+
+def test_a_memory_share_becomes_a_capacity_request_referenced_by_its_container():
+    claims, patched = apply(pod(ctr(limits={"nvidia.com/gpu": "1", "cpu": "2"})), share(2048))
+    (request,) = claims.template["spec"]["spec"]["devices"]["requests"]
+    assert request == {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "gpu.gpuslice.io",
+            "allocationMode": "ExactCount",
+            "count": 1,
+            "capacity": {"requests": {"memory": "2048Mi"}},
+        },
+    }
+    name = claims.template["metadata"]["name"]
+    assert name.startswith("gpuslice-mem-2048mi-") and claims.template["metadata"]["namespace"] == "team-a"
+    assert patched["spec"]["resourceClaims"] == [{"name": "gpuslice", "resourceClaimTemplateName": name}]
+    assert patched["spec"]["containers"][0]["resources"] == {"limits": {"cpu": "2"}, "claims": [{"name": "gpuslice"}]}
+    decision = dra_claims.orjson.loads(patched["metadata"]["annotations"]["gpuslice.io/decision"])
+    assert decision["mode"] == "dra" and decision["claimTemplate"] == name and "units" not in decision
+
+
+def test_the_same_need_gives_the_same_template_and_another_need_another():
+    one = dra_claims.build(pod(), share(2048), SETTINGS).template
+    again = dra_claims.build(pod(ctr("other")), share(2048), SETTINGS).template
+    other = dra_claims.build(pod(), share(2304), SETTINGS).template
+    pinned = dra_claims.build(pod(), share(2048, (81559,)), SETTINGS).template
+    assert one == again
+    assert len({t["metadata"]["name"] for t in (one, other, pinned)}) == 3
+
+
+def test_a_chosen_gpu_class_becomes_a_device_selector_on_its_memory():
+    claims, _ = apply(pod(), share(40704, (81559,)))
+    (request,) = claims.template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["selectors"] == [
+        {"cel": {"expression": 'device.attributes["gpu.gpuslice.io"].memoryMiB in [81559]'}}
+    ]
+
+
+def test_whole_gpus_ask_for_devices_without_capacity_so_each_takes_its_whole_gpu():
+    need = dra_claims.Need(
+        kind="whole-gpus",
+        containers=(
+            dra_claims.ContainerNeed("containers", 0, gpus=2),
+            dra_claims.ContainerNeed("initContainers", 0, gpus=1),
+        ),
+    )
+    original = pod(
+        ctr("a", limits={"nvidia.com/gpu": "2"}), initContainers=[ctr("setup", limits={"nvidia.com/gpu": "1"})]
+    )
+    claims, patched = apply(original, need)
+    requests = claims.template["spec"]["spec"]["devices"]["requests"]
+    assert [(r["name"], r["exactly"]["count"], "capacity" in r["exactly"]) for r in requests] == [
+        ("c0", 2, False),
+        ("i0", 1, False),
+    ]
+    assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice", "request": "c0"}]}
+    assert patched["spec"]["initContainers"][0]["resources"] == {"claims": [{"name": "gpuslice", "request": "i0"}]}
+
+
+def test_mig_isolation_selects_the_profile_in_the_mig_class():
+    need = dra_claims.Need(kind="mig", containers=(dra_claims.ContainerNeed("containers", 0, mig_profile="1g.10gb"),))
+    claims, _ = apply(pod(), need)
+    (request,) = claims.template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "mig.gpuslice.io"
+    assert request["exactly"]["selectors"][0]["cel"]["expression"] == (
+        'device.attributes["gpu.gpuslice.io"].migProfile == "1g.10gb"'
+    )
+    assert claims.template["metadata"]["name"].startswith("gpuslice-mig-1g.10gb-")
+
+
+def test_claims_of_the_pod_and_annotations_already_there_are_kept():
+    original = pod(
+        ctr(claims=[{"name": "nic"}]),
+        annotations={"team": "vision"},
+        resourceClaims=[{"name": "nic", "resourceClaimName": "fast-nic"}],
+    )
+    claims, patched = apply(original, share(1024))
+    assert [c["name"] for c in patched["spec"]["resourceClaims"]] == ["nic", "gpuslice"]
+    assert patched["spec"]["containers"][0]["resources"]["claims"] == [{"name": "nic"}, {"name": "gpuslice"}]
+    assert patched["metadata"]["annotations"]["team"] == "vision"
+    assert dra_claims.already_converted(patched) and not dra_claims.already_converted(original)
+
+
+def test_kai_scheduler_is_rewritten_as_in_device_plugin_mode():
+    claims, patched = apply(pod(schedulerName="kai-scheduler"), share(1024))
+    assert patched["spec"]["schedulerName"] == "default-scheduler"
+    assert claims.warnings == ("gpuslice: schedulerName kai-scheduler rewritten to default-scheduler",)
+
+
+# --- the claims meet the published devices ---------------------------------------------------------------
+
+
+def _cel(expression: str, device: dict[str, Any]) -> bool:
+    environment = celpy.Environment()
+    attributes = {k: next(iter(v.values())) for k, v in device["attributes"].items()}
+    activation = {
+        "device": celpy.json_to_cel({"driver": "gpu.gpuslice.io", "attributes": {"gpu.gpuslice.io": attributes}})
+    }
+    return bool(environment.program(environment.compile(expression)).evaluate(activation))
+
+
+def _mi(text: str) -> int:
+    assert text.endswith("Mi"), text
+    return int(text[:-2])
+
+
+def allocate(
+    devices: list[dict[str, Any]], requests: list[dict[str, Any]], used: dict[str, int]
+) -> dict[str, list[str]]:
+    """A model of the DRA allocator's capacity rules (KEP-5075): a request's memory is rounded up
+    to min + n * step; it fits a device whose shares so far leave room; no capacity means the
+    policy default. Devices are tried in order (first fit), as the allocator does."""
+    chosen: dict[str, list[str]] = {}
+    for request in requests:
+        exactly = request["exactly"]
+        picks = []
+        for device in devices:
+            if len(picks) == exactly["count"]:
+                break
+            type_wanted = "mig" if exactly["deviceClassName"].startswith("mig.") else "gpu"
+            if device["attributes"]["type"]["string"] != type_wanted:
+                continue
+            if not all(_cel(s["cel"]["expression"], device) for s in exactly.get("selectors", ())):
+                continue
+            memory = device["capacity"]["memory"]
+            if not device.get("allowMultipleAllocations"):
+                if device["name"] in used:
+                    continue
+                used[device["name"]] = _mi(memory["value"])
+                picks.append(device["name"])
+                continue
+            policy = memory["requestPolicy"]
+            low, step = _mi(policy["validRange"]["min"]), _mi(policy["validRange"].get("step", "1Mi"))
+            asked = _mi(exactly.get("capacity", {}).get("requests", {}).get("memory", policy["default"]))
+            consumed = low + -(-max(0, asked - low) // step) * step
+            if consumed > _mi(policy["validRange"]["max"]) or used.get(device["name"], 0) + consumed > _mi(
+                memory["value"]
+            ):
+                continue
+            used[device["name"]] = used.get(device["name"], 0) + consumed
+            picks.append(device["name"])
+        chosen[request["name"]] = picks if len(picks) == exactly["count"] else []
+    return chosen
+
+
+def test_shares_from_the_webhook_fill_one_gpu_exactly_and_never_exceed_it(demo_node):
+    devices = slices.devices(demo_node, CONTRACT)
+    used: dict[str, int] = {}
+    template = dra_claims.build(pod(), share(2000 // 256 * 256 + 256), SETTINGS).template  # 2048 MiB
+    placements = [allocate(devices, template["spec"]["spec"]["devices"]["requests"], used)["gpu"] for _ in range(90)]
+    # 81408 MiB of whole units per H100: 39 shares of 2048 MiB each, on two GPUs, then none.
+    assert sum(1 for p in placements if p) == 2 * 39
+    assert all(len(p) <= 1 for p in placements) and not placements[-1]
+    assert max(used.values()) <= 81559 and used == {"gpu-0": 39 * 2048, "gpu-1": 39 * 2048}
+
+
+def test_whole_gpus_and_mig_requests_find_their_devices(demo_node):
+    devices = slices.devices(demo_node, CONTRACT)
+    whole = dra_claims.Need(kind="whole-gpus", containers=(dra_claims.ContainerNeed("containers", 0, gpus=2),))
+    mig = dra_claims.Need(kind="mig", containers=(dra_claims.ContainerNeed("containers", 0, mig_profile="1g.10gb"),))
+    used: dict[str, int] = {}
+    whole_requests = dra_claims.build(pod(), whole, SETTINGS).template["spec"]["spec"]["devices"]["requests"]
+    assert allocate(devices, whole_requests, used) == {"gpu": ["gpu-0", "gpu-1"]}
+    assert allocate(
+        devices, dra_claims.build(pod(), share(256), SETTINGS).template["spec"]["spec"]["devices"]["requests"], used
+    ) == {"gpu": []}
+    mig_requests = dra_claims.build(pod(), mig, SETTINGS).template["spec"]["spec"]["devices"]["requests"]
+    assert [allocate(devices, mig_requests, used)["gpu"] for _ in range(3)] == [["gpu-2-mig-2"], ["gpu-2-mig-3"], []]
+
+
+@pytest.mark.parametrize("memory_mib", [256, 2048, 40704, 81408])
+def test_every_share_the_webhook_asks_is_a_valid_value_of_the_request_policy(demo_node, memory_mib):
+    policy = slices.devices(demo_node, CONTRACT)[0]["capacity"]["memory"]["requestPolicy"]["validRange"]
+    assert _mi(policy["min"]) <= memory_mib <= _mi(policy["max"])
+    assert (memory_mib - _mi(policy["min"])) % _mi(policy["step"]) == 0
+
+
+# --- the template is created once, before the webhook answers ----------------------------------------
+
+
+class FakeTemplateApi:
+    def __init__(self, fail: str = "") -> None:
+        self.created: dict[tuple[str, str], dict[str, Any]] = {}
+        self.calls = 0
+        self.fail = fail
+
+    async def create(self, namespace: str, template: dict[str, Any]) -> bool:
+        self.calls += 1
+        if self.fail:
+            raise claim_templates.TemplateError(self.fail)
+        key = (namespace, template["metadata"]["name"])
+        if key in self.created:
+            return False
+        self.created[key] = template
+        return True
+
+
+async def test_a_template_is_created_once_per_namespace_and_then_remembered():
+    api = FakeTemplateApi()
+    templates = claim_templates.ClaimTemplates(api)
+    template = dra_claims.build(pod(), share(2048), SETTINGS).template
+    await asyncio.gather(*(templates.ensure("team-a", template) for _ in range(5)))
+    await templates.ensure("team-b", template)
+    assert api.calls == 2 and set(api.created) == {
+        ("team-a", template["metadata"]["name"]),
+        ("team-b", template["metadata"]["name"]),
+    }
+    assert api.created[("team-b", template["metadata"]["name"])]["metadata"]["namespace"] == "team-b"
+
+
+async def test_a_template_someone_else_created_counts_as_created():
+    api = FakeTemplateApi()
+    template = dra_claims.build(pod(), share(2048), SETTINGS).template
+    await api.create("team-a", template)
+    await claim_templates.ClaimTemplates(api).ensure("team-a", template)
+    assert api.calls == 2
+
+
+async def test_a_failed_creation_denies_the_pod_with_the_reason():
+    templates = claim_templates.ClaimTemplates(FakeTemplateApi(fail="HTTP 403 forbidden"))
+    template = dra_claims.build(pod(), share(2048), SETTINGS).template
+    with pytest.raises(claim_templates.TemplateError, match="403"):
+        await templates.ensure("team-a", template)
+    response = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": "u1", "allowed": True, "patch": "x"},
+    }
+    denied = claim_templates.denial(response, "HTTP 403 forbidden")
+    assert denied["response"] == {
+        "uid": "u1",
+        "allowed": False,
+        "status": {
+            "code": 503,
+            "reason": "ServiceUnavailable",
+            "message": "gpuslice DRA mode: HTTP 403 forbidden; retry",
+        },
+    }
+
+
+# --- through the mutation: same parsing, same denials, a claim instead of extended resources ---------------
+
+DEVICE_PLUGIN_MODE = config.Config()
+
+
+def cluster_view(settings: config.Config) -> cluster.ClusterView:
+    """The demo node and the 8 x H200 node, labelled as the device plugin labels them."""
+    view = cluster.ClusterView(settings.contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
+    for name, node_file in (("demo", "demo-node.yaml"), ("h200", "h200x8-node.yaml")):
+        node = nodefile.load(chartkit.REPO / "gpuslice" / "examples" / node_file)
+        view.update_node(name, node_labels.node_labels(node, settings.contract))
+    return view
+
+
+def mutate(original: dict[str, Any], settings: config.Config = SETTINGS) -> tuple[Any, dict[str, Any]]:
+    outcome = mutation.mutate(original, settings=settings, cluster=cluster_view(settings))
+    if not outcome.allowed:
+        return outcome, original
+    patched = jsonpatch.apply_patch(original, outcome.patch)
+    assert chartkit.schema_errors(patched, "1.37.0") == []
+    for obj in outcome.objects:
+        assert chartkit.schema_errors(obj, "1.37.0") == []
+    return outcome, patched
+
+
+def test_gpu_memory_becomes_a_claim_of_whole_units_and_the_placeholder_goes():
+    outcome, patched = mutate(pod(ctr(limits={"nvidia.com/gpu": "1"}), annotations={"gpu-memory": "2000"}))
+    (template,) = outcome.objects
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["capacity"] == {"requests": {"memory": "2048Mi"}}
+    assert template["metadata"]["namespace"] == "team-a"
+    assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
+    assert outcome.kind == "gpu-memory" and outcome.decision["claimTemplate"] == template["metadata"]["name"]
+
+
+def test_gpu_fraction_takes_the_class_chosen_as_in_device_plugin_mode_as_a_device_selector():
+    annotations = {"gpu-fraction": "0.5"}
+    plugin_mode, _ = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
+    outcome, _ = mutate(pod(annotations=annotations))
+    (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
+    memory = plugin_mode.decision["classMemoryMiB"]
+    assert request["exactly"]["selectors"] == [
+        {"cel": {"expression": f'device.attributes["gpu.gpuslice.io"].memoryMiB in [{memory}]'}}
+    ]
+    assert request["exactly"]["capacity"]["requests"]["memory"] == f"{plugin_mode.decision['memoryMiB']}Mi"
+
+
+def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
+    mig, _ = mutate(pod(annotations={"gpu-memory": "9000", "gpuslice.io/isolation": "mig"}))
+    (request,) = mig.objects[0]["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "mig.gpuslice.io"
+    assert request["exactly"]["selectors"][0]["cel"]["expression"].endswith('migProfile == "1g.10gb"')
+    whole_settings = config.load(overrides={"dra.enabled": True, "convertWholeGpus": True}, environ={})
+    whole, patched = mutate(pod(ctr(limits={"nvidia.com/gpu": "2"})), whole_settings)
+    (request,) = whole.objects[0]["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["count"] == 2 and "capacity" not in request["exactly"]
+    assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {"gpu-fraction": "1.5"},
+        {"gpu-memory": "lots"},
+        {"gpu-fraction": "0.5", "gpu-memory": "100"},
+        {"gpu-memory": "999999"},
+        {"gpu-fraction": "0.5", "gpu-fraction-container-name": "nope"},
+        {"gpu-memory": "100", "gpuslice.io/isolation": "vgpu"},
+    ],
+    ids=[
+        "fraction-above-1",
+        "memory-not-a-number",
+        "both-set",
+        "larger-than-any-gpu",
+        "unknown-container",
+        "isolation",
+    ],
+)
+def test_bad_input_is_denied_with_the_same_message_as_in_device_plugin_mode(annotations):
+    plugin_mode, _ = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
+    dra_mode, _ = mutate(pod(annotations=annotations))
+    assert not plugin_mode.allowed and not dra_mode.allowed
+    assert dra_mode.message == plugin_mode.message and dra_mode.patch == [] and dra_mode.objects == ()
+
+
+def test_a_reinvoked_webhook_leaves_a_converted_pod_alone():
+    _, patched = mutate(pod(annotations={"gpu-memory": "2000"}))
+    again = mutation.mutate(patched, settings=SETTINGS, cluster=cluster_view(SETTINGS))
+    assert again.allowed and again.patch == [] and again.objects == ()
+
+
+# --- through the HTTP server: the template exists before the pod is admitted ----------------------------
+
+
+def admission_review(dry_run: bool = False, **annotations: str) -> dict[str, Any]:
+    obj = pod(annotations=annotations)
+    obj["metadata"].pop("namespace")  # the request names it
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0a0b0c0d-1111-2222-3333-444455556666",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "team-b",
+            "operation": "CREATE",
+            "object": obj,
+            "dryRun": dry_run,
+        },
+    }
+
+
+async def test_the_webhook_creates_the_template_before_it_admits_the_pod(aiohttp_client):
+    api = FakeTemplateApi()
+    app = server.make_app(SETTINGS, cluster_view(SETTINGS), templates=claim_templates.ClaimTemplates(api))
+    client = await aiohttp_client(app)
+    answer = await (await client.post("/mutate", json=admission_review(**{"gpu-memory": "4Gi"}))).json()
+    assert answer["response"]["allowed"] is True
+    ((namespace, name),) = api.created
+    assert namespace == "team-b" and name.startswith("gpuslice-mem-4096mi-")
+    await client.post("/mutate", json=admission_review(dry_run=True, **{"gpu-memory": "8Gi"}))
+    assert len(api.created) == 1, "a dry run creates nothing"
+
+
+async def test_the_webhook_denies_the_pod_when_its_template_cannot_be_created(aiohttp_client):
+    api = FakeTemplateApi(fail="creating ResourceClaimTemplate team-b/x: HTTP 403 forbidden")
+    app = server.make_app(SETTINGS, cluster_view(SETTINGS), templates=claim_templates.ClaimTemplates(api))
+    client = await aiohttp_client(app)
+    response = await client.post("/mutate", json=admission_review(**{"gpu-memory": "4Gi"}))
+    assert response.status == 200
+    answer = (await response.json())["response"]
+    assert answer["allowed"] is False and "HTTP 403 forbidden" in answer["status"]["message"]
+    assert answer["uid"] == "0a0b0c0d-1111-2222-3333-444455556666" and "patch" not in answer

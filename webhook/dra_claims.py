@@ -1,0 +1,242 @@
+"""DRA mode of the webhook: a converted pod gets a ResourceClaim (through a ResourceClaimTemplate)
+of the gpuslice DRA driver instead of extended resources. Pure: no I/O, no clock.
+
+The mutation parses and checks the annotations exactly as in device-plugin mode (same denials,
+same class choice, same unit rounding); what it decided reaches this module as a `Need`:
+  gpu-memory / gpu-fraction -> one request of class gpu.<prefix>, count 1, with
+                               capacity.requests.memory = the share (whole units), and a CEL
+                               selector on the device's memoryMiB when a GPU class was chosen;
+  whole GPUs (nvidia.com/gpu: N with convertWholeGpus) -> one request of N devices of class
+                               gpu.<prefix> without a capacity: each takes its whole GPU
+                               (the request policy's default);
+  <prefix>/isolation: mig   -> one request of class mig.<prefix> selecting the profile.
+One request per converted container; each container references its own request through
+`resources.claims`, and the pod gets `spec.resourceClaims: [{name: gpuslice,
+resourceClaimTemplateName: <template>}]`. KAI's `nvidia.com/gpu` placeholder is removed.
+
+The template is named by its content (`gpuslice-<what>-<hash>`), so every pod asking for the same
+thing in a namespace shares one, and the name changes whenever the content would (templates are
+immutable). The webhook creates it before answering (webhook/claim_templates.py; why there and
+not elsewhere: docs/dra.md, "Where the claim templates come from").
+
+May import gpuslice.{config,contract}; no other module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from gpuslice import config as config_
+from gpuslice import contract as contract_
+
+__all__ = [
+    "CLAIM_NAME",
+    "API_VERSION",
+    "ContainerNeed",
+    "Need",
+    "already_converted",
+    "build",
+    "need_from_conversion",
+    "template_name",
+]
+
+API_VERSION = "resource.k8s.io/v1"
+CLAIM_NAME = "gpuslice"  # the pod's resourceClaims entry (and the containers' claims reference)
+KAI_SCHEDULER = "kai-scheduler"
+DEFAULT_SCHEDULER = "default-scheduler"
+# Conversion kinds of the mutation (webhook/mutation.py KIND_*).
+KIND_MEMORY = "gpu-memory"
+KIND_FRACTION = "gpu-fraction"
+KIND_WHOLE_GPUS = "whole-gpus"
+KIND_MIG = "mig"
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerNeed:
+    """What one container needs: a share of one GPU, whole GPUs, or a MIG device."""
+
+    field: str  # "containers" or "initContainers"
+    index: int
+    memory_mib: int = 0  # a share of one GPU (whole units)
+    gpus: int = 0  # whole GPUs
+    mig_profile: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    kind: str
+    containers: tuple[ContainerNeed, ...]
+    gpu_memory_mib: tuple[int, ...] = ()  # GPU classes (memoryMiB) allowed; empty: any
+    decision: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claims:
+    """The template to create in the pod's namespace and the JSON patch of the pod."""
+
+    template: dict[str, Any]
+    patch: list[dict[str, Any]]
+    decision: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+
+
+def already_converted(pod: Mapping[str, Any]) -> bool:
+    """The pod already references the gpuslice claim (reinvocation, or written by hand)."""
+    claims = (pod.get("spec") or {}).get("resourceClaims") or ()
+    return any(isinstance(c, Mapping) and c.get("name") == CLAIM_NAME for c in claims)
+
+
+def need_from_conversion(conversion: Any, contract: contract_.Contract, pod: Mapping[str, Any]) -> Need:
+    """The Need of a device-plugin-mode conversion (webhook/mutation.py's _Conversion: kind,
+    container_units, decision, required): units become MiB, GPU-class pins on the
+    <prefix>/gpu.memory-mib node label become the allowed GPU memories."""
+    decision = dict(conversion.decision)
+    allowed: list[int] = []
+    for expression in conversion.required or ():
+        if expression.get("key") == contract.label_gpu_memory_mib and expression.get("operator") == "In":
+            allowed.extend(int(v) for v in expression.get("values") or ())
+    spec = pod.get("spec") or {}
+    needs = []
+    for (field, index), units in conversion.container_units.items():
+        if conversion.kind == KIND_MIG:
+            needs.append(ContainerNeed(field, index, mig_profile=str(decision.get("migProfile", ""))))
+        elif conversion.kind == KIND_WHOLE_GPUS:
+            name = str(spec[field][index].get("name"))
+            needs.append(ContainerNeed(field, index, gpus=int(decision["containers"][name])))
+        else:
+            needs.append(ContainerNeed(field, index, memory_mib=units * contract.unit_mib))
+    return Need(
+        kind=conversion.kind, containers=tuple(needs), gpu_memory_mib=tuple(sorted(set(allowed))), decision=decision
+    )
+
+
+def _selectors(need: Need, container: ContainerNeed, contract: contract_.Contract) -> list[dict[str, Any]]:
+    attributes = f'device.attributes["{contract.dra_driver}"]'
+    if container.mig_profile:
+        return [{"cel": {"expression": f'{attributes}.{contract_.DRA_ATTR_MIG_PROFILE} == "{container.mig_profile}"'}}]
+    if need.gpu_memory_mib:
+        values = ", ".join(str(v) for v in need.gpu_memory_mib)
+        return [{"cel": {"expression": f"{attributes}.{contract_.DRA_ATTR_MEMORY_MIB} in [{values}]"}}]
+    return []
+
+
+def request_name(container: ContainerNeed, single: bool) -> str:
+    """'gpu' for the only request; 'c0', 'i1' (containers[0], initContainers[1]) otherwise."""
+    return "gpu" if single else f"{'i' if container.field == 'initContainers' else 'c'}{container.index}"
+
+
+def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
+    single = len(need.containers) == 1
+    requests = []
+    for container in need.containers:
+        exactly: dict[str, Any] = {
+            "deviceClassName": contract.dra_mig_device_class if container.mig_profile else contract.dra_device_class,
+            "allocationMode": "ExactCount",
+            "count": container.gpus or 1,
+        }
+        selectors = _selectors(need, container, contract)
+        if selectors:
+            exactly["selectors"] = selectors
+        if container.memory_mib:
+            exactly["capacity"] = {"requests": {contract_.DRA_CAPACITY_MEMORY: f"{container.memory_mib}Mi"}}
+        requests.append({"name": request_name(container, single), "exactly": exactly})
+    return requests
+
+
+def _describe(need: Need) -> str:
+    """A readable part of the template name: 'mem-2048mi', 'gpus-2', 'mig-1g.10gb'."""
+    parts = []
+    for container in need.containers:
+        if container.mig_profile:
+            parts.append(f"mig-{container.mig_profile.replace('+', '.')}")
+        elif container.gpus:
+            parts.append(f"gpus-{container.gpus}")
+        else:
+            parts.append(f"mem-{container.memory_mib}mi")
+    return "-".join(parts)[:40].rstrip("-.")
+
+
+def template_name(spec: Mapping[str, Any], need: Need) -> str:
+    """'gpuslice-mem-2048mi-<10 hex of the spec's SHA-256>': same content, same name."""
+    digest = hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()[:10]
+    return f"gpuslice-{_describe(need)}-{digest}"
+
+
+def _container_resources(container: Mapping[str, Any], claim_request: str | None) -> dict[str, Any]:
+    resources = dict(container.get("resources") or {})
+    for part in ("requests", "limits"):
+        if part in resources:
+            entries = {k: v for k, v in (resources[part] or {}).items() if k != contract_.NVIDIA_GPU}
+            if entries:
+                resources[part] = entries
+            else:
+                del resources[part]
+    reference: dict[str, str] = {"name": CLAIM_NAME}
+    if claim_request:
+        reference["request"] = claim_request
+    claims = [c for c in resources.get("claims") or () if c.get("name") != CLAIM_NAME]
+    resources["claims"] = [*claims, reference]
+    return resources
+
+
+def _escape(part: str) -> str:
+    return part.replace("~", "~0").replace("/", "~1")
+
+
+def build(pod: Mapping[str, Any], need: Need, settings: config_.Config, *, namespace: str = "") -> Claims:
+    """The template and the pod patch for `need` (the mutation has checked the annotations)."""
+    contract = settings.contract
+    spec = pod.get("spec") or {}
+    metadata = pod.get("metadata") or {}
+    claim_spec = {"devices": {"requests": _requests(need, contract)}}
+    name = template_name(claim_spec, need)
+    template_metadata: dict[str, Any] = {"name": name, "labels": {contract.dra_template_label: "webhook"}}
+    if namespace:
+        template_metadata["namespace"] = namespace
+    template = {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": template_metadata,
+        "spec": {"metadata": {"labels": {contract.dra_template_label: "webhook"}}, "spec": claim_spec},
+    }
+    patch: list[dict[str, Any]] = []
+    single = len(need.containers) == 1
+    for container in need.containers:
+        target = spec[container.field][container.index]
+        patch.append(
+            {
+                "op": "add",
+                "path": f"/spec/{container.field}/{container.index}/resources",
+                "value": _container_resources(target, None if single else request_name(container, single)),
+            }
+        )
+    entry = {"name": CLAIM_NAME, "resourceClaimTemplateName": name}
+    if spec.get("resourceClaims"):
+        patch.append({"op": "add", "path": "/spec/resourceClaims/-", "value": entry})
+    else:
+        patch.append({"op": "add", "path": "/spec/resourceClaims", "value": [entry]})
+
+    decision = {**need.decision, "mode": "dra", "claimTemplate": name}
+    decision.pop("resource", None)
+    decision.pop("units", None)
+    warnings: list[str] = []
+    current = spec.get("schedulerName")
+    scheduler = settings.scheduler_name or (DEFAULT_SCHEDULER if current == KAI_SCHEDULER else "")
+    if scheduler and scheduler != current:
+        patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler})
+        decision["schedulerName"] = scheduler
+        if current == KAI_SCHEDULER:
+            warnings.append(f"gpuslice: schedulerName {KAI_SCHEDULER} rewritten to {scheduler}")
+    text = orjson.dumps(decision, option=orjson.OPT_SORT_KEYS).decode()
+    if metadata.get("annotations"):
+        patch.append(
+            {"op": "add", "path": f"/metadata/annotations/{_escape(contract.decision_annotation)}", "value": text}
+        )
+    else:
+        patch.append({"op": "add", "path": "/metadata/annotations", "value": {contract.decision_annotation: text}})
+    return Claims(template=template, patch=patch, decision=decision, warnings=tuple(warnings))
