@@ -1,21 +1,27 @@
-# syntax=docker/dockerfile:1
-# One image for both gpuslice components; the Helm chart picks the entry point per workload:
+# One image for every gpuslice component; the Helm chart picks the entry point per workload:
 #   gpuslice-webhook        (Deployment, runs as the image's non-root user)
 #   gpuslice-device-plugin  (DaemonSet, the chart runs it as root: kubelet's sockets and NVML need it)
-# Build: docker build -t gpuslice:0.1.0 .
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+#   gpuslice-mps-control-daemon (DaemonSet with config.mps.enabled: NVIDIA's MPS control daemon)
+#   gpuslice-dra-plugin     (DaemonSet with mode dra or both: the kubelet DRA plugin)
+# Build: make image IMAGE=<registry>/gpuslice:0.1.0   (docker or podman; or `docker build -t ... .`)
+# Without a container engine, `make image-check` runs the same build steps in a throwaway venv.
+#
+# Everything that goes in is pinned: the base image by digest (a multi-arch index; to move it, take
+# the digest `docker buildx imagetools inspect python:3.11-slim-bookworm` prints), the Python
+# packages by requirements/*.txt with hashes (`make lock`), installed from wheels only.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
 
-# --- build: generate the gRPC stubs (grpcio-tools is a build-time tool only), install into a venv --
+# --- build: the runtime venv, made by tools/build-image-venv.py ----------------------------------
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m pip install --quiet "grpcio-tools>=1.60"
 WORKDIR /src
+# The build tools (grpcio-tools for the stubs, setuptools for the wheel) in their own layer.
+COPY requirements/build.txt requirements/build.txt
+RUN python -m pip install --quiet --require-hashes --no-deps --only-binary=:all: -r requirements/build.txt
 COPY . .
-RUN python proto/generate.py \
- && python -m venv /opt/gpuslice \
- && /opt/gpuslice/bin/pip install --quiet . \
- && /opt/gpuslice/bin/gpuslice-webhook --help >/dev/null \
- && /opt/gpuslice/bin/gpuslice-device-plugin --help >/dev/null
+# Stubs, wheel, a venv without pip from requirements/image.txt (hashes) and the wheel, pruned of
+# what gpuslice never imports, every entry point started with --help.
+RUN python tools/build-image-venv.py build --src /src --dest /opt/gpuslice
 
 # --- runtime: the venv on the same base image, nothing else ----------------------------------------
 FROM ${PYTHON_IMAGE}
@@ -29,5 +35,5 @@ ENV PATH=/opt/gpuslice/bin:$PATH \
     PYTHONUNBUFFERED=1
 # A numeric non-root user, so that Kubernetes' runAsNonRoot can verify it without /etc/passwd.
 USER 65532:65532
-EXPOSE 8443 9400
+EXPOSE 8443 9400 9401
 CMD ["gpuslice-webhook", "--help"]

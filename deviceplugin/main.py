@@ -9,7 +9,8 @@ remove the plugin sockets, cancel and await every task, and exit 0.
 
 With `steering.enabled` and a node name, the node labeller (deviceplugin/labeller.py) runs as a
 named task, refreshed after every Allocate and health change, scored from NVML when there is
-NVML (deviceplugin/placement.py).
+NVML (deviceplugin/placement.py). With NVML and `monitor.enabled`, the usage monitor
+(deviceplugin/monitor.py) runs as another named task and feeds memory pressure to that score.
 """
 
 from __future__ import annotations
@@ -24,7 +25,18 @@ import sys
 from collections.abc import Sequence
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import health, inventory, labeller, manager, metrics, nodefile, nvml_source, placement
+from gpuslice.deviceplugin import (
+    health,
+    inventory,
+    labeller,
+    manager,
+    metrics,
+    monitor,
+    nodefile,
+    nvml_source,
+    placement,
+    podapi,
+)
 
 __all__ = ["Options", "main", "parse_args", "run"]
 
@@ -45,6 +57,7 @@ class Options:
     node_file: str | None = None
     http_port: int = DEFAULT_HTTP_PORT
     poll_interval: float = 0.5
+    proc_root: str = "/proc"  # the host's /proc (the chart mounts it at /host/proc)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-name", metavar="NAME", default=os.environ.get("NODE_NAME", ""), help="this node [NODE_NAME]")
     parser.add_argument(
         "--http-port", metavar="N", type=int, default=DEFAULT_HTTP_PORT, help="/healthz, /readyz, /metrics port (0: off)"
+    )
+    parser.add_argument(
+        "--proc-root", metavar="DIR", default="/proc", help="the host's /proc, where GPU processes' cgroups are read"
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     config_.add_arguments(parser)
@@ -82,6 +98,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[config_.Config, Optio
         node_name=args.node_name,
         node_file=args.node_file,
         http_port=args.http_port,
+        proc_root=args.proc_root,
     )
     return settings, options, args.log_level
 
@@ -94,10 +111,12 @@ async def run(
     nvml: nvml_source.Nvml | None = None,
     stop: asyncio.Event | None = None,
     node_api: labeller.NodeApi | None = None,
+    pod_api: podapi.PodApi | None = None,
 ) -> int:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None); returns the exit status.
 
-    `node_api` replaces the Kubernetes client of the node labeller (tests).
+    `node_api` and `pod_api` replace the Kubernetes clients of the node labeller and of the usage
+    monitor (tests).
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -115,7 +134,19 @@ async def run(
         plugin_metrics=plugin_metrics,
         poll_interval=options.poll_interval,
     )
-    monitor = health.HealthMonitor(nvml, node, settings.health, health_state) if nvml is not None else None
+    health_monitor = health.HealthMonitor(nvml, node, settings.health, health_state) if nvml is not None else None
+    usage_monitor = None
+    if nvml is not None and settings.monitor.enabled and resources:
+        usage_monitor = monitor.UsageMonitor(
+            nvml=nvml,
+            node=node,
+            settings=settings,
+            node_name=options.node_name,
+            pod_resources_socket=options.pod_resources_socket,
+            proc_root=options.proc_root,
+            api=pod_api,
+            registry=plugin_metrics.registry,
+        )
     node_labeller = None
     if settings.steering.enabled and options.node_name and resources:
         node_labeller = labeller.NodeLabeller(
@@ -124,7 +155,9 @@ async def run(
             node_name=options.node_name,
             pod_resources_socket=options.pod_resources_socket,
             api=node_api,
-            usage=placement.from_nvml(node, nvml) if nvml is not None else None,
+            usage=placement.from_nvml(node, nvml, pressured=usage_monitor.pressured if usage_monitor else None)
+            if nvml is not None
+            else None,
             registry=plugin_metrics.registry,
             unhealthy=lambda: health_state.unhealthy,
         )
@@ -133,15 +166,17 @@ async def run(
     elif settings.steering.enabled:
         log.info("steering labels off: no --node-name / NODE_NAME" if resources else "steering labels off: no GPU")
     runner = None
-    labeller_task: asyncio.Task[None] | None = None
+    tasks: list[asyncio.Task[None]] = []
     try:
         if options.http_port:
             runner = await metrics.serve(metrics.build_app(plugin_metrics, plugins.registration_state), options.http_port)
-        if monitor is not None:
-            await monitor.start()
+        if health_monitor is not None:
+            await health_monitor.start()
         await plugins.start()
         if node_labeller is not None:
-            labeller_task = asyncio.create_task(node_labeller.run(), name="deviceplugin-node-labeller")
+            tasks.append(asyncio.create_task(node_labeller.run(), name="deviceplugin-node-labeller"))
+        if usage_monitor is not None:
+            tasks.append(asyncio.create_task(usage_monitor.run(), name="deviceplugin-usage-monitor"))
         log.info(
             "advertising %s from %s",
             ", ".join(f"{r.name} ({len(r.device_ids)})" for r in resources) or "nothing",
@@ -150,17 +185,18 @@ async def run(
         await stop.wait()
         log.info("stopping: removing plugin sockets")
     finally:
-        if labeller_task is not None:
-            labeller_task.cancel()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             try:
-                await labeller_task
+                await task
             except asyncio.CancelledError:
                 pass
             except Exception:  # it failed earlier: say so, but still clean up the rest
-                log.exception("node labeller had failed")
+                log.exception("%s had failed", task.get_name())
         await plugins.stop()
-        if monitor is not None:
-            await monitor.stop()
+        if health_monitor is not None:
+            await health_monitor.stop()
         if runner is not None:
             await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -5,11 +5,14 @@ Formula (docs/steering.md explains the choices), for each shared (non-MIG) GPU g
 
     s_g = (1 - m_g) * (1 - b_g)      m_g = used / total memory, b_g = utilisation / 100
 
-each smoothed by a time-based EWMA (time constant `tau_seconds`) so that one spike does not
-move the label; the node score is the capacity-weighted mean of the smoothed s_g, i.e. the share
-of the node's GPU memory that is both really free and really idle. The published integer is
-quantised to `step` with hysteresis (it changes only when the smoothed score has moved 3/4 of a
-step away from what is published), which bounds label churn.
+except that a GPU under real memory pressure (the usage monitor finds its processes using more than
+kubelet's grants account for: over-use, or processes gpuslice does not know; issue 15) scores 0:
+the units kubelet still offers there are not really free. Each s_g is smoothed by a time-based
+EWMA (time constant `tau_seconds`) so that one spike does not move the label; the node score is
+the capacity-weighted mean of the smoothed s_g, i.e. the share of the node's GPU memory that is
+both really free and really idle. The published integer is quantised to `step` with hysteresis
+(it changes only when the smoothed score has moved 3/4 of a step away from what is published),
+which bounds label churn.
 
 Reads NVML only through a `read(uuid) -> (used MiB, total MiB, util % or None)` function
 (production: `nvml_source.read_usage` bound to pynvml). May import gpuslice.deviceplugin.inventory
@@ -23,7 +26,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from gpuslice.deviceplugin import inventory, nvml_source
 
@@ -70,6 +73,7 @@ class PlacementScore:
         tau_seconds: float = DEFAULT_TAU_SECONDS,
         step: int = DEFAULT_STEP,
         clock: Callable[[], float] = time.monotonic,
+        pressured: Callable[[], Collection[str]] | None = None,
     ) -> None:
         if tau_seconds <= 0 or not 1 <= step <= 100:
             raise ValueError(f"tau_seconds must be > 0 and step in 1..100, got {tau_seconds} and {step}")
@@ -78,16 +82,18 @@ class PlacementScore:
         self._tau = tau_seconds
         self._step = step
         self._clock = clock
+        self._pressured = pressured
         self._smoothed: dict[str, _Smoothed] = {}
         self._published: int | None = None
 
     def sample(self) -> None:
         """Read every shared GPU once and fold the reading into its EWMA."""
         now = self._clock()
+        pressured = self._pressured() if self._pressured is not None else ()
         for uuid in self._uuids:
             try:
                 used, total, util = self._read(uuid)
-                value = gpu_score(used, total, util)
+                value = 0.0 if uuid in pressured else gpu_score(used, total, util)
             except Exception as exc:  # noqa: BLE001 - per GPU: keep the others' readings
                 log.debug("placement: cannot read usage of %s: %s", uuid, exc)
                 continue
@@ -128,7 +134,9 @@ def from_nvml(
     *,
     tau_seconds: float = DEFAULT_TAU_SECONDS,
     step: int = DEFAULT_STEP,
+    pressured: Callable[[], Collection[str]] | None = None,
 ) -> PlacementScore:
-    """The production scorer: readings through `nvml_source.read_usage` on an initialised NVML."""
+    """The production scorer: readings through `nvml_source.read_usage` on an initialised NVML;
+    `pressured` (the usage monitor's) names the GPUs under real memory pressure."""
     read = functools.partial(nvml_source.read_usage, nvml)
-    return PlacementScore(node=node, read=read, tau_seconds=tau_seconds, step=step)
+    return PlacementScore(node=node, read=read, tau_seconds=tau_seconds, step=step, pressured=pressured)

@@ -12,6 +12,7 @@ May import the generated stubs in gpuslice.proto.podresources.v1; nothing else o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Self
 
@@ -19,7 +20,7 @@ import grpc
 
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
-__all__ = ["DEFAULT_SOCKET", "Client", "PodResourcesError"]
+__all__ = ["DEFAULT_SOCKET", "Client", "ContainerDevices", "PodResourcesError"]
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # kubelet answers List for every pod of the node; big nodes exceed gRPC's 4 MiB default.
@@ -28,6 +29,17 @@ _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 class PodResourcesError(RuntimeError):
     """Kubelet's PodResources API could not be read (socket missing, kubelet restarting, timeout)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerDevices:
+    """The devices of one resource that kubelet has assigned to one container."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
 
 
 class Client:
@@ -51,15 +63,30 @@ class Client:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def devices_in_use(self, wanted: Callable[[str], bool]) -> dict[str, set[str]]:
-        """Resource name -> device IDs kubelet has assigned to some container, for the resources
-        `wanted` accepts (init containers included: kubelet lists them too while they hold devices)."""
+    async def _list(self) -> api_pb2.ListPodResourcesResponse:
         try:
-            response = await self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout)
+            return await self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise PodResourcesError(
                 f"PodResources List on {self.socket_path}: {exc.code().name}: {exc.details()}"
             ) from None
+
+    async def container_devices(self, wanted: Callable[[str], bool]) -> list[ContainerDevices]:
+        """Every (container, resource) holding devices of a resource `wanted` accepts, with the
+        device IDs: who holds which units (the usage monitor joins this with NVML's processes)."""
+        response = await self._list()
+        return [
+            ContainerDevices(pod.namespace, pod.name, container.name, entry.resource_name, tuple(entry.device_ids))
+            for pod in response.pod_resources
+            for container in pod.containers
+            for entry in container.devices
+            if wanted(entry.resource_name) and entry.device_ids
+        ]
+
+    async def devices_in_use(self, wanted: Callable[[str], bool]) -> dict[str, set[str]]:
+        """Resource name -> device IDs kubelet has assigned to some container, for the resources
+        `wanted` accepts (init containers included: kubelet lists them too while they hold devices)."""
+        response = await self._list()
         in_use: dict[str, set[str]] = {}
         for pod in response.pod_resources:
             for container in pod.containers:

@@ -6,9 +6,13 @@ grant and the configuration. Pure: no gRPC calls, no I/O.
 * its size, so applications can size themselves: GPUSLICE_MEMORY_LIMIT_MIB (per GPU),
   GPUSLICE_GPU_FRACTION, GPUSLICE_GPU_COUNT and KAI's GPU_PORTION;
 * with MPS enabled (memory units only; MPS does not run on MIG devices): a per-pod limit,
-  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<uuid>=<MiB>M and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in
-  proportion to the share, plus the MPS pipe directory mounted. NVIDIA's plugin can only give
-  every MPS client the same daemon-wide default (total / replicas).
+  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<ordinal>=<MiB>M for each GPU the container sees and
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in proportion to the share, plus the MPS pipe directory and
+  the daemon's shared /dev/shm mounted. NVIDIA's plugin can only give every MPS client the same
+  daemon-wide default (total / replicas). The limit is keyed by device ordinal, as CUDA numbers
+  the devices the container sees (0 for a share), not by UUID: NVIDIA's plugin moved its MPS
+  limits from UUIDs to indices because UUID-keyed limits were not applied (its v0.15.0 notes);
+  every GPU of one grant has the same limit, so the order CUDA enumerates them in does not matter.
 
 Names come from gpuslice.contract. May import gpuslice.{contract,config}, the generated
 v1beta1 messages and gpuslice.deviceplugin.allocation.
@@ -51,7 +55,9 @@ def memory_response(grant: allocation.MemoryGrant, settings: config_.Config) -> 
     envs[contract.ENV_GPU_COUNT] = str(len(grant.gpu_uuids))
     envs[contract.ENV_KAI_GPU_PORTION] = fraction
     if settings.mps.enabled:
-        envs[contract.ENV_MPS_PINNED_MEM_LIMIT] = ",".join(f"{uuid}={grant.memory_mib}M" for uuid in grant.gpu_uuids)
+        envs[contract.ENV_MPS_PINNED_MEM_LIMIT] = ",".join(
+            f"{ordinal}={grant.memory_mib}M" for ordinal in range(len(grant.gpu_uuids))
+        )
         envs[contract.ENV_MPS_THREAD_PERCENTAGE] = str(max(1, min(100, round(grant.fraction * 100))))
         envs[contract.ENV_MPS_PIPE_DIRECTORY] = settings.mps.container_pipe_directory
         response.mounts.append(
@@ -60,6 +66,11 @@ def memory_response(grant: allocation.MemoryGrant, settings: config_.Config) -> 
                 host_path=settings.mps.pipe_directory,
                 read_only=False,  # MPS clients write to the control pipe
             )
+        )
+        # MPS clients and the server exchange shared-memory segments: the container's /dev/shm
+        # must be the daemon's, not the pod's own.
+        response.mounts.append(
+            api_pb2.Mount(container_path="/dev/shm", host_path=settings.mps.shm_directory, read_only=False)
         )
     return response
 

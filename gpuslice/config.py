@@ -25,10 +25,22 @@ import yaml
 
 from gpuslice import contract
 
-__all__ = ["Config", "MpsConfig", "HealthConfig", "SteeringConfig", "ConfigError", "FIELDS", "load", "add_arguments"]
+__all__ = [
+    "Config",
+    "MpsConfig",
+    "HealthConfig",
+    "SteeringConfig",
+    "MonitorConfig",
+    "DraConfig",
+    "ConfigError",
+    "FIELDS",
+    "load",
+    "add_arguments",
+]
 
 SCHEMA_VERSION = "v1"
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
+OVERUSE_POLICIES = ("warn", "evict", "kill")
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 
 _PREFIX_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
@@ -45,6 +57,8 @@ class MpsConfig:
     pipe_directory: str = "/run/nvidia/mps/pipe"
     # Where the pipe directory appears inside containers.
     container_pipe_directory: str = "/run/nvidia/mps/pipe"
+    # Host directory shared as /dev/shm by the MPS daemon and its clients (RAM-backed under /run).
+    shm_directory: str = "/run/nvidia/mps/shm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +85,35 @@ class SteeringConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MonitorConfig:
+    """What pods really use on the node's GPUs, and what happens when one uses more than its
+    grant (issue 15; docs/isolation.md)."""
+
+    enabled: bool = True
+    # Seconds between two NVML samples of every GPU and its processes.
+    interval_seconds: float = 10.0
+    # What an over-use leads to, after the Event: warn (nothing more), evict (Eviction API) or kill.
+    overuse_policy: str = "warn"
+    # MiB a container may use above its grant before it counts as over-use.
+    overuse_tolerance_mib: int = 256
+    # Seconds a container must stay over its grant (plus tolerance) before it is an over-use.
+    overuse_seconds: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DraConfig:
+    """DRA mode (docs/dra.md): the kubelet DRA plugin and the webhook's ResourceClaims."""
+
+    # Webhook: turn the annotations into ResourceClaims of the DRA driver instead of extended resources.
+    enabled: bool = False
+    # DRA plugin: minimum seconds between two ResourceSlice writes (changes in between coalesce).
+    slice_min_interval_seconds: float = 2.0
+    # DRA plugin: seconds between full comparisons of the published slices with the wanted ones
+    # (repairs slices someone else changed or deleted).
+    slice_resync_seconds: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     resource_prefix: str = contract.DEFAULT_PREFIX
     memory_unit_mib: int = contract.DEFAULT_UNIT_MIB
@@ -79,6 +122,8 @@ class Config:
     mps: MpsConfig = MpsConfig()
     health: HealthConfig = HealthConfig()
     steering: SteeringConfig = SteeringConfig()
+    monitor: MonitorConfig = MonitorConfig()
+    dra: DraConfig = DraConfig()
     # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
     default_gpu_memory_mib: int = 81920
     convert_whole_gpus: bool = False
@@ -123,6 +168,10 @@ def _positive(value: Any) -> str | None:
 
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
     return lambda value: None if value in choices else "must be one of " + ", ".join(choices)
+
+
+def _not_negative(value: Any) -> str | None:
+    return None if value >= 0 else "must be 0 or more"
 
 
 def _prefix(value: str) -> str | None:
@@ -178,6 +227,13 @@ FIELDS: tuple[Field, ...] = (
         _absolute,
         "where the MPS pipe directory is mounted in containers",
     ),
+    Field(
+        "mps.shmDirectory",
+        "mps.shm_directory",
+        str,
+        _absolute,
+        "host directory the MPS daemon and its clients share as /dev/shm",
+    ),
     Field("health.enabled", "health.enabled", bool, _always_ok, "watch NVML XID events"),
     Field(
         "health.ignoredXids",
@@ -217,6 +273,35 @@ FIELDS: tuple[Field, ...] = (
         _always_ok,
         "prefer nodes without a fully free GPU for pods that ask for no device",
     ),
+    Field("monitor.enabled", "monitor.enabled", bool, _always_ok, "sample per-pod GPU memory use from NVML"),
+    Field(
+        "monitor.intervalSeconds",
+        "monitor.interval_seconds",
+        float,
+        _positive,
+        "seconds between two samples of the GPUs and their processes",
+    ),
+    Field(
+        "monitor.overusePolicy",
+        "monitor.overuse_policy",
+        str,
+        _one_of(*OVERUSE_POLICIES),
+        "what follows the Event when a container uses more GPU memory than granted: warn, evict or kill",
+    ),
+    Field(
+        "monitor.overuseToleranceMiB",
+        "monitor.overuse_tolerance_mib",
+        int,
+        _not_negative,
+        "MiB a container may use above its grant before it counts as over-use",
+    ),
+    Field(
+        "monitor.overuseSeconds",
+        "monitor.overuse_seconds",
+        float,
+        _positive,
+        "seconds a container must stay above its grant before it is an over-use",
+    ),
     Field(
         "defaultGpuMemoryMiB",
         "default_gpu_memory_mib",
@@ -239,6 +324,27 @@ FIELDS: tuple[Field, ...] = (
         "namespaces whose pods the webhook leaves alone",
     ),
     Field("schedulerName", "scheduler_name", str, _scheduler_name, "schedulerName set on converted pods"),
+    Field(
+        "dra.enabled",
+        "dra.enabled",
+        bool,
+        _always_ok,
+        "webhook: turn the annotations into ResourceClaims of the DRA driver (DRA mode)",
+    ),
+    Field(
+        "dra.sliceMinIntervalSeconds",
+        "dra.slice_min_interval_seconds",
+        float,
+        _positive,
+        "DRA plugin: minimum seconds between two ResourceSlice writes",
+    ),
+    Field(
+        "dra.sliceResyncSeconds",
+        "dra.slice_resync_seconds",
+        float,
+        _positive,
+        "DRA plugin: seconds between full checks of the published ResourceSlices",
+    ),
 )
 
 _BY_PATH = {f.path: f for f in FIELDS}

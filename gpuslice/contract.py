@@ -62,6 +62,29 @@ ENV_MPS_PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MPS_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ENV_MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 
+# --- DRA mode (docs/dra.md) ------------------------------------------------------------------
+# Device attributes and capacity of the ResourceSlices the DRA plugin publishes. Unqualified
+# names belong to the driver's domain: a CEL selector reads them as
+# device.attributes["<driver>"].memoryMiB and device.capacity["<driver>"].memory.
+DRA_ATTR_TYPE = "type"  # "gpu" (shared by memory) or "mig"
+DRA_TYPE_GPU = "gpu"
+DRA_TYPE_MIG = "mig"
+DRA_ATTR_UUID = "uuid"
+DRA_ATTR_PRODUCT = "product"  # label form, as the gpu.product node label: "NVIDIA-H100-80GB-HBM3"
+DRA_ATTR_PRODUCT_NAME = "productName"  # as NVML reports it
+DRA_ATTR_MEMORY_MIB = "memoryMiB"  # the whole GPU's (or MIG device's) memory, as gpu.memory-mib
+DRA_ATTR_INDEX = "index"
+DRA_ATTR_MINOR = "minor"
+DRA_ATTR_PCI_BUS_ID = "pciBusID"
+DRA_ATTR_NUMA_NODE = "numaNode"
+DRA_ATTR_NVLINK_PEERS = "nvlinkPeers"  # GPUs of the node this one reaches over NVLink
+DRA_ATTR_NVLINK_DOMAIN = "nvlinkDomain"  # same value on GPUs connected by NVLink (matchAttribute)
+DRA_ATTR_MIG_PROFILE = "migProfile"
+DRA_ATTR_PARENT_UUID = "parentUUID"
+DRA_ATTR_PARENT_INDEX = "parentIndex"
+DRA_CAPACITY_MEMORY = "memory"
+DRA_MAX_DRIVER_NAME_LENGTH = 63
+
 # Memory-unit device IDs are "<GPU UUID>::<unit index>": the GPU is readable from the ID alone,
 # and a 40-character NVML UUID plus "::" and 4 digits stays far below kubelet's 63 characters.
 _UNIT_SEPARATOR = "::"
@@ -213,3 +236,47 @@ class Contract:
     def label_node_enabled(self) -> str:
         """Set by operators on GPU nodes that run the gpuslice device plugin."""
         return f"{self.prefix}/enabled"
+
+    # --- DRA mode (docs/dra.md) ------------------------------------------------------------
+    @property
+    def dra_driver(self) -> str:
+        """The DRA driver name: ResourceSlice spec.driver, the kubelet plugin's name, the domain
+        of its device attributes. ValueError when the prefix makes it longer than the API allows."""
+        name = f"gpu.{self.prefix}"
+        if len(name) > DRA_MAX_DRIVER_NAME_LENGTH:
+            raise ValueError(
+                f"DRA driver name {name!r} is {len(name)} characters; the resource.k8s.io API allows "
+                f"{DRA_MAX_DRIVER_NAME_LENGTH} (shorten resourcePrefix)"
+            )
+        return name
+
+    @property
+    def dra_device_class(self) -> str:
+        """DeviceClass of the GPUs shared by memory (and whole GPUs)."""
+        return f"gpu.{self.prefix}"
+
+    @property
+    def dra_mig_device_class(self) -> str:
+        """DeviceClass of the MIG devices."""
+        return f"mig.{self.prefix}"
+
+    @property
+    def dra_cdi_kind(self) -> str:
+        """CDI kind of the per-claim devices the DRA plugin writes ("k8s.gpu.gpuslice.io/claim")."""
+        return f"k8s.{self.dra_driver}/claim"
+
+    @property
+    def dra_unhealthy_taint(self) -> str:
+        """Device taint key the DRA plugin puts on a GPU or MIG device NVML reports as failed."""
+        return f"{self.dra_driver}/unhealthy"
+
+    @property
+    def label_node_dra(self) -> str:
+        """Set by operators on GPU nodes that run the DRA plugin instead of the device plugin
+        (chart mode "both")."""
+        return f"{self.prefix}/dra"
+
+    @property
+    def dra_template_label(self) -> str:
+        """Label of the ResourceClaimTemplates the webhook creates (value: "webhook")."""
+        return f"{self.prefix}/claim-template"

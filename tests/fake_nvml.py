@@ -3,7 +3,10 @@ built from a NodeInventory so it can present the demo node or any node file.
 
 Beyond discovery it can: inject XID events (`inject_xid`), make a GPU stop answering
 (`fail_gpu`) and answer again (`recover_gpu`), and report settable used memory and utilisation
-(`set_memory_used`, `set_utilization`). Return shapes follow nvidia-ml-py: struct-like objects
+(`set_memory_used`, `set_utilization`). GPU processes (`add_process`, `remove_process`,
+`set_process_utilization`) are listed by the compute/graphics/MPS process queries and count in
+the device's used memory on top of `set_memory_used`; `fail_process_queries` makes those queries
+raise, as a driver in trouble does. Return shapes follow nvidia-ml-py: struct-like objects
 with the same field names, bytes for c_char fields (pci busId, profile name), NVMLError
 subclasses named as pynvml names them. Thread-safe where the plugin calls it from a worker
 thread (event waits).
@@ -48,6 +51,18 @@ class NVMLError_InvalidArgument(NVMLError):
     pass
 
 
+class NVMLError_Unknown(NVMLError):
+    pass
+
+
+class _Process:
+    def __init__(self, pid: int, used_mib: int | None, kind: str) -> None:
+        self.pid = pid
+        self.used_mib = used_mib  # None: NVML_VALUE_NOT_AVAILABLE, which pynvml turns into None
+        self.kind = kind  # "compute", "graphics", "compute+graphics" or "mps"
+        self.sm_util: int | None = None
+
+
 # GPU-instance profiles of an A100 80GB: (NVML constant name, constant, slices, profile id, name suffix)
 _GI_PROFILES = (
     ("NVML_GPU_INSTANCE_PROFILE_1_SLICE", 0, 1, 19, ""),
@@ -69,6 +84,8 @@ class _Gpu:
         self.used_mib = 0
         self.utilization = 0
         self.lost = False
+        self.processes: dict[int, _Process] = {}
+        self.process_error: type[NVMLError] | None = None
         self.migs: list[_Mig] = []
         self.links: list[str] = []  # remote bus id per NVLink
 
@@ -86,6 +103,9 @@ class _Mig:
         self.compute_slices = int(match.group(1) or match.group(2))
         self.suffix = match.group(4) or ""
         self.used_mib = 0
+        self.utilization = 0
+        self.processes: dict[int, _Process] = {}
+        self.process_error: type[NVMLError] | None = None
 
 
 class _EventSet:
@@ -102,6 +122,7 @@ class FakeNvml:
     NVMLError_NotSupported = NVMLError_NotSupported
     NVMLError_NotFound = NVMLError_NotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_Unknown = NVMLError_Unknown
     NVML_DEVICE_MIG_ENABLE = 1
     NVML_DEVICE_MIG_DISABLE = 0
     NVML_FEATURE_ENABLED = 1
@@ -166,6 +187,20 @@ class FakeNvml:
 
     def set_utilization(self, uuid: str, percent: int) -> None:
         self._by_uuid[uuid].utilization = percent
+
+    def add_process(self, uuid: str, pid: int, used_mib: int | None, *, kind: str = "compute") -> None:
+        """Process `pid` holds `used_mib` MiB on GPU or MIG device `uuid` (None: NVML cannot say)."""
+        self._by_uuid[uuid].processes[pid] = _Process(pid, used_mib, kind)
+
+    def remove_process(self, uuid: str, pid: int) -> None:
+        self._by_uuid[uuid].processes.pop(pid, None)
+
+    def set_process_utilization(self, uuid: str, pid: int, sm_percent: int | None) -> None:
+        self._by_uuid[uuid].processes[pid].sm_util = sm_percent
+
+    def fail_process_queries(self, uuid: str, error: type[NVMLError] | None = NVMLError_Unknown) -> None:
+        """The process queries of `uuid` raise `error` (None: answer again)."""
+        self._by_uuid[uuid].process_error = error
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -240,7 +275,7 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
         handle = self._check(handle)
         total = handle.info.memory_mib * _MIB
-        used = handle.used_mib * _MIB
+        used = (handle.used_mib + sum(p.used_mib or 0 for p in handle.processes.values())) * _MIB
         return types.SimpleNamespace(total=total, used=used, free=total - used)
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
@@ -248,6 +283,50 @@ class FakeNvml:
         if isinstance(handle, _Mig):
             raise NVMLError_NotSupported()
         return types.SimpleNamespace(gpu=handle.utilization, memory=0)
+
+    # --- processes ----------------------------------------------------------------------
+
+    def _processes(self, handle: Any, kinds: tuple[str, ...]) -> list[Any]:
+        handle = self._check(handle)
+        if handle.process_error is not None:
+            raise handle.process_error()
+        gi, ci = (handle.gi, handle.ci) if isinstance(handle, _Mig) else (NOT_MIG_SPECIFIC, NOT_MIG_SPECIFIC)
+        return [
+            types.SimpleNamespace(
+                pid=p.pid,
+                usedGpuMemory=None if p.used_mib is None else p.used_mib * _MIB,
+                gpuInstanceId=gi,
+                computeInstanceId=ci,
+            )
+            for p in sorted(handle.processes.values(), key=lambda p: p.pid)
+            if any(kind in p.kind.split("+") for kind in kinds)
+        ]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._processes(handle, ("compute",))
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._processes(handle, ("graphics",))
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._processes(handle, ("mps",))
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timestamp: int) -> list[Any]:
+        handle = self._check(handle)
+        if isinstance(handle, _Mig):
+            raise NVMLError_NotSupported()
+        if handle.process_error is not None:
+            raise handle.process_error()
+        samples = [
+            types.SimpleNamespace(
+                pid=p.pid, timeStamp=timestamp + 1, smUtil=p.sm_util, memUtil=0, encUtil=0, decUtil=0
+            )
+            for p in sorted(handle.processes.values(), key=lambda p: p.pid)
+            if p.sm_util is not None
+        ]
+        if not samples:
+            raise NVMLError_NotFound()  # NVML: no sample since `timestamp`
+        return samples
 
     # --- MIG ----------------------------------------------------------------------------
 

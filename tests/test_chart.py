@@ -9,6 +9,7 @@ import datetime
 import functools
 import ipaddress
 import json
+import pathlib
 from typing import Any
 
 import celpy
@@ -29,7 +30,10 @@ COMBINATION_IDS = list(chartkit.COMBINATIONS)
 
 
 def rendered(combination: str, kube_version: str = chartkit.KUBE_VERSIONS[-1]) -> chartkit.Manifests:
-    return chartkit.render(chartkit.COMBINATIONS[combination], kube_version)
+    values = chartkit.COMBINATIONS[combination]
+    if kube_version.startswith("1.29."):
+        values = chartkit.merged(values, chartkit.UNCONFINED_NODE_WRITES)
+    return chartkit.render(values, kube_version)
 
 
 def prefix_of(combination: str) -> str:
@@ -68,8 +72,9 @@ def test_helm_lint_is_clean_even_with_strict(combination, tmp_path):
 
 
 # A render for Kubernetes 1.30 to 1.35 differs only in the default kube-scheduler tag; 1.29 also
-# leaves out the ValidatingAdmissionPolicy. So each combination is rendered for 1.29 and 1.35 and the
-# default values for every version, and each render is validated against every version it stands for.
+# leaves out the ValidatingAdmissionPolicy (and renders only with allowUnconfinedNodeWrites). So each
+# combination is rendered for 1.29 and 1.35 and the default values for every version, and each
+# render is validated against every version it stands for.
 VALIDATION_CASES = [
     pytest.param(combination, render_version, schema_version, id=f"{combination}-{schema_version[:4]}")
     for combination in COMBINATION_IDS
@@ -115,7 +120,7 @@ def test_the_fast_schema_check_agrees_with_kubernetes_validate(kube_version):
         kubernetes_validate.validate(deployment, kube_version, strict=True)
 
 
-@pytest.mark.parametrize("combination", ["cert-manager", "service-monitor", "everything"])
+@pytest.mark.parametrize("combination", ["cert-manager", "cluster-issuer", "service-monitor", "everything"])
 def test_custom_resources_have_the_shape_their_operators_expect(combination):
     manifests = rendered(combination)
     service = manifests.one("Service", "webhook")
@@ -126,8 +131,11 @@ def test_custom_resources_have_the_shape_their_operators_expect(combination):
         if obj["kind"] in ("Certificate", "Issuer"):
             assert obj["apiVersion"] == "cert-manager.io/v1"
             if obj["kind"] == "Certificate":
-                issuer = manifests.named("Issuer", obj["spec"]["issuerRef"]["name"])
-                assert obj["spec"]["issuerRef"]["kind"] == "Issuer" and issuer
+                ref = obj["spec"]["issuerRef"]
+                if ref["kind"] == "Issuer":
+                    assert manifests.named("Issuer", ref["name"])  # the chart's own
+                else:
+                    assert ref == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
                 assert obj["spec"]["secretName"]
             else:
                 assert set(obj["spec"]) & {"selfSigned", "ca"}
@@ -194,6 +202,84 @@ def test_cert_manager_injects_the_ca_instead_of_a_chart_made_bundle():
     volume = chartkit.volume(manifests.one("Deployment", "webhook"), "tls")
     assert certificate["spec"]["secretName"] == volume["secret"]["secretName"]
     assert not [s for s in manifests.all("Secret") if s["metadata"]["name"] == volume["secret"]["secretName"]]
+
+
+@pytest.mark.parametrize(
+    ("values", "api_versions", "source"),
+    [
+        ({}, (), "generated"),
+        ({}, ("cert-manager.io/v1",), "certManager"),
+        ({"webhook": {"tls": {"source": "generated"}}}, ("cert-manager.io/v1",), "generated"),
+        ({"webhook": {"tls": {"source": "certManager"}}}, (), "certManager"),
+    ],
+    ids=["auto-without-cert-manager", "auto-with-cert-manager", "generated-asked-for", "cert-manager-asked-for"],
+)
+def test_tls_comes_from_cert_manager_wherever_the_cluster_serves_it_unless_told_otherwise(values, api_versions, source):
+    manifests = chartkit.render(values, api_versions=api_versions)
+    annotations = manifests.one("MutatingWebhookConfiguration")["metadata"].get("annotations", {})
+    secret_name = chartkit.volume(manifests.one("Deployment", "webhook"), "tls")["secret"]["secretName"]
+    if source == "certManager":
+        assert manifests.named("Certificate", secret_name)
+        assert annotations["cert-manager.io/inject-ca-from"] == f"{chartkit.NAMESPACE}/{secret_name}"
+        assert not manifests.all("Secret")
+    else:
+        assert manifests.named("Secret", secret_name) and "Certificate" not in manifests.kinds()
+        assert "cert-manager.io/inject-ca-from" not in annotations
+
+
+@pytest.mark.parametrize("combination", ["cert-manager", "cluster-issuer", "tls-secret"])
+def test_gitops_renders_without_cluster_access_are_the_same_every_time(combination, tmp_path):
+    """Argo CD renders with `helm template` (no lookup): only a render that does not change keeps
+    the caBundle and the served certificate in step between syncs."""
+    outputs = set()
+    values = chartkit.COMBINATIONS[combination]
+    for _ in range(2):
+        args = chartkit.template_args(values, tmp_path, "--kube-version", chartkit.KUBE_VERSIONS[-1])
+        result = chartkit.run_helm(*args)
+        assert result.returncode == 0, result.stderr
+        outputs.add(result.stdout)
+    assert len(outputs) == 1
+    # The generated default is the one that cannot be: a new CA every time (see the chart README).
+    fresh = [chartkit.run_helm(*chartkit.template_args({}, tmp_path)).stdout for _ in range(2)]
+    assert fresh[0] != fresh[1]
+
+
+def test_an_existing_cluster_issuer_signs_the_serving_certificate_and_no_issuer_is_created():
+    manifests = rendered("cluster-issuer")
+    assert not manifests.all("Issuer")
+    (certificate,) = manifests.all("Certificate")
+    assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    secret_name = chartkit.volume(manifests.one("Deployment", "webhook"), "tls")["secret"]["secretName"]
+    assert certificate["spec"]["secretName"] == secret_name
+    annotations = manifests.one("MutatingWebhookConfiguration")["metadata"]["annotations"]
+    assert annotations["cert-manager.io/inject-ca-from"] == f"{chartkit.NAMESPACE}/{certificate['metadata']['name']}"
+
+
+def test_an_existing_tls_secret_is_served_and_its_ca_is_the_bundle():
+    manifests = rendered("tls-secret")
+    assert not manifests.all("Secret") and "Certificate" not in manifests.kinds()
+    deployment = manifests.one("Deployment", "webhook")
+    assert chartkit.volume(deployment, "tls")["secret"]["secretName"] == "corp-webhook-tls"
+    for hook in manifests.one("MutatingWebhookConfiguration")["webhooks"]:
+        assert hook["clientConfig"]["caBundle"] == chartkit.sample_ca_bundle()
+    monitored = chartkit.merged(chartkit.COMBINATIONS["tls-secret"], {"serviceMonitor": {"enabled": True}})
+    service_monitor = chartkit.render(monitored)
+    tls = service_monitor.one("ServiceMonitor", "webhook")["spec"]["endpoints"][0]["tlsConfig"]
+    assert tls["ca"]["secret"]["name"] == "corp-webhook-tls"
+
+
+@pytest.mark.parametrize(
+    ("tls", "message"),
+    [
+        ({"source": "secret", "caBundle": "{ca_bundle}"}, "webhook.tls.secretName"),
+        ({"source": "secret", "secretName": "s"}, "webhook.tls.caBundle"),
+        ({"source": "secret", "secretName": "s", "caBundle": "bm90IGEgY2VydA=="}, "PEM certificate"),
+    ],
+    ids=["no-secret-name", "no-ca-bundle", "not-a-certificate"],
+)
+def test_an_incomplete_existing_secret_setting_is_refused(tls, message, tmp_path):
+    result = chartkit.run_helm(*chartkit.template_args({"webhook": {"tls": tls}}, tmp_path))
+    assert result.returncode != 0 and message in result.stderr
 
 
 # --- admission scoping -----------------------------------------------------------------------------
@@ -483,7 +569,19 @@ POLICY_CASES = [
     ("removes-opt-in-label", {"{prefix}/enabled": None}, {}, "gpu-1", False),
     ("changes-hostname-label", {"kubernetes.io/hostname": "x"}, {}, "gpu-1", False),
     ("adds-a-taint", {}, {"taints": [{"key": "k", "effect": "NoSchedule"}]}, "gpu-1", False),
+    ("adds-an-owner-reference", {"{prefix}/gpu.free-units": "300"}, {}, "gpu-1", False),
+    ("adds-a-finalizer", {"{prefix}/gpu.free-units": "300"}, {}, "gpu-1", False),
+    ("removes-a-finalizer", {}, {}, "gpu-1", False),
 ]
+# Metadata besides labels that a case changes: (before, after).
+POLICY_METADATA = {
+    "adds-an-owner-reference": (
+        {},
+        {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "doomed", "uid": "1"}]},
+    ),
+    "adds-a-finalizer": ({}, {"finalizers": ["example.com/keep"]}),
+    "removes-a-finalizer": ({"finalizers": ["example.com/keep"]}, {}),
+}
 
 
 @pytest.mark.parametrize("combination", ["defaults", "custom-prefix"])
@@ -505,7 +603,14 @@ def test_node_patch_policy_confines_the_plugin_to_its_own_nodes_prefixed_labels(
             new_labels[key] = value
     plugin_sa = manifests.one("ServiceAccount", "device-plugin")["metadata"]["name"]
     username = f"system:serviceaccount:{chartkit.NAMESPACE}:{plugin_sa}"
-    request = admission_request(username, "gpu-1", {"metadata": {"labels": old_labels}}, {"metadata": {"labels": new_labels}, "spec": spec}, claim)
+    old_metadata, new_metadata = POLICY_METADATA.get(case, ({}, {}))
+    request = admission_request(
+        username,
+        "gpu-1",
+        {"metadata": {"labels": old_labels, **old_metadata}},
+        {"metadata": {"labels": new_labels, **new_metadata}, "spec": spec},
+        claim,
+    )
     matched, failed = evaluate_policy(policy, request)
     assert matched
     assert (not failed) is allowed, failed
@@ -516,9 +621,44 @@ def test_node_patch_policy_confines_the_plugin_to_its_own_nodes_prefixed_labels(
 
 @pytest.mark.parametrize(("kube_version", "expected"), [("1.29.0", False), ("1.30.0", True), ("1.35.0", True)])
 def test_node_patch_policy_is_installed_where_the_api_and_the_node_claim_exist(kube_version, expected):
-    kinds = chartkit.render({}, kube_version).kinds()
+    kinds = chartkit.render(chartkit.UNCONFINED_NODE_WRITES, kube_version).kinds()
     assert ("ValidatingAdmissionPolicy" in kinds) is expected
     assert ("ValidatingAdmissionPolicyBinding" in kinds) is expected
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "values", "reason"),
+    [
+        ("1.29.0", {}, "no ValidatingAdmissionPolicy v1"),
+        ("1.35.0", {"devicePlugin": {"nodePatchPolicy": {"enabled": False}}}, "nodePatchPolicy.enabled is false"),
+    ],
+    ids=["kubernetes-1.29", "policy-disabled"],
+)
+def test_unconfined_node_writes_are_refused_unless_accepted(kube_version, values, reason, tmp_path):
+    refused = chartkit.run_helm(*chartkit.template_args(values, tmp_path, "--kube-version", kube_version))
+    assert refused.returncode != 0
+    assert reason in refused.stderr and "allowUnconfinedNodeWrites=true" in refused.stderr
+    assert "patch every node" in refused.stderr
+
+    accepted = chartkit.merged(values, chartkit.UNCONFINED_NODE_WRITES)
+    manifests = chartkit.render(accepted, kube_version)
+    assert "ValidatingAdmissionPolicy" not in manifests.kinds()
+    assert manifests.one("DaemonSet", "device-plugin")
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "values"),
+    [("1.29.0", {}), ("1.35.0", {"devicePlugin": {"nodePatchPolicy": {"enabled": False}}})],
+    ids=["kubernetes-1.29", "policy-disabled"],
+)
+def test_the_notes_warn_loudly_when_node_writes_are_unconfined(kube_version, values, tmp_path):
+    accepted = chartkit.merged(values, chartkit.UNCONFINED_NODE_WRITES)
+    notes = install_notes(accepted, tmp_path, kube_version)
+    assert "WARNING: NODE WRITES ARE NOT CONFINED" in notes and "EVERY node" in notes
+    # The warning is only there when it is true.
+    assert "NOT CONFINED" not in install_notes(chartkit.UNCONFINED_NODE_WRITES, tmp_path, "1.30.0")
+    no_plugin = chartkit.merged(accepted, {"devicePlugin": {"enabled": False}})
+    assert "NOT CONFINED" not in install_notes(no_plugin, tmp_path, kube_version)
 
 
 # --- pod security ----------------------------------------------------------------------------------
@@ -553,7 +693,35 @@ def test_every_pod_runs_locked_down(combination):
 def test_device_plugin_is_privileged_only_when_asked_for_driver_root_without_a_runtime():
     manifests = chartkit.render({"devicePlugin": {"runtimeClassName": "", "driverRoot": "/run/nvidia/driver", "privileged": True}})
     daemonset = manifests.one("DaemonSet", "device-plugin")
-    assert chartkit.container(daemonset)["securityContext"]["privileged"] is True
+    context = chartkit.container(daemonset)["securityContext"]
+    # The API refuses privileged together with allowPrivilegeEscalation false.
+    assert context == {"privileged": True, "readOnlyRootFilesystem": True}
+    assert chartkit.schema_errors(daemonset, chartkit.KUBE_VERSIONS[-1]) == []
+
+
+def test_security_contexts_are_values_merged_over_the_locked_down_defaults():
+    manifests = chartkit.render(
+        {
+            "webhook": {"podSecurityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": None}},
+            "devicePlugin": {"securityContext": {"seLinuxOptions": {"type": "spc_t"}}},
+            "scheduler": {
+                "enabled": True,
+                "podSecurityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "s.json"}},
+            },
+        }
+    )
+    webhook_pod = chartkit.pod_spec(manifests.one("Deployment", "webhook"))["securityContext"]
+    expected = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000}
+    expected["seccompProfile"] = {"type": "RuntimeDefault"}
+    assert webhook_pod == expected  # fsGroup removed by null, the rest kept
+    plugin = chartkit.container(manifests.one("DaemonSet", "device-plugin"))["securityContext"]
+    assert plugin["seLinuxOptions"] == {"type": "spc_t"} and plugin["capabilities"] == {"drop": ["ALL"]}
+    scheduler_pod = chartkit.pod_spec(manifests.one("Deployment", "scheduler"))["securityContext"]
+    assert scheduler_pod["seccompProfile"] == {"type": "Localhost", "localhostProfile": "s.json"}
+    assert scheduler_pod["runAsNonRoot"] is True
+    for obj in manifests:
+        if obj["kind"] not in CRD_KINDS:
+            assert chartkit.schema_errors(obj, chartkit.KUBE_VERSIONS[-1]) == []
 
 
 def test_webhook_probes_use_https_on_healthz_and_readyz():
@@ -573,17 +741,102 @@ def test_webhook_keeps_two_replicas_spread_across_nodes_under_a_disruption_budge
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    spread = chartkit.pod_spec(deployment)["topologySpreadConstraints"]
-    assert "kubernetes.io/hostname" in {c["topologyKey"] for c in spread}
-    anti = chartkit.pod_spec(deployment)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    for term in [*spread, anti[0]["podAffinityTerm"]]:
+    spread = {c["topologyKey"]: c for c in chartkit.pod_spec(deployment)["topologySpreadConstraints"]}
+    # Strict across nodes (as required anti-affinity would be where there are enough nodes), yet a
+    # one-node cluster still runs both replicas: only nodes the pods may use are counted as domains.
+    hostname = spread["kubernetes.io/hostname"]
+    assert hostname["whenUnsatisfiable"] == "DoNotSchedule" and hostname["maxSkew"] == 1
+    assert hostname["nodeTaintsPolicy"] == "Honor"  # tainted GPU nodes and cordoned nodes do not count
+    assert hostname.get("nodeAffinityPolicy", "Honor") == "Honor"
+    assert hostname["matchLabelKeys"] == ["pod-template-hash"]  # each rollout spread on its own
+    assert spread["topology.kubernetes.io/zone"]["whenUnsatisfiable"] == "ScheduleAnyway"
+    for term in spread.values():
         assert term["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert "affinity" not in chartkit.pod_spec(deployment)  # nothing required that a small cluster cannot meet
     budget = manifests.one("PodDisruptionBudget", "webhook")
-    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": budget["spec"]["selector"]}
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     service = manifests.one("Service", "webhook")
     assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def allowed_disruptions(budget: dict[str, Any], healthy: int) -> int:
+    """What the disruption controller allows with `healthy` pods of as many expected (no eviction
+    at 0: a drain waits for ever)."""
+    spec = budget["spec"]
+
+    def pods(value: int | str) -> int:
+        if isinstance(value, str) and value.endswith("%"):
+            return -(-int(value[:-1]) * healthy // 100)  # rounded up, as the controller does
+        return int(value)
+
+    if "maxUnavailable" in spec:
+        return max(0, healthy - (healthy - pods(spec["maxUnavailable"])))
+    return max(0, healthy - pods(spec["minAvailable"]))
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+@pytest.mark.parametrize(
+    "budget_values", [{}, {"minAvailable": "50%"}, {"minAvailable": 1}], ids=["default", "half", "one"]
+)
+def test_the_webhook_budget_never_blocks_a_drain(replicas, budget_values, tmp_path):
+    values = {"webhook": {"replicas": replicas, "podDisruptionBudget": budget_values}}
+    result = chartkit.run_helm(*chartkit.template_args(values, tmp_path))
+    minimum = budget_values.get("minAvailable", 0)
+    required = -(-int(minimum[:-1]) * replicas // 100) if isinstance(minimum, str) else minimum
+    if required >= replicas:  # e.g. minAvailable 1 of 1 replica: no eviction would ever be allowed
+        assert result.returncode != 0 and "would block every node drain" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    budget = chartkit.parse(result.stdout).one("PodDisruptionBudget", "webhook")
+    assert allowed_disruptions(budget, replicas) >= 1
+
+
+@pytest.mark.parametrize(
+    "budget_values",
+    [{"minAvailable": 2}, {"minAvailable": "100%"}, {"minAvailable": "60%"}, {"maxUnavailable": 0}],
+    ids=["min-2-of-2", "min-100-percent", "min-60-percent-of-2", "max-unavailable-0"],
+)
+def test_a_budget_that_would_block_every_drain_is_refused(budget_values, tmp_path):
+    values = {"webhook": {"replicas": 2, "podDisruptionBudget": budget_values}}
+    result = chartkit.run_helm(*chartkit.template_args(values, tmp_path))
+    assert result.returncode != 0
+    assert "block every node drain" in result.stderr or "maxUnavailable" in result.stderr
+
+
+def test_one_webhook_replica_is_warned_about_in_the_notes(tmp_path):
+    notes = install_notes({"webhook": {"replicas": 1}}, tmp_path)
+    assert "webhook.replicas is 1" in notes and "refused" in notes
+    assert "webhook.replicas is 1" not in install_notes({}, tmp_path)
+
+
+# --- the webhook's NetworkPolicy ------------------------------------------------------------------
+
+
+def test_network_policy_admits_only_the_api_server_and_extra_rules_to_the_webhook_port():
+    manifests = rendered("network-policy")
+    policy = manifests.one("NetworkPolicy", "webhook")
+    deployment = manifests.one("Deployment", "webhook")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress to the API server stays open
+    api_server, *extra = policy["spec"]["ingress"]
+    values = chartkit.COMBINATIONS["network-policy"]["webhook"]["networkPolicy"]
+    assert api_server["from"] == values["apiServer"]
+    port = chartkit.container(deployment)["ports"][0]["containerPort"]
+    assert api_server["ports"] == [{"port": port, "protocol": "TCP"}]
+    assert extra == values["extraIngress"]
+    # The Service's target port is that port: the policy covers the path the API server takes.
+    service = manifests.one("Service", "webhook")
+    assert service["spec"]["ports"][0]["targetPort"] == chartkit.container(deployment)["ports"][0]["name"]
+
+
+def test_no_network_policy_unless_enabled_and_none_without_api_server_peers(tmp_path):
+    assert not rendered("defaults").all("NetworkPolicy")
+    result = chartkit.run_helm(*chartkit.template_args({"webhook": {"networkPolicy": {"enabled": True}}}, tmp_path))
+    assert result.returncode != 0
+    assert "webhook.networkPolicy.apiServer" in result.stderr
 
 
 # --- the device plugin's DaemonSet -----------------------------------------------------------------
@@ -618,20 +871,51 @@ def test_daemonset_mounts_the_kubelet_directories_the_plugin_is_told_about(combi
 
 
 @pytest.mark.parametrize("combination", COMBINATION_IDS)
-def test_daemonset_mounts_mps_and_cdi_directories_only_when_configured(combination, tmp_path):
+def test_daemonset_mounts_only_the_host_paths_the_plugin_opens_and_writes_only_its_socket_directory(
+    combination, tmp_path
+):
+    """With cdi-cri and MPS the plugin only names CDI devices and the pipe directory in its Allocate
+    answers, so neither /var/run/cdi (CDI specs can carry host hooks) nor the pipe is mounted."""
     manifests = rendered(combination)
     settings = shared_config(manifests, tmp_path)
     daemonset = manifests.one("DaemonSet", "device-plugin")
     host_paths = {v["hostPath"]["path"] for v in chartkit.pod_spec(daemonset)["volumes"] if "hostPath" in v}
-    assert (settings.mps.pipe_directory in host_paths) is settings.mps.enabled
-    if settings.mps.enabled:
-        assert host_path_for(daemonset, settings.mps.pipe_directory)["path"] == settings.mps.pipe_directory
-    assert ("/var/run/cdi" in host_paths) is (settings.device_list_strategy == "cdi-cri")
     expected = {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"}
-    expected |= {settings.mps.pipe_directory} if settings.mps.enabled else set()
-    expected |= {"/var/run/cdi"} if settings.device_list_strategy == "cdi-cri" else set()
     expected |= {"/run/nvidia/driver"} if combination == "driver-root" else set()
+    expected |= {"/proc"} if settings.monitor.enabled else set()  # read-only: GPU processes' cgroups
     assert host_paths == expected
+    assert "/var/run/cdi" not in host_paths and settings.mps.pipe_directory not in host_paths
+    plugin = chartkit.container(daemonset)
+    host_volumes = {v["name"] for v in chartkit.pod_spec(daemonset)["volumes"] if "hostPath" in v}
+    writable = {m["mountPath"] for m in plugin["volumeMounts"] if m["name"] in host_volumes and not m.get("readOnly")}
+    assert writable == {chartkit.arg_value(plugin, "--kubelet-dir")}  # where it creates its socket
+
+
+def test_only_the_dra_plugin_which_writes_cdi_specs_mounts_the_cdi_directory():
+    values = {"mode": "both", "dra": {"consumableCapacityGateEnabled": True, "cdiSpecDir": "/etc/cdi"}}
+    values["config"] = {"deviceListStrategy": "cdi-cri", "mps": {"enabled": True}}
+    manifests = chartkit.render(values)
+    mounting = {}
+    for daemonset in manifests.all("DaemonSet"):
+        volumes = chartkit.pod_spec(daemonset)["volumes"]
+        host_paths = {v["name"]: v["hostPath"]["path"] for v in volumes if "hostPath" in v}
+        for mount in chartkit.container(daemonset)["volumeMounts"]:
+            if host_paths.get(mount["name"]) == "/etc/cdi":
+                mounting[daemonset["metadata"]["labels"]["app.kubernetes.io/component"]] = mount.get("readOnly", False)
+    assert mounting == {"dra-plugin": False}  # read-write, and nowhere else
+
+
+def test_mps_and_cdi_reach_workloads_through_allocate_not_through_the_plugin_pod(tmp_path):
+    """What the chart no longer mounts is still handed to workloads: the plugin names the host pipe
+    directory and CDI devices in its Allocate answers."""
+    from gpuslice.deviceplugin import allocation, response
+
+    manifests = rendered("everything")
+    settings = shared_config(manifests, tmp_path)
+    grant = allocation.MemoryGrant(gpu_uuids=("GPU-0",), units=160, memory_mib=40960, fraction=0.5)
+    answer = response.memory_response(grant, settings)
+    assert settings.mps.pipe_directory in [m.host_path for m in answer.mounts]
+    assert [d.name for d in answer.cdi_devices] == [f"{settings.cdi_kind}=GPU-0"]
 
 
 def test_daemonset_runs_on_opted_in_gpu_nodes_with_nvml_from_the_nvidia_runtime():
@@ -644,6 +928,102 @@ def test_daemonset_runs_on_opted_in_gpu_nodes_with_nvml_from_the_nvidia_runtime(
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
     custom = chartkit.pod_spec(rendered("custom-prefix").one("DaemonSet", "device-plugin"))
     assert custom["nodeSelector"] == {contract.Contract(prefix="gpu.example.com").label_node_enabled: "true"}
+
+
+def node_matches(spec: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a node with `labels` satisfies a pod spec's nodeSelector and required node affinity."""
+    if any(labels.get(k) != v for k, v in spec.get("nodeSelector", {}).items()):
+        return False
+    required = spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return True
+
+    def holds(expression: dict[str, Any]) -> bool:
+        assert expression["operator"] in ("In", "NotIn"), expression  # the only operators the chart uses
+        return (labels.get(expression["key"]) in expression["values"]) is (expression["operator"] == "In")
+
+    return any(all(holds(e) for e in term["matchExpressions"]) for term in required["nodeSelectorTerms"])
+
+
+NODE_CASES = [
+    # (id, node labels, runs with optInLabel, with gpuFeatureLabels (and nodeSelector node-pool=gpu))
+    ("opted-in", {"{prefix}/enabled": "true", "node-pool": "gpu"}, True, False),
+    ("gfd-labelled", {"nvidia.com/gpu.present": "true", "node-pool": "gpu"}, False, True),
+    ("nfd-labelled", {"feature.node.kubernetes.io/pci-10de.present": "true", "node-pool": "gpu"}, False, True),
+    ("gfd-labelled-other-pool", {"nvidia.com/gpu.present": "true", "node-pool": "cpu"}, False, False),
+    ("gfd-says-no-gpu", {"nvidia.com/gpu.present": "false", "node-pool": "gpu"}, False, False),
+    ("plain-node", {"node-pool": "gpu"}, False, False),
+]
+
+
+@pytest.mark.parametrize(("case", "labels", "opt_in", "feature_labels"), NODE_CASES, ids=[c[0] for c in NODE_CASES])
+def test_node_selection_by_opt_in_label_or_by_gpu_feature_discovery_labels(case, labels, opt_in, feature_labels):
+    labels = {k.replace("{prefix}", contract.DEFAULT_PREFIX): v for k, v in labels.items()}
+    by_label = chartkit.pod_spec(rendered("defaults").one("DaemonSet", "device-plugin"))
+    by_features = chartkit.pod_spec(rendered("gpu-feature-labels").one("DaemonSet", "device-plugin"))
+    assert node_matches(by_label, labels) is opt_in
+    assert node_matches(by_features, labels) is feature_labels
+    assert contract.Contract().label_node_enabled not in by_features["nodeSelector"]
+
+
+@pytest.mark.parametrize("selection", ["optInLabel", "gpuFeatureLabels", "none"])
+def test_the_mps_control_daemon_runs_on_exactly_the_plugins_nodes(selection):
+    values = {"config": {"mps": {"enabled": True}}, "devicePlugin": {"nodeSelection": selection}}
+    manifests = chartkit.render(values)
+    plugin = chartkit.pod_spec(manifests.one("DaemonSet", "device-plugin"))
+    daemon = chartkit.pod_spec(manifests.one("DaemonSet", "mps-control-daemon"))
+    for field in ("nodeSelector", "affinity", "tolerations"):
+        assert daemon.get(field) == plugin.get(field), field
+
+
+def test_in_mode_both_gpu_feature_labels_leave_the_dra_nodes_to_the_dra_plugin():
+    values = {
+        "mode": "both",
+        "dra": {"consumableCapacityGateEnabled": True},
+        "devicePlugin": {"nodeSelection": "gpuFeatureLabels"},
+    }
+    manifests = chartkit.render(values)
+    plugin = chartkit.pod_spec(manifests.one("DaemonSet", "device-plugin"))
+    dra = chartkit.pod_spec(manifests.one("DaemonSet", "dra-plugin"))
+    prefix = contract.DEFAULT_PREFIX
+    gpu_node = {"nvidia.com/gpu.present": "true"}
+    dra_node = {**gpu_node, f"{prefix}/dra": "true"}
+    assert node_matches(plugin, gpu_node) and not node_matches(plugin, dra_node)
+    assert node_matches(dra, dra_node) and not node_matches(dra, gpu_node)
+
+
+def test_gpu_feature_labels_refuse_a_required_node_affinity_of_your_own(tmp_path):
+    own = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Exists"}]}]}
+    required = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": own}}
+    values = {"devicePlugin": {"nodeSelection": "gpuFeatureLabels", "affinity": required}}
+    result = chartkit.run_helm(*chartkit.template_args(values, tmp_path))
+    assert result.returncode != 0 and "devicePlugin.nodeSelector" in result.stderr
+    # Preferences and pod affinity are kept beside the chart's required terms.
+    preferred = [{"weight": 1, "preference": {"matchExpressions": [{"key": "b", "operator": "Exists"}]}}]
+    values["devicePlugin"]["affinity"] = {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}
+    }
+    affinity = chartkit.pod_spec(chartkit.render(values).one("DaemonSet", "device-plugin"))["affinity"]
+    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == preferred
+    assert len(affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]) == 2
+
+
+def test_node_selection_none_leaves_only_your_selector():
+    values = {"devicePlugin": {"nodeSelection": "none", "nodeSelector": {"gpu": "yes"}}}
+    spec = chartkit.pod_spec(chartkit.render(values).one("DaemonSet", "device-plugin"))
+    assert spec["nodeSelector"] == {"gpu": "yes"} and "affinity" not in spec
+
+
+@pytest.mark.parametrize("combination", ["gpu-feature-labels", "everything"])
+def test_image_pull_secrets_reach_every_pod_in_the_pod_spec_form(combination):
+    manifests = rendered(combination)
+    given = chartkit.COMBINATIONS[combination]["imagePullSecrets"]
+    expected = [{"name": s if isinstance(s, str) else s["name"]} for s in given]
+    workloads = manifests.all("Deployment") + manifests.all("DaemonSet")
+    assert {w["metadata"]["labels"]["app.kubernetes.io/component"] for w in workloads} >= {"webhook", "device-plugin"}
+    for workload in workloads:
+        assert chartkit.pod_spec(workload)["imagePullSecrets"] == expected, workload["metadata"]["name"]
+    assert all("imagePullSecrets" not in chartkit.pod_spec(w) for w in rendered("defaults").all("Deployment"))
 
 
 def test_driver_root_mode_mounts_the_driver_read_only_and_drops_the_runtime_class():
@@ -705,6 +1085,29 @@ def _flatten(mapping: dict[str, Any], prefix: str = ""):
             yield prefix + key, value
 
 
+def test_values_schema_refuses_unknown_keys_in_every_section_it_describes():
+    """additionalProperties false wherever the chart knows every key; free-form only where a value
+    is a Kubernetes object passed through (affinity, resources, security contexts, ...)."""
+    schema = json.loads((chartkit.CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((chartkit.CHART / "values.yaml").read_text())
+    assert schema["additionalProperties"] is False
+    assert set(values) <= set(schema["properties"])
+
+    def sections(node: dict[str, Any], path: str = ""):
+        for key, prop in node.get("properties", {}).items():
+            if "properties" in prop:
+                yield f"{path}{key}", prop
+                yield from sections(prop, f"{path}{key}.")
+
+    open_sections = [path for path, prop in sections(schema) if prop.get("additionalProperties") is not False]
+    assert open_sections == []
+
+
+def test_a_parent_chart_can_pass_global_values(tmp_path):
+    result = chartkit.run_helm(*chartkit.template_args({"global": {"imageRegistry": "mirror.example.com"}}, tmp_path))
+    assert result.returncode == 0, result.stderr
+
+
 def test_values_schema_checks_config_as_the_components_would():
     schema = json.loads((chartkit.CHART / "values.schema.json").read_text())
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string", tuple: "array"}
@@ -738,6 +1141,15 @@ def test_config_changes_roll_the_pods():
         ({"scheduler": {"weights": {"gpuMemory": 500}}}, "gpuMemory"),
         ({"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
         ({"scheduler": {"enabled": True}, "config": {"schedulerName": "other"}}, "config.schedulerName"),
+        ({"imagePullSecret": [{"name": "x"}]}, "imagePullSecret"),
+        ({"webhooks": {"replicas": 3}}, "webhooks"),
+        ({"imagePullSecrets": [{"nmae": "x"}]}, "imagePullSecrets"),
+        ({"devicePlugin": {"nodeSelection": "gfd"}}, "nodeSelection"),
+        ({"webhook": {"tls": {"source": "vault"}}}, "source"),
+        ({"certManager": {"enabled": True}}, "webhook.tls.source"),
+        ({"webhook": {"runAsUser": 1000}}, "webhook.podSecurityContext.runAsUser"),
+        ({"devicePlugin": {"requireOptInLabel": False}}, "devicePlugin.nodeSelection"),
+        ({"devicePlugin": {"cdiSpecDir": "/etc/cdi"}}, "dra.cdiSpecDir"),
     ],
     ids=[
         "bad-prefix",
@@ -748,6 +1160,15 @@ def test_config_changes_roll_the_pods():
         "weight-over-100",
         "timeout-over-30",
         "scheduler-name-mismatch",
+        "misspelt-top-level-key",
+        "misspelt-top-level-section",
+        "pull-secret-without-name",
+        "unknown-node-selection",
+        "unknown-tls-source",
+        "removed-cert-manager-enabled",
+        "removed-webhook-run-as-user",
+        "removed-require-opt-in-label",
+        "removed-cdi-spec-dir",
     ],
 )
 def test_bad_values_are_refused_with_a_message_naming_them(values, message, tmp_path):
@@ -815,17 +1236,48 @@ def test_every_object_carries_the_app_kubernetes_io_labels(combination):
                 assert selector.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_notes_tell_how_to_annotate_a_pod_and_check_the_result():
-    result = chartkit.run_helm(
-        "install", chartkit.RELEASE, str(chartkit.CHART), "--namespace", chartkit.NAMESPACE, "--dry-run=client"
-    )
-    assert result.returncode == 0, result.stderr
-    notes = result.stdout.split("NOTES:", 1)[1]
+def install_notes(values: dict[str, Any], tmp_path, kube_version: str = chartkit.KUBE_VERSIONS[-1]) -> str:
+    """NOTES.txt as `helm install` prints it, for `kube_version` (chartkit.render_notes)."""
+    return chartkit.render_notes(values, tmp_path, kube_version)
+
+
+def test_notes_tell_how_to_annotate_a_pod_and_check_the_result(tmp_path):
+    notes = install_notes({}, tmp_path)
     c = contract.Contract()
     assert f"{contract.KAI_GPU_FRACTION}: " in notes
     assert c.decision_annotation in notes
     assert "kubectl describe node" in notes and c.gpu_memory_resource in notes
     assert f"{c.label_node_enabled}=true" in notes
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"config": {"steering": {"cpuPods": False}}},
+        {"config": {"convertWholeGpus": True}},
+        {"webhook": {"excludeNamespaces": ["batch"]}},
+    ],
+    ids=["defaults", "cpu-pods-off", "whole-gpu-conversion", "excluded-namespace"],
+)
+def test_notes_say_exactly_which_pods_each_webhook_entry_intercepts_and_how_to_stop_it(values, tmp_path):
+    notes = " ".join(install_notes(values, tmp_path).split())  # one line: the text wraps anywhere
+    manifests = chartkit.render(values)
+    entries = webhook_entries(manifests)
+    c = contract.Contract()
+    for name, hook in entries.items():
+        assert f"{hook['name']} (failurePolicy {hook['failurePolicy']}" in notes, name
+    for annotation in (*contract.KAI_ANNOTATIONS, c.isolation_annotation):
+        assert annotation in notes
+    assert ("requesting nvidia.com/gpu" in notes) is bool(values.get("config", {}).get("convertWholeGpus"))
+    (excluded,) = entries["pods"]["namespaceSelector"]["matchExpressions"]
+    assert f"never in {', '.join(excluded['values'])})" in notes
+    if "cpu-pods" in entries:
+        assert "EVERY OTHER pod that asks for no GPU" in notes
+        assert f'{c.label_pod_cpu_steering}: "off"' in notes
+        assert "--set config.steering.cpuPods=false" in notes
+    else:
+        assert "cpu-pods." not in notes and "EVERY OTHER" not in notes
 
 
 def test_webhook_only_install_leaves_out_every_node_side_object():
@@ -861,3 +1313,32 @@ def test_the_components_accept_the_arguments_the_chart_gives_them(combination, t
     args = webhook_main.build_parser().parse_args(with_local_config(webhook))
     assert config.from_args(args, environ={}) == expected
     assert args.port == webhook["ports"][0]["containerPort"]
+
+
+@pytest.mark.parametrize(
+    "url, san",
+    [
+        ("https://127.0.0.1:9443", "IP:127.0.0.1"),
+        ("https://[::1]:9443/base", "IP:::1"),
+        ("https://webhook.dev.example.com", "DNS:webhook.dev.example.com"),
+    ],
+    ids=["ipv4", "ipv6-with-path", "dns-name"],
+)
+def test_an_external_webhook_url_replaces_the_service_and_the_certificate_names_its_host(url: str, san: str) -> None:
+    manifests = chartkit.render({"webhook": {"externalURL": url, "tls": {"source": "generated"}}})
+    for hook in manifests.one("MutatingWebhookConfiguration")["webhooks"]:
+        assert hook["clientConfig"] == {"url": url + "/mutate", "caBundle": hook["clientConfig"]["caBundle"]}
+    secret = manifests.one("Secret", "webhook")
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    shown = {f"DNS:{n}" for n in names.get_values_for_type(x509.DNSName)}
+    shown |= {f"IP:{n}" for n in names.get_values_for_type(x509.IPAddress)}
+    assert san in shown
+    assert "DNS:gpuslice-webhook.gpuslice.svc" in shown  # the in-cluster names stay
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9443", "https://host/path?query=1", "https://", "127.0.0.1:9443"])
+def test_an_external_webhook_url_that_is_not_a_plain_https_url_is_refused(url: str, tmp_path: pathlib.Path) -> None:
+    result = chartkit.run_helm(*chartkit.template_args({"webhook": {"externalURL": url}}, tmp_path))
+    assert result.returncode != 0
+    assert "externalURL" in result.stderr

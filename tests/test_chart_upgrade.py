@@ -1,8 +1,8 @@
 """The chart against an API server: its generated TLS stays the same across `helm upgrade`, and it
 adapts to the cluster's version.
 
-helm renders with `--dry-run=server`, which is what install and upgrade do before applying: it asks
-the API server for its version and resources (discovery) and answers the chart's `lookup` calls. The
+helm renders with `install --dry-run=server`, which is what install and upgrade do before applying: it
+asks the API server for its version and resources (discovery) and answers the chart's `lookup` calls. The
 API server here is a small aiohttp app that answers exactly those reads, as kube-apiserver does.
 """
 
@@ -64,6 +64,8 @@ class FakeApiServer:
     git_version: str = "v1.31.2"
     objects: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # path -> object
     requests: list[str] = dataclasses.field(default_factory=list)
+    # API groups served besides RESOURCES (e.g. cert-manager's), in RESOURCES' shape.
+    extra_groups: dict[str, tuple[str, list[tuple[str, str, bool]]]] = dataclasses.field(default_factory=dict)
 
     def store(self, obj: dict[str, Any]) -> None:
         """Keep `obj` as helm would have left it: with the release's ownership metadata."""
@@ -77,6 +79,7 @@ class FakeApiServer:
     async def handle(self, request: web.Request) -> web.Response:
         self.requests.append(f"{request.method} {request.path}")
         path = request.path
+        served = {**RESOURCES, **self.extra_groups}
         if path == "/version":
             major, minor = self.git_version.lstrip("v").split(".")[:2]
             return web.json_response({"major": major, "minor": minor, "gitVersion": self.git_version})
@@ -89,11 +92,11 @@ class FakeApiServer:
                     "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
                     "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version},
                 }
-                for group, (version, _) in RESOURCES.items()
+                for group, (version, _) in served.items()
                 if group
             ]
             return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
-        for group, (version, resources) in RESOURCES.items():
+        for group, (version, resources) in served.items():
             group_version = f"{group}/{version}" if group else version
             if path == ("/api/v1" if not group else f"/apis/{group_version}"):
                 return web.json_response(
@@ -146,13 +149,31 @@ async def api_server(tmp_path: pathlib.Path):
         await runner.cleanup()
 
 
+def install_args(values: dict[str, Any] | None, tmp_path: pathlib.Path) -> list[str]:
+    """`helm install --dry-run=server`: the render install and upgrade apply, with the cluster's
+    version, API groups and lookups (helm 3's `template` would not ask the cluster for them)."""
+    args = ["install", chartkit.RELEASE, str(chartkit.CHART), "--namespace", chartkit.NAMESPACE]
+    args += ["-f", str(chartkit.values_file(values or {}, tmp_path))]
+    return [*args, "--dry-run=server", "--disable-openapi-validation"]
+
+
 async def render_against(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, values: dict[str, Any] | None = None):
     """helm's pre-apply render of an install or upgrade, against the fake API server."""
-    args = chartkit.template_args(values or {}, tmp_path, "--dry-run=server", "--disable-openapi-validation")
+    output = await helm_against(kubeconfig, tmp_path, install_args(values, tmp_path))
+    return chartkit.parse(output.split("\nMANIFEST:\n", 1)[1].split("\nNOTES:\n", 1)[0])
+
+
+async def notes_against(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, values: dict[str, Any]) -> str:
+    """The NOTES `helm install` prints for the fake API server's cluster."""
+    return (await helm_against(kubeconfig, tmp_path, install_args(values, tmp_path))).split("\nNOTES:\n", 1)[1]
+
+
+async def helm_against(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, args: list[str], *, ok: bool = True) -> str:
+    """helm's stdout (or, with ok=False, its stderr after it failed) talking to the fake API server."""
     home = tmp_path / "helm-home"
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(home), "HELM_CONFIG_HOME": str(home), "HELM_DATA_HOME": str(home)}
     process = await asyncio.create_subprocess_exec(
-        str(chartkit.HELM), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+        str(chartkit.require_helm()), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
     )
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
@@ -160,8 +181,11 @@ async def render_against(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, value
         if process.returncode is None:
             process.kill()
             await process.wait()
+    if not ok:
+        assert process.returncode != 0, stdout.decode()
+        return stderr.decode()
     assert process.returncode == 0, stderr.decode()
-    return chartkit.parse(stdout.decode())
+    return stdout.decode()
 
 
 def tls_of(manifests: chartkit.Manifests) -> tuple[dict[str, Any], str]:
@@ -209,7 +233,37 @@ async def test_a_secret_missing_keys_is_replaced_not_half_reused(api_server, tmp
 async def test_chart_follows_the_cluster_version(api_server, tmp_path, git_version, scheduler_tag, node_policy):
     server, kubeconfig = api_server
     server.git_version = git_version
-    manifests = await render_against(kubeconfig, tmp_path, {"scheduler": {"enabled": True}})
+    values = {"scheduler": {"enabled": True}}
+    if not node_policy:  # 1.29: the chart renders only when unconfined node writes are accepted
+        values = chartkit.merged(values, chartkit.UNCONFINED_NODE_WRITES)
+    manifests = await render_against(kubeconfig, tmp_path, values)
     scheduler = chartkit.container(manifests.one("Deployment", "scheduler"))
     assert scheduler["image"] == f"registry.k8s.io/kube-scheduler:{scheduler_tag}"
     assert ("ValidatingAdmissionPolicy" in manifests.kinds()) is node_policy
+
+
+async def test_tls_source_auto_uses_cert_manager_when_the_cluster_serves_it(api_server, tmp_path):
+    """helm (and Argo CD) pass the cluster's API groups to the render; where cert-manager's is
+    there the default needs no lookup to stay the same between renders."""
+    server, kubeconfig = api_server
+    without = await render_against(kubeconfig, tmp_path)
+    assert without.one("Secret", "webhook") and "Certificate" not in without.kinds()
+    cert_manager = [("certificates", "Certificate", True), ("issuers", "Issuer", True)]
+    server.extra_groups["cert-manager.io"] = ("v1", cert_manager)
+    with_cert_manager = await render_against(kubeconfig, tmp_path)
+    assert not with_cert_manager.all("Secret")
+    assert {"Certificate", "Issuer"} <= with_cert_manager.kinds()
+    configuration = with_cert_manager.one("MutatingWebhookConfiguration")
+    assert "cert-manager.io/inject-ca-from" in configuration["metadata"]["annotations"]
+
+
+async def test_on_kubernetes_1_29_the_chart_refuses_unconfined_node_writes_or_warns_when_accepted(api_server, tmp_path):
+    server, kubeconfig = api_server
+    server.git_version = "v1.29.7"
+    refused = await helm_against(kubeconfig, tmp_path, install_args({}, tmp_path), ok=False)
+    assert "v1.29.7" in refused and "allowUnconfinedNodeWrites=true" in refused
+    notes = await notes_against(kubeconfig, tmp_path, chartkit.UNCONFINED_NODE_WRITES)
+    assert "WARNING: NODE WRITES ARE NOT CONFINED" in notes
+    assert "Kubernetes v1.29.7 cannot run the node-write ValidatingAdmissionPolicy" in notes
+    server.git_version = "v1.30.4"
+    assert "NOT CONFINED" not in await notes_against(kubeconfig, tmp_path, {})

@@ -163,10 +163,10 @@ SHARE = allocation.MemoryGrant(gpu_uuids=(H100_A,), units=159, memory_mib=159 * 
             {"mps.enabled": True, "mps.pipeDirectory": "/run/gpuslice/mps", "mps.containerPipeDirectory": "/mps"},
             {"NVIDIA_VISIBLE_DEVICES": H100_A, "GPUSLICE_MEMORY_LIMIT_MIB": "40704", "GPUSLICE_GPU_FRACTION": "0.5",
              "GPUSLICE_GPU_COUNT": "1", "GPU_PORTION": "0.5",
-             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{H100_A}=40704M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40704M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
              "CUDA_MPS_PIPE_DIRECTORY": "/mps"},
             [],
-            [("/mps", "/run/gpuslice/mps", False)],
+            [("/mps", "/run/gpuslice/mps", False), ("/dev/shm", "/run/nvidia/mps/shm", False)],
         ),
     ],
     ids=["envvar", "cdi-cri", "mps"],
@@ -191,10 +191,14 @@ async def test_mps_limits_reach_the_container_through_allocate(kubelet, socket_d
     async with plugins(demo_node, socket_dir, settings=settings):
         await kubelet.wait_for_resource(MEMORY)
         answer = (await kubelet.allocate(MEMORY, 80, "ns/mps/c")).container_responses[0]
-        assert answer.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{H100_A}={80 * 256}M"
+        assert answer.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={80 * 256}M"  # the container's device 0
         assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(80 / 318 * 100))
         assert [d.name for d in answer.cdi_devices] == [f"nvidia.com/gpu={H100_A}"]
         assert answer.mounts[0].host_path == settings.mps.pipe_directory
+        assert (answer.mounts[1].container_path, answer.mounts[1].host_path) == ("/dev/shm", settings.mps.shm_directory)
+        kubelet.release("ns/mps/c")
+        whole = (await kubelet.allocate(MEMORY, 2 * 318, "ns/mps/whole")).container_responses[0]
+        assert whole.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={318 * 256}M,1={318 * 256}M"
 
 
 async def test_every_successful_allocate_is_announced_to_listeners(kubelet, socket_dir, demo_node):

@@ -455,6 +455,21 @@ def test_reinvocation_on_a_converted_pod_adds_nothing(annotations: dict[str, str
     assert again.allowed and again.patch == []
 
 
+def test_without_a_container_name_the_share_goes_to_the_container_with_the_placeholder() -> None:
+    sidecar = container("sidecar", requests={"cpu": "100m"})
+    pod = deployment_pod({"gpu-memory": "2000"}, containers=[sidecar, container(limits={"nvidia.com/gpu": "1"})])
+    _, patched = convert(pod)
+    assert patched["spec"]["containers"][0] == sidecar
+    assert units_of(patched, 1)["limits"] == {GPU_MEMORY: "8"}
+
+
+def test_reinvocation_after_another_webhook_put_a_sidecar_first_adds_nothing() -> None:
+    _, once = convert(deployment_pod({"gpu-memory": "2000"}))
+    once["spec"]["containers"].insert(0, container("sidecar", requests={"cpu": "100m"}))
+    again = mutation.mutate(once, settings=SETTINGS, cluster=make_view())
+    assert again.allowed and again.patch == []
+
+
 def test_a_pod_that_already_carries_the_gpuslice_resource_is_not_converted_again() -> None:
     pod = deployment_pod({"gpu-fraction": "0.5"}, containers=[container(limits={GPU_MEMORY: "10"})])
     assert mutation.mutate(pod, settings=SETTINGS, cluster=make_view()) == mutation.Outcome(allowed=True)

@@ -29,7 +29,7 @@ from kubernetes.utils import quantity
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import steering
+from gpuslice.webhook import dra_claims, steering
 
 __all__ = [
     "Outcome",
@@ -65,6 +65,8 @@ class Outcome:
     decision: dict[str, Any] | None = None  # what was converted and why (also in the decision annotation)
     warnings: tuple[str, ...] = ()  # shown by kubectl; short
     kind: str = ""  # conversion kind for metrics ("" when nothing was converted)
+    # DRA mode: objects the webhook creates before answering (the pod's ResourceClaimTemplate).
+    objects: tuple[dict[str, Any], ...] = ()
 
 
 _UNCHANGED = Outcome(allowed=True)
@@ -430,11 +432,18 @@ def _build_patch(
 
 
 def _find_container(spec: Mapping[str, Any], name: str | None) -> tuple[str, int, Mapping[str, Any]]:
+    """The container the share goes to: the one the annotation names; else the first regular
+    container carrying KAI's nvidia.com/gpu placeholder; else the first regular container. Going by
+    the placeholder, not the position, keeps the share on the GPU container when another webhook
+    inserts a sidecar in front of it."""
     if name is None:
-        regular = spec.get("containers") or ()
-        if not regular or not isinstance(regular[0], Mapping):
+        regular = [entry for entry in _containers(spec) if entry[0] == "containers"]
+        if not regular:
             raise _Denied("the pod has no containers to give the GPU share to")
-        return "containers", 0, regular[0]
+        for entry in regular:
+            if _nvidia_gpus(entry[2]) is not None:
+                return entry
+        return regular[0]
     containers = list(_containers(spec))
     for entry in containers:
         if entry[2].get("name") == name:
@@ -565,9 +574,11 @@ def _annotated(
             )
         return None  # only gpu-fraction-container-name: nothing to convert
 
+    if any(_has_gpuslice_resource(c, contract) for _, _, c in _containers(spec)):
+        # Already converted (reinvocation, where the placeholder is gone and a sidecar may now come
+        # first) or written by hand: leave the pod alone.
+        return None
     field, index, container = _find_container(spec, annotations.get(contract_.KAI_GPU_FRACTION_CONTAINER_NAME))
-    if _has_gpuslice_resource(container, contract):
-        return None  # already converted (reinvocation) or written by hand: leave it alone
     _check_placeholder(container, share)
     fraction = parse_fraction(fraction_text) if fraction_text is not None else None
     memory_mib = parse_memory_mib(memory_text) if memory_text is not None else None
@@ -755,6 +766,8 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
     annotations = metadata.get("annotations") or {}
     contract = settings.contract
     wants_conversion = _wants_conversion(annotations, contract.isolation_annotation)
+    if settings.dra.enabled and dra_claims.already_converted(pod):
+        return _UNCHANGED  # DRA mode, reinvoked: the pod references its claim already
     try:
         if wants_conversion:
             conversion = _annotated(pod, annotations, settings, contract, cluster)
@@ -767,6 +780,11 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
     if conversion is None:
         # Annotated but nothing to convert (already converted, container name only): leave it.
         return _UNCHANGED if wants_conversion else _steer_cpu_pod(pod, settings, contract)
+    if settings.dra.enabled:  # DRA mode: a ResourceClaim instead of extended resources (docs/dra.md)
+        need = dra_claims.need_from_conversion(conversion, contract, pod)
+        claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
+        objects = (claims.template,)
+        return Outcome(True, claims.patch, "", claims.decision, claims.warnings, conversion.kind, objects)
     patch, warnings = _build_patch(pod, conversion, settings, contract)
     return Outcome(
         allowed=True, patch=patch, decision=conversion.decision, warnings=tuple(warnings), kind=conversion.kind

@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 
 from gpuslice import config
-from gpuslice.webhook import admission, certs, nodewatch
+from gpuslice.webhook import admission, certs, claim_templates, nodewatch
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
@@ -38,6 +38,7 @@ CLUSTER = web.AppKey("cluster", cluster_.ClusterView)
 METRICS = web.AppKey("metrics", metrics_.Metrics)
 WATCHER = web.AppKey("watcher", object)  # nodewatch.NodeWatcher | None
 RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
+TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
 
 # A pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it once for CREATE.
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -54,12 +55,27 @@ async def _mutate(request: web.Request) -> web.Response:
     except admission.MalformedReview as exc:
         metrics.result("malformed").inc()
         return web.Response(status=400, text=f"malformed AdmissionReview: {exc}\n")
+    if answer.outcome is not None and answer.outcome.objects and not answer.dry_run:
+        try:  # DRA mode: the claim template the pod references must exist before it is admitted
+            for obj in answer.outcome.objects:
+                namespace = obj["metadata"].get("namespace") or _request_namespace(body)
+                await app[TEMPLATES].ensure(namespace, obj)
+        except claim_templates.TemplateError as exc:
+            metrics.result(admission.RESULT_DENIED).inc()
+            return web.Response(
+                body=orjson.dumps(claim_templates.denial(answer.response, str(exc))), content_type=_JSON
+            )
     metrics.result(answer.result).inc()
     if answer.outcome is not None and answer.outcome.kind and not answer.dry_run:
         metrics.conversion(answer.outcome.kind).inc()
     response = web.Response(body=orjson.dumps(answer.response), content_type=_JSON)
     metrics.latency.observe(time.perf_counter() - started)
     return response
+
+
+def _request_namespace(body: bytes) -> str:
+    """The AdmissionReview's request namespace (a pod object may leave its namespace out)."""
+    return str((orjson.loads(body).get("request") or {}).get("namespace") or "")
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -103,6 +119,7 @@ def make_app(
     metrics: metrics_.Metrics | None = None,
     watcher: nodewatch.NodeWatcher | None = None,
     reloader: certs.CertificateReloader | None = None,
+    templates: claim_templates.ClaimTemplates | None = None,
 ) -> web.Application:
     """The webhook application; `watcher` and `reloader` run as its background tasks."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -111,6 +128,7 @@ def make_app(
     app[METRICS] = metrics or metrics_.Metrics()
     app[WATCHER] = watcher
     app[RELOADER] = reloader
+    app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
     app.router.add_post("/mutate", _mutate)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

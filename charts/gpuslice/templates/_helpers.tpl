@@ -88,13 +88,22 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $config "schedulerName" .Values.scheduler.profileName }}
 {{- end }}
 {{- $_ := set $config "resourcePrefix" (include "gpuslice.prefix" .) }}
+{{- if eq .Values.mode "dra" }}
+{{- $_ := set $config.dra "enabled" true }}
+{{- end }}
 {{- toYaml (merge (dict "version" "v1") $config) }}
 {{- end }}
 
 {{/* Names shared between templates. */}}
 {{- define "gpuslice.configMapName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "config") }}{{- end }}
 {{- define "gpuslice.webhookName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "webhook") }}{{- end }}
-{{- define "gpuslice.webhookTlsSecretName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "webhook-tls") }}{{- end }}
+{{- define "gpuslice.webhookTlsSecretName" -}}
+{{- if eq .Values.webhook.tls.source "secret" }}
+{{- required "webhook.tls.source secret needs webhook.tls.secretName: an existing kubernetes.io/tls Secret in the release namespace" .Values.webhook.tls.secretName }}
+{{- else }}
+{{- include "gpuslice.componentName" (dict "root" . "component" "webhook-tls") }}
+{{- end }}
+{{- end }}
 {{- define "gpuslice.devicePluginName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "device-plugin") }}{{- end }}
 {{- define "gpuslice.schedulerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "scheduler") }}{{- end }}
 
@@ -103,6 +112,102 @@ app.kubernetes.io/component: {{ .component }}
 {{- $svc := include "gpuslice.webhookName" . }}
 {{- $ns := .Release.Namespace }}
 {{- toJson (list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns)) }}
+{{- end }}
+
+{{/* imagePullSecrets of every pod of the chart: [{name: x}] as in a pod spec, plain names accepted. */}}
+{{- define "gpuslice.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+{{- if kindIs "string" . }}
+  - name: {{ . | quote }}
+{{- else }}
+  - name: {{ required "every imagePullSecrets entry needs a name" .name | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where the webhook's TLS comes from: generated, certManager or secret. `auto` becomes certManager when
+the cluster serves cert-manager.io/v1 (helm and Argo CD both pass the cluster's API versions to the
+render), so GitOps renders without `lookup` do not make a new CA each time where cert-manager exists.
+*/}}
+{{- define "gpuslice.tlsSource" -}}
+{{- $source := .Values.webhook.tls.source }}
+{{- if eq $source "auto" }}
+{{- $source = ternary "certManager" "generated" (.Capabilities.APIVersions.Has "cert-manager.io/v1") }}
+{{- end }}
+{{- $source }}
+{{- end }}
+
+{{/*
+Values that were renamed or removed: refuse them with what to set instead, rather than ignore them.
+Included by configmap.yaml, which every render has.
+*/}}
+{{- define "gpuslice.checkRemovedValues" -}}
+{{- $removed := list
+  (list .Values.certManager "enabled" "certManager.enabled" "set webhook.tls.source: certManager (or auto, the default, which uses cert-manager where it is installed)")
+  (list .Values.webhook "runAsUser" "webhook.runAsUser" "set webhook.podSecurityContext.runAsUser (and runAsGroup, fsGroup)")
+  (list .Values.devicePlugin "requireOptInLabel" "devicePlugin.requireOptInLabel" "set devicePlugin.nodeSelection: optInLabel (true) or none (false)")
+  (list .Values.devicePlugin "cdiSpecDir" "devicePlugin.cdiSpecDir" "set dra.cdiSpecDir: only the DRA plugin writes CDI specs; the device plugin no longer mounts the directory") }}
+{{- range $removed }}
+{{- if hasKey (index . 0) (index . 1) }}
+{{- fail (printf "%s was removed: %s" (index . 2) (index . 3)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+nodeSelector and affinity of the pods that run on the plugin's nodes (the plugin and the MPS control
+daemon), from devicePlugin.nodeSelection: optInLabel, gpuFeatureLabels (GPU Feature Discovery or Node
+Feature Discovery labels, as NVIDIA's chart selects GPU nodes) or none.
+*/}}
+{{- define "gpuslice.devicePluginPlacement" -}}
+{{- $dp := .Values.devicePlugin }}
+{{- $selector := deepCopy $dp.nodeSelector }}
+{{- $affinity := deepCopy $dp.affinity }}
+{{- if eq $dp.nodeSelection "optInLabel" }}
+{{- $_ := set $selector (printf "%s/enabled" (include "gpuslice.prefix" .)) "true" }}
+{{- else if eq $dp.nodeSelection "gpuFeatureLabels" }}
+{{- $nodeAffinity := default dict $affinity.nodeAffinity }}
+{{- if $nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution }}
+{{- fail "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution cannot be combined with devicePlugin.nodeSelection gpuFeatureLabels (which sets it): put required labels in devicePlugin.nodeSelector, or set nodeSelection: none" }}
+{{- end }}
+{{- /* Node selector terms are ORed: a node that either labeller marks as having an NVIDIA GPU; with
+mode both, not one given to the DRA plugin (<prefix>/dra=true), or both halves would offer its GPUs. */}}
+{{- $gpuTerms := list }}
+{{- range list "nvidia.com/gpu.present" "feature.node.kubernetes.io/pci-10de.present" }}
+{{- $expressions := list (dict "key" . "operator" "In" "values" (list "true")) }}
+{{- if eq $.Values.mode "both" }}
+{{- $expressions = append $expressions (dict "key" (printf "%s/dra" (include "gpuslice.prefix" $)) "operator" "NotIn" "values" (list "true")) }}
+{{- end }}
+{{- $gpuTerms = append $gpuTerms (dict "matchExpressions" $expressions) }}
+{{- end }}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" $gpuTerms) }}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity }}
+{{- end }}
+{{- with $selector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Where the API server sends admissions: the in-cluster Service, or webhook.externalURL. */}}
+{{- define "gpuslice.webhookClientTarget" -}}
+{{- with .Values.webhook.externalURL -}}
+url: {{ printf "%s/mutate" (trimSuffix "/" .) | quote }}
+{{- else -}}
+service:
+  name: {{ include "gpuslice.webhookName" . }}
+  namespace: {{ .Release.Namespace }}
+  path: /mutate
+  port: 443
+{{- end }}
 {{- end }}
 
 {{/* The pod security context every gpuslice pod shares. */}}
@@ -124,4 +229,33 @@ seccompProfile:
 - name: config
   mountPath: /etc/gpuslice
   readOnly: true
+{{- end }}
+
+{{/* --- DRA mode (docs/dra.md) --------------------------------------------------------------- */}}
+
+{{- define "gpuslice.draPluginName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "dra-plugin") }}{{- end }}
+
+{{/* "true" when the chart runs the device plugin DaemonSet (mode devicePlugin or both). */}}
+{{- define "gpuslice.devicePluginMode" -}}
+{{- if and .Values.devicePlugin.enabled (has .Values.mode (list "devicePlugin" "both")) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the chart runs DRA mode (mode dra or both), after checking the cluster can run it:
+resource.k8s.io/v1 with consumable capacity (KEP-5075) is on by default from 1.36; on 1.34 and 1.35 it
+needs the alpha DRAConsumableCapacity gate everywhere; before 1.34 it does not exist. */}}
+{{- define "gpuslice.draMode" -}}
+{{- if has .Values.mode (list "dra" "both") }}
+{{- $version := .Capabilities.KubeVersion.Version }}
+{{- if semverCompare "<1.34.0-0" $version }}
+{{- fail (printf "mode %q needs Kubernetes 1.34 or later (resource.k8s.io/v1 and consumable capacity); this cluster is %s: use mode devicePlugin" .Values.mode $version) }}
+{{- else if and (semverCompare "<1.36.0-0" $version) (not .Values.dra.consumableCapacityGateEnabled) }}
+{{- fail (printf "mode %q on Kubernetes %s needs the alpha feature gate DRAConsumableCapacity on kube-apiserver, kube-scheduler, kube-controller-manager and every kubelet (on by default from 1.36); enable it and set dra.consumableCapacityGateEnabled=true, or use mode devicePlugin" .Values.mode $version) }}
+{{- end }}
+{{- true }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the webhook turns annotations into ResourceClaims (and may create their templates). */}}
+{{- define "gpuslice.draClaims" -}}
+{{- if and (include "gpuslice.draMode" .) (or (eq .Values.mode "dra") .Values.config.dra.enabled) }}true{{ end }}
 {{- end }}
