@@ -23,7 +23,7 @@ import os
 import pathlib
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import yaml
 
@@ -128,6 +128,10 @@ def _mig(entry: Any, where: str, parent: str) -> inventory.MigDevice:
     )
 
 
+@overload
+def _string(entry: Mapping[str, Any], key: str, where: str, *, required: Literal[True]) -> str: ...
+@overload
+def _string(entry: Mapping[str, Any], key: str, where: str, *, required: bool) -> str | None: ...
 def _string(entry: Mapping[str, Any], key: str, where: str, *, required: bool) -> str | None:
     value = entry.get(key)
     if value is None:

@@ -96,7 +96,7 @@ def load_pynvml() -> Nvml:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise NvmlUnavailable(f"NVML could not be initialised: {exc}") from None
-    return pynvml  # type: ignore[return-value]
+    return pynvml
 
 
 # --- discovery --------------------------------------------------------------------------

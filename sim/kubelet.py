@@ -29,7 +29,7 @@ import contextlib
 import os
 import pathlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Self
 
 import grpc
@@ -299,7 +299,7 @@ class Kubelet:
 
     # --- PodResources -------------------------------------------------------------------
 
-    def _container_devices(self, resource: str, device_ids: Sequence[str]) -> list[pr_pb2.ContainerDevices]:
+    def _container_devices(self, resource: str, device_ids: Iterable[str]) -> list[pr_pb2.ContainerDevices]:
         topology = self.topology.get(resource, {})
         entries = []
         for device_id in sorted(device_ids):

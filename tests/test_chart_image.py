@@ -53,9 +53,8 @@ def test_the_chart_runs_console_scripts_that_the_package_declares():
     for command in chart_commands():
         module, _, function = scripts[command].partition(":")
         assert module.startswith("gpuslice.") and function == "main"
-        # The module lives in one of the folders the package installs.
-        package = module.rsplit(".", 1)[0]
-        assert package in PYPROJECT["tool"]["setuptools"]["packages"]
+        # The module is importable (test_layout checks that every console script's function is).
+        assert importlib.util.find_spec(module) is not None, module
 
 
 def load_tool(name: str):
@@ -224,7 +223,7 @@ def test_the_build_context_keeps_what_pip_install_needs():
 
     needed = ["pyproject.toml", "README.md", "proto/generate.py", "gpuslice/contract.py", "gpuslice/config.py"]
     needed += ["requirements/image.txt", "requirements/build.txt", "tools/build-image-venv.py"]
-    needed += list(PYPROJECT["tool"]["setuptools"]["package-dir"].values())
+    needed += [f"{folder}/__init__.py" for folder in ("webhook", "deviceplugin", "dra", "sim", "demo", "proto")]
     for path in needed:
         assert (REPO / path).exists(), path
         assert not is_ignored(path), f".dockerignore leaves out {path}, which `pip install .` needs"

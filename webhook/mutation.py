@@ -606,10 +606,10 @@ def _annotated(
             )
         fitting = sorted((mib, profile) for profile, mib in profiles.items() if mib >= need)
         if not fitting:
-            largest = max(profiles.items(), key=lambda item: item[1])
+            biggest = max(profiles.items(), key=lambda item: item[1])
             raise _Denied(
                 f"annotation {share}: {need} MiB is larger than any MIG profile in the cluster "
-                f"(largest: {largest[0]} with {largest[1]} MiB); accepted: at most {largest[1]} MiB with "
+                f"(largest: {biggest[0]} with {biggest[1]} MiB); accepted: at most {biggest[1]} MiB with "
                 f"{contract.isolation_annotation}: {ISOLATION_MIG}"
             )
         mib, profile = fitting[0]
