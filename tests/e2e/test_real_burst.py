@@ -1,0 +1,186 @@
+"""A burst on the real control plane: a Deployment's replicas created at once, admitted by our webhook,
+placed by the real kube-scheduler, admitted on the node by kubelet's real device manager through our
+device plugin (nodeagent.py plays kubelet's pod loop), with our labeller publishing each node's
+labels to the real API server at the chart's default rate limit. Labels lag the scheduler here: it
+binds the whole burst in milliseconds, and a node's labels move at most once per 2 s. What must hold
+is that no replica is lost: a pod kubelet refuses (its share does not fit on one GPU of the node
+the stale labels let through) is terminal, the ReplicaSet controller makes a new one, and the new
+one is placed by then-current labels. docs/steering.md ("Bursts") describes this.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import k8skit
+import kubernetes
+import nodeagent
+import pytest
+import yaml
+
+from gpuslice import config as config_
+from gpuslice import contract as contract_
+from gpuslice.sim import controlplane
+
+pytestmark = [pytest.mark.e2e, pytest.mark.helm]
+
+CONTRACT = config_.Config().contract
+GPU_MEMORY = CONTRACT.gpu_memory_resource
+GROUP = "e2e.gpuslice.io/group"
+NODES = 2
+UNITS_PER_H100 = 81559 // 256  # 318
+
+
+def _two_h100_node_file(directory: pathlib.Path) -> pathlib.Path:
+    """The demo node's two H100s, without the MIG A100 (only shares in this test)."""
+    document = yaml.safe_load((k8skit.EXAMPLES / "demo-node.yaml").read_text())
+    document["gpus"] = [gpu for gpu in document["gpus"] if "mig" not in gpu]
+    path = directory / "two-h100.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.fixture
+def gpu_nodes(
+    release: Any,
+    cluster: controlplane.ControlPlane,
+    core: kubernetes.client.CoreV1Api,
+    nodes: list[str],
+    namespace: str,
+    workdir: pathlib.Path,
+) -> Iterator[dict[str, nodeagent.NodeAgent]]:
+    """NODES nodes of 2 x H100, each with kubelet's device manager, our device plugin and labeller (the
+    chart's ServiceAccount, default rate limits) and the node agent admitting bound pods."""
+    from gpuslice.deviceplugin import nodefile
+
+    node_file = _two_h100_node_file(workdir)
+    inventory = nodefile.load(node_file)
+    account = f"{release.fullname}-device-plugin"
+    agents: dict[str, nodeagent.NodeAgent] = {}
+    started: list[tuple[k8skit.Harness, Any]] = []
+    try:
+        for i in range(NODES):
+            name = f"{namespace}-{i}"
+            core.create_node(k8skit.gpu_node_object(name, inventory, extra_labels={GROUP: namespace}))
+            nodes.append(name)
+            plugin_pod = core.create_namespaced_pod(
+                release.namespace,
+                k8skit.pod_object(f"plugin-{namespace}-{i}", serviceAccountName=account, nodeName=name),
+            )
+            harness = k8skit.Harness(cluster, workdir, name=f"dmharness-{name}")
+            harness.state_file = workdir / f"harness-{i}.json"
+            harness.start()
+            plugin = k8skit.start_device_plugin(
+                cluster,
+                harness,
+                node_file,
+                name=f"device-plugin-{name}",
+                node_name=name,
+                kubeconfig=release.kubeconfig_of(account, bound_pod=plugin_pod),
+            )
+            started.append((harness, plugin))
+            k8skit.wait_for(
+                f"{name}'s plugin in the device manager",
+                lambda h=harness: h.allocatable(GPU_MEMORY) == 2 * UNITS_PER_H100 or None,
+            )
+            agents[name] = nodeagent.NodeAgent(core, name, harness).start()
+        yield agents
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        for harness, plugin in started:
+            cluster.stop_process(plugin.process)
+            harness.close()
+
+
+def _deployment(name: str, group: str, replicas: int, fraction: str) -> dict[str, Any]:
+    pod = k8skit.pod_object("unused", annotations={"gpu-fraction": fraction}, limits={"nvidia.com/gpu": 1})
+    template = {
+        "metadata": {"labels": {"app": name}, "annotations": pod["metadata"]["annotations"]},
+        "spec": {**pod["spec"], "nodeSelector": {GROUP: group}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template},
+    }
+
+
+@pytest.fixture(params=["default-scheduler", "binpack-profile"])
+def scheduler_profile(
+    request: pytest.FixtureRequest, release: Any, cluster: controlplane.ControlPlane, core: kubernetes.client.CoreV1Api
+) -> Iterator[str]:
+    """The stock profile (the session's kube-scheduler), or the chart's bin-packing profile
+    (MostAllocated on gpu-memory: every pod of a burst goes to the node already in use, the case
+    that runs furthest ahead of the labels) in a second real kube-scheduler."""
+    if request.param == "default-scheduler":
+        yield request.param
+        return
+    original = json.loads(json.dumps(release.values))
+    release.upgrade({**original, "scheduler": {"enabled": True}})
+    scheduler = None
+    try:
+        config_map = core.read_namespaced_config_map(f"{release.fullname}-scheduler", release.namespace)
+        configuration = yaml.safe_load(config_map.data["scheduler-config.yaml"])
+        scheduler = cluster.start_scheduler(
+            "kube-scheduler-burst",
+            configuration=configuration,
+            kubeconfig=release.kubeconfig_of(f"{release.fullname}-scheduler"),
+        )
+        yield str(configuration["profiles"][0]["schedulerName"])
+    finally:
+        if scheduler is not None:
+            cluster.stop_process(scheduler)
+        release.upgrade(original)
+
+
+def test_a_burst_of_replicas_ahead_of_the_labels_loses_no_replica(
+    admin: kubernetes.client.ApiClient,
+    core: kubernetes.client.CoreV1Api,
+    scheduler_profile: str,
+    gpu_nodes: dict[str, nodeagent.NodeAgent],
+    namespace: str,
+) -> None:
+    # 4 replicas of 0.6 GPU on 2 nodes x 2 GPUs: exactly one per GPU. A node's total (636 units) takes
+    # three of 191, so the scheduler may bind a third to a node before its labels move; kubelet then
+    # refuses it (no single GPU has 191 units left) and the ReplicaSet controller replaces it.
+    replicas = 2 * NODES
+    kubernetes.client.AppsV1Api(admin).create_namespaced_deployment(
+        namespace, _deployment("burst", namespace, replicas, "0.6")
+    )
+
+    def all_running() -> list[Any] | None:
+        pods = core.list_namespaced_pod(namespace, label_selector="app=burst").items
+        running = [p for p in pods if p.status.phase == "Running"]
+        return running if len(running) == replicas else None
+
+    running = k8skit.wait_for("every replica to run", all_running, timeout=180, interval=0.5)
+    for agent in gpu_nodes.values():
+        assert not agent.errors, agent.errors
+
+    # Every running replica holds 191 units on one GPU, and no GPU holds two (they would not fit).
+    held: dict[tuple[str, str], int] = {}
+    for agent in gpu_nodes.values():
+        for decision in agent.decisions.values():
+            if not decision.admitted or decision.namespace != namespace:
+                continue
+            ids = decision.devices[GPU_MEMORY]
+            gpus = {contract_.parse_unit_device_id(i)[0] for i in ids}
+            assert len(ids) == int(0.6 * UNITS_PER_H100) and len(gpus) == 1, decision
+            key = (agent.node, gpus.pop())
+            held[key] = held.get(key, 0) + 1
+    assert len(running) == replicas and sorted(held.values()) == [1] * replicas, held
+
+    # What kubelet refused is terminal and says why: our plugin's cross-GPU refusal.
+    pods = core.list_namespaced_pod(namespace, label_selector="app=burst").items
+    failed = [p for p in pods if p.status.phase == "Failed"]
+    for pod in failed:
+        assert pod.status.reason == nodeagent.REFUSED_REASON, pod.status
+        assert "one GPU" in (pod.status.message or ""), pod.status.message
+    refusals = sum(len(agent.refusals()) for agent in gpu_nodes.values())
+    assert refusals == len(failed)
+    print(f"{scheduler_profile}: burst of {replicas}: {refusals} kubelet refusals, all replaced")
