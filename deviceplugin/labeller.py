@@ -198,6 +198,8 @@ class NodeLabeller:
         # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
         # are never in here, so they are never removed.
         self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0, headroom=(0, 0)))
+        # The labels the webhook's required node affinity filters on (steering.placement_affinity).
+        self._capacity_keys = {self._contract.label_free_block_units, self._contract.label_free_gpus}
         self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
         self.written: dict[str, str] | None = None  # what the API server has, as far as we know
         self.writes = 0
@@ -228,7 +230,11 @@ class NodeLabeller:
                     await self._sleep_or_wake(self._poll)
                     continue
                 wait = next_write_at - loop.time()
-                if wait > 0:  # rate limit: re-read kubelet when the slot opens, write the latest
+                # Rate limit: re-read kubelet when the slot opens, write the latest. Except when the
+                # labels now promise capacity the node no longer has and the last write worked: a
+                # scheduler binds a burst in milliseconds, and every pod it sends by stale labels
+                # is one kubelet refuses. The rate limit still holds back loosening writes.
+                if wait > 0 and (self._failures or not self._tightens(delta)):
                     await self._sleep_or_wake(wait)
                     continue
                 if await self._write(delta):
@@ -328,6 +334,20 @@ class NodeLabeller:
         for key in previous.keys() - self.desired.keys():
             delta[key] = None
         return delta
+
+    def _tightens(self, delta: Mapping[str, str | None]) -> bool:
+        """Whether the change lowers a capacity the scheduler filters on (largest free block, free
+        whole GPUs, free MIG devices): the labels written so far over-promise."""
+        written = self.written or {}
+        for key, value in delta.items():
+            if key not in self._capacity_keys and self._contract.mig_profile_of_label(key) is None:
+                continue
+            try:
+                if value is None or int(value) < int(written.get(key, "0")):
+                    return True
+            except ValueError:
+                return True
+        return False
 
     async def _write(self, delta: dict[str, str | None]) -> bool:
         assert self.desired is not None

@@ -241,6 +241,9 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
         except allocation.AllocationError as exc:
             self.plugin.metrics.allocations.labels(resource.name, "rejected").inc()
             log.warning("%s: Allocate rejected: %s", resource.name, exc)
+            # A refusal means the scheduler acted on labels that over-promised: refresh them now.
+            for listener in self.plugin.allocation_listeners:
+                listener(resource.name)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{resource.name}: {exc}")
         self.plugin.metrics.allocations.labels(resource.name, "ok").inc(len(answers))
         response.container_responses.extend(answers)

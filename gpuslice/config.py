@@ -114,6 +114,17 @@ class DraConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RequeueConfig:
+    """Webhook: recreate converted bare pods that kubelet refused (webhook/requeue.py)."""
+
+    enabled: bool = True
+    # Recreations of one pod before it is left Failed.
+    max_attempts: int = 5
+    # Wait before the first recreation; doubled for each later one.
+    backoff_seconds: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     resource_prefix: str = contract.DEFAULT_PREFIX
     memory_unit_mib: int = contract.DEFAULT_UNIT_MIB
@@ -124,6 +135,7 @@ class Config:
     steering: SteeringConfig = SteeringConfig()
     monitor: MonitorConfig = MonitorConfig()
     dra: DraConfig = DraConfig()
+    requeue: RequeueConfig = RequeueConfig()
     # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
     default_gpu_memory_mib: int = 81920
     convert_whole_gpus: bool = False
@@ -344,6 +356,27 @@ FIELDS: tuple[Field, ...] = (
         float,
         _positive,
         "DRA plugin: seconds between full checks of the published ResourceSlices",
+    ),
+    Field(
+        "requeue.enabled",
+        "requeue.enabled",
+        bool,
+        _always_ok,
+        "webhook: recreate converted pods without a controller that kubelet refused",
+    ),
+    Field(
+        "requeue.maxAttempts",
+        "requeue.max_attempts",
+        int,
+        _positive,
+        "webhook: recreations of one refused pod before it is left Failed",
+    ),
+    Field(
+        "requeue.backoffSeconds",
+        "requeue.backoff_seconds",
+        float,
+        _positive,
+        "webhook: wait before the first recreation of a refused pod (doubled each time)",
     ),
 )
 

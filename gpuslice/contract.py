@@ -164,6 +164,11 @@ class Contract:
         """Written by the webhook: what it converted and why, for `kubectl describe pod`."""
         return f"{self.prefix}/decision"
 
+    @property
+    def requeues_annotation(self) -> str:
+        """Written by the webhook's requeuer: how often kubelet refused this pod and it was recreated."""
+        return f"{self.prefix}/requeues"
+
     # --- node labels (published by the device plugin, read by the webhook and scheduler) --
     @property
     def label_gpu_product(self) -> str:

@@ -493,9 +493,17 @@ def rules_of(manifests: chartkit.Manifests, component: str) -> list[dict[str, An
     return manifests.one("ClusterRole", component)["rules"]
 
 
-def test_webhook_may_only_read_nodes_and_the_plugin_only_label_nodes_and_list_pods():
+def test_webhook_may_only_read_nodes_and_requeue_pods_and_the_plugin_only_label_nodes_and_list_pods():
     manifests = rendered("defaults")
-    assert rules_of(manifests, "webhook") == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    read_nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    assert rules_of(manifests, "webhook") == [
+        read_nodes,
+        # config.requeue (on by default): recreate refused converted pods, with an Event on each
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete", "create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    without = chartkit.render(chartkit.merged(chartkit.COMBINATIONS["defaults"], {"config": {"requeue": {"enabled": False}}}))
+    assert rules_of(without, "webhook") == [read_nodes]
     assert rules_of(manifests, "device-plugin") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # its node's CPU/memory headroom

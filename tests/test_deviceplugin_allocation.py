@@ -201,7 +201,7 @@ async def test_mps_limits_reach_the_container_through_allocate(kubelet, socket_d
         assert whole.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={318 * 256}M,1={318 * 256}M"
 
 
-async def test_every_successful_allocate_is_announced_to_listeners(kubelet, socket_dir, demo_node):
+async def test_every_allocate_and_every_refusal_is_announced_to_listeners(kubelet, socket_dir, demo_node):
     heard = []
     async with plugins(demo_node, socket_dir) as plugin_manager:
         plugin_manager.add_allocation_listener(heard.append)
@@ -209,9 +209,13 @@ async def test_every_successful_allocate_is_announced_to_listeners(kubelet, sock
         await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb")
         await kubelet.allocate(MEMORY, 2, "ns/a/c")
         await kubelet.allocate("gpuslice.io/mig-3g.40gb", 1, "ns/b/c")
-        with pytest.raises(AdmissionError):
+        with pytest.raises(AdmissionError):  # kubelet itself refuses: more than the node has
             await kubelet.allocate(MEMORY, 700, "ns/c/c")
-    assert heard == [MEMORY, "gpuslice.io/mig-3g.40gb"]
+        assert heard == [MEMORY, "gpuslice.io/mig-3g.40gb"]
+        # The plugin refuses (the units would span GPUs): labels over-promised, so refresh them.
+        with pytest.raises(AdmissionError):
+            await kubelet.allocate(MEMORY, 400, "ns/d/c")
+    assert heard == [MEMORY, "gpuslice.io/mig-3g.40gb", MEMORY]
 
 
 # --- the policy itself, on the plain functions the simulator calls too ------------------------

@@ -293,6 +293,32 @@ async def test_a_burst_of_allocations_is_coalesced_and_the_last_state_is_written
     assert len(fake.patches) <= 3, fake.patches  # 20 changes inside one interval: one or two writes after the first
 
 
+async def test_labels_that_over_promise_are_corrected_at_once_and_releases_wait_for_the_rate_limit(
+    demo_node, kubelet_socket, api_server
+):
+    fake, api = api_server
+    settings = steering_settings(min_interval=3600, poll=0.02)
+    async with Running(make(demo_node, kubelet_socket, api, settings=settings)) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "first write")
+        # A whole H100 taken: the node's labels still offer two free GPUs, which the scheduler would
+        # act on for an hour. Written at once, inside the rate limit.
+        kubelet_socket.kubelet.pods["whole"] = {
+            CONTRACT.gpu_memory_resource: units_of(demo_node, 1, per_gpu(demo_node))
+        }
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "tightening write")
+        # A MIG slice taken: its free count drops, also at once.
+        mig = next(m for m in demo_node.mig_devices() if m.profile == "3g.40gb")
+        kubelet_socket.kubelet.pods["mig"] = {CONTRACT.mig_resource("3g.40gb"): [mig.uuid]}
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_mig_free("3g.40gb")) == "0", "MIG write")
+        writes = len(fake.patches)
+        # Releases only under-promise: they wait for the rate limit's slot.
+        del kubelet_socket.kubelet.pods["whole"]
+        await asyncio.sleep(0.3)
+        assert fake.labels.get(CONTRACT.label_free_gpus) == "1" and len(fake.patches) == writes
+
+
 async def test_api_server_errors_are_retried_with_backoff_until_written(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     fake.fail_next = 3

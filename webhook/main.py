@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import kubernetes
 
 from gpuslice import config
-from gpuslice.webhook import certs, nodewatch, server
+from gpuslice.webhook import certs, nodewatch, requeue, server
+from gpuslice.webhook import metrics as metrics_
 from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["build_parser", "main"]
@@ -58,7 +59,11 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     watcher = nodewatch.NodeWatcher(api, view) if api is not None else None
     if watcher is None:
         log.info("no cluster found: gpu-fraction uses defaultGpuMemoryMiB=%d", settings.default_gpu_memory_mib)
-    app = server.make_app(settings, view, watcher=watcher, reloader=reloader)
+    metrics = metrics_.Metrics()
+    background = []
+    if api is not None and settings.requeue.enabled and not settings.dra.enabled:
+        background.append(requeue.Requeuer(api, settings, registry=metrics.registry).run)
+    app = server.make_app(settings, view, metrics=metrics, watcher=watcher, reloader=reloader, background=background)
     # Everything built so far (the Kubernetes client's many modules included) lives as long as the
     # process: keep it out of the garbage collector's full scans, which each admission's JSON triggers.
     gc.freeze()

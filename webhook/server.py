@@ -19,7 +19,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import orjson
 from aiohttp import web
@@ -39,6 +39,7 @@ METRICS = web.AppKey("metrics", metrics_.Metrics)
 WATCHER = web.AppKey("watcher", object)  # nodewatch.NodeWatcher | None
 RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
 TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
+BACKGROUND = web.AppKey("background", tuple)  # more coroutine functions to run while serving
 
 # A pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it once for CREATE.
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -102,6 +103,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(reloader.run(), name="gpuslice-webhook-cert-reload"))
     if isinstance(watcher, nodewatch.NodeWatcher):
         tasks.append(asyncio.create_task(watcher.run(), name="gpuslice-webhook-node-watch"))
+    for run in app[BACKGROUND]:
+        tasks.append(asyncio.create_task(run(), name=f"gpuslice-webhook-{getattr(run, '__qualname__', 'task')}"))
     yield
     if isinstance(watcher, nodewatch.NodeWatcher):
         watcher.stop()
@@ -120,8 +123,9 @@ def make_app(
     watcher: nodewatch.NodeWatcher | None = None,
     reloader: certs.CertificateReloader | None = None,
     templates: claim_templates.ClaimTemplates | None = None,
+    background: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> web.Application:
-    """The webhook application; `watcher` and `reloader` run as its background tasks."""
+    """The webhook application; `watcher`, `reloader` and `background` run as its background tasks."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SETTINGS] = settings
     app[CLUSTER] = cluster
@@ -129,6 +133,7 @@ def make_app(
     app[WATCHER] = watcher
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
+    app[BACKGROUND] = tuple(background)
     app.router.add_post("/mutate", _mutate)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

@@ -33,6 +33,7 @@ class Decision:
     admitted: bool
     message: str
     devices: dict[str, list[str]]  # resource -> device IDs (admitted pods)
+    released: bool = False  # the pod was deleted and its devices given back
 
 
 class NodeAgent:
@@ -42,7 +43,7 @@ class NodeAgent:
         self.core = core
         self.node = node
         self.harness = harness
-        self.decisions: dict[str, Decision] = {}  # pod UID -> what kubelet decided
+        self.decisions: dict[str, Decision] = {}  # pod UID -> what kubelet decided (kept after deletion)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"node-agent-{node}", daemon=True)
         self.errors: list[str] = []
@@ -92,8 +93,10 @@ class NodeAgent:
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
         if kind == "DELETED":
-            if self.decisions.pop(uid, None) is not None:
+            decision = self.decisions.get(uid)
+            if decision is not None and decision.admitted and not decision.released:
                 self.harness.remove(uid)
+                decision.released = True
             return
         if uid in self.decisions or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
             return

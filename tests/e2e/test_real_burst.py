@@ -166,7 +166,7 @@ def test_a_burst_of_replicas_ahead_of_the_labels_loses_no_replica(
     held: dict[tuple[str, str], int] = {}
     for agent in gpu_nodes.values():
         for decision in agent.decisions.values():
-            if not decision.admitted or decision.namespace != namespace:
+            if not decision.admitted or decision.namespace != namespace or decision.released:
                 continue
             ids = decision.devices[GPU_MEMORY]
             gpus = {contract_.parse_unit_device_id(i)[0] for i in ids}
@@ -184,3 +184,46 @@ def test_a_burst_of_replicas_ahead_of_the_labels_loses_no_replica(
     refusals = sum(len(agent.refusals()) for agent in gpu_nodes.values())
     assert refusals == len(failed)
     print(f"{scheduler_profile}: burst of {replicas}: {refusals} kubelet refusals, all replaced")
+
+
+def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_webhook_requeues_the_refused(
+    core: kubernetes.client.CoreV1Api,
+    scheduler_profile: str,
+    gpu_nodes: dict[str, nodeagent.NodeAgent],
+    namespace: str,
+) -> None:
+    # The same four shares as bare pods created back to back (no ReplicaSet slow start): the
+    # scheduler binds them before any label moves, and without a controller a refused pod would
+    # stay Failed. The webhook's requeuer (config.requeue, on in the chart) recreates it.
+    names = [f"bare-{i}" for i in range(2 * NODES)]
+    for name in names:
+        pod = k8skit.pod_object(
+            name, annotations={"gpu-fraction": "0.6"}, limits={"nvidia.com/gpu": 1}, nodeSelector={GROUP: namespace}
+        )
+        core.create_namespaced_pod(namespace, pod)
+
+    def all_running() -> list[Any] | None:
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
+        ready = [pods[n] for n in names if n in pods and pods[n].status.phase == "Running"]
+        return ready if len(ready) == len(names) else None
+
+    running = k8skit.wait_for("every bare pod to run", all_running, timeout=180, interval=0.5)
+    gpus = set()
+    for agent in gpu_nodes.values():
+        for decision in agent.decisions.values():
+            if decision.admitted and decision.namespace == namespace and not decision.released:
+                gpus |= {(agent.node, contract_.parse_unit_device_id(i)[0]) for i in decision.devices[GPU_MEMORY]}
+    assert len(gpus) == len(names)  # one per GPU
+    for agent in gpu_nodes.values():
+        assert not agent.errors, agent.errors
+
+    refusals = sum(len(agent.refusals()) for agent in gpu_nodes.values())
+    requeued = {
+        p.metadata.name: int((p.metadata.annotations or {}).get(CONTRACT.requeues_annotation, "0")) for p in running
+    }
+    assert sum(requeued.values()) == refusals, (requeued, refusals)
+    events = core.list_namespaced_event(namespace, field_selector="reason=Requeued").items
+    assert len(events) == refusals
+    for event in events:
+        assert "refused the pod" in event.message and event.involved_object.name in names
+    print(f"{scheduler_profile}: {len(names)} bare pods: {refusals} kubelet refusals, all requeued")

@@ -1,0 +1,219 @@
+"""Requeues converted pods that kubelet refused and that nothing else would recreate.
+
+In device-plugin mode the scheduler counts a node's memory units as one pool, and the labels that
+keep a share on one GPU move only after an allocation: a burst can bind more shares to a node than
+its GPUs hold one by one, and kubelet refuses the excess (phase Failed, reason
+UnexpectedAdmissionError). A controller's pod is replaced by its controller and placed by
+then-current labels; a bare pod would be lost. This module recreates such a bare pod: the same
+name, labels, annotations and spec (less the binding), after a backoff, at most `maxAttempts`
+times, recorded in the pod's `<prefix>/requeues` annotation. Its resources are already converted,
+so the webhook leaves the new pod alone, and the scheduler places it by the labels of that moment.
+
+Only pods the webhook converted (they carry its decision annotation), refused at admission, with
+no controller, are touched. Two webhook replicas cannot both requeue one pod: the delete is
+conditional on the refused pod's UID, and only the replica whose delete succeeded creates.
+
+Delete-then-create leaves a window (between the two calls) where a crash would lose the pod; the
+replacement is built before the delete and its create is retried, so only a process death in
+that window loses it (docs/steering.md, "Bursts").
+
+May import gpuslice.config, gpuslice.contract and the kubernetes client (in threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+import prometheus_client
+
+from gpuslice import config
+from gpuslice import contract as contract_
+
+__all__ = ["REFUSED_REASON", "Requeuer", "replacement", "requeueable"]
+
+log = logging.getLogger(__name__)
+
+REFUSED_REASON = "UnexpectedAdmissionError"  # what kubelet writes when an admission handler refuses
+_METADATA_KEPT = ("name", "namespace", "labels", "annotations", "finalizers")
+_CREATE_ATTEMPTS = 8
+
+
+def requeues_of(pod: Mapping[str, Any], contract: contract_.Contract) -> int:
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(contract.requeues_annotation, "0")
+    return int(text) if str(text).isdigit() else 0
+
+
+def requeueable(pod: Mapping[str, Any], contract: contract_.Contract, max_attempts: int) -> bool:
+    """A pod we converted, refused by kubelet at admission, that no controller will replace, not
+    being deleted, with attempts left."""
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed" or status.get("reason") != REFUSED_REASON:
+        return False
+    if metadata.get("deletionTimestamp") or contract.decision_annotation not in (metadata.get("annotations") or {}):
+        return False
+    if any(isinstance(o, Mapping) and o.get("controller") for o in metadata.get("ownerReferences") or ()):
+        return False
+    return requeues_of(pod, contract) < max_attempts
+
+
+def replacement(pod: Mapping[str, Any], contract: contract_.Contract) -> dict[str, Any]:
+    """The pod to create in place of a refused one: its identity and spec, unbound, one more requeue."""
+    metadata = pod.get("metadata") or {}
+    kept = {key: copy.deepcopy(metadata[key]) for key in _METADATA_KEPT if metadata.get(key)}
+    annotations = kept.setdefault("annotations", {})
+    annotations[contract.requeues_annotation] = str(requeues_of(pod, contract) + 1)
+    spec = copy.deepcopy(dict(pod.get("spec") or {}))
+    spec.pop("nodeName", None)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": kept, "spec": spec}
+
+
+class Requeuer:
+    """Watches Failed pods cluster-wide and requeues the requeueable ones. `run()` until cancelled."""
+
+    def __init__(
+        self,
+        api: kubernetes.client.CoreV1Api,
+        settings: config.Config,
+        *,
+        registry: prometheus_client.CollectorRegistry | None = None,
+        watch_timeout_seconds: int = 300,
+    ) -> None:
+        self.api = api
+        self.contract = settings.contract
+        self.max_attempts = settings.requeue.max_attempts
+        self.backoff_seconds = settings.requeue.backoff_seconds
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self._pending: set[str] = set()  # UIDs being requeued by this replica
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = threading.Event()
+        self._requeued = prometheus_client.Counter(
+            "gpuslice_webhook_requeues",
+            "Converted pods refused by kubelet and recreated (result: requeued, gone, given_up, error)",
+            ["result"],
+            registry=registry,
+        )
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                try:
+                    await asyncio.to_thread(self._watch, loop)
+                except Exception as exc:  # noqa: BLE001 - any API failure: watch again after a pause
+                    log.warning("watch of refused pods failed, retrying: %s", exc)
+                    await asyncio.sleep(self.backoff_seconds)
+        finally:
+            self._stopping.set()
+            for task in self._tasks:
+                task.cancel()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One watch without a resourceVersion: it begins with every current Failed pod, so a
+        restart or a 410 loses nothing."""
+        stream = kubernetes.watch.Watch().stream(
+            self.api.list_pod_for_all_namespaces,
+            field_selector="status.phase=Failed",
+            timeout_seconds=self.watch_timeout_seconds,
+            _preload_content=False,
+        )
+        for event in stream:
+            if self._stopping.is_set():
+                return
+            if event.get("type") in ("ADDED", "MODIFIED"):
+                loop.call_soon_threadsafe(self._consider, event["raw_object"])
+
+    def _consider(self, pod: dict[str, Any]) -> None:
+        uid = (pod.get("metadata") or {}).get("uid")
+        if not uid or uid in self._pending or not requeueable(pod, self.contract, self.max_attempts):
+            return
+        self._pending.add(uid)
+        task = asyncio.create_task(self._requeue(pod), name=f"gpuslice-requeue-{uid}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _requeue(self, pod: dict[str, Any]) -> None:
+        metadata = pod["metadata"]
+        namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
+        attempt = requeues_of(pod, self.contract)
+        try:
+            await asyncio.sleep(self.backoff_seconds * 2**attempt)
+            fresh = replacement(pod, self.contract)
+            try:
+                await asyncio.to_thread(
+                    self.api.delete_namespaced_pod,
+                    name,
+                    namespace,
+                    body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid)),
+                )
+            except kubernetes.client.ApiException as exc:
+                if exc.status in (404, 409):  # gone, or another replica or the user got there first
+                    self._requeued.labels("gone").inc()
+                    return
+                raise
+            created = await self._create(fresh)
+            self._requeued.labels("requeued").inc()
+            refusal = (pod.get("status") or {}).get("message", "")
+            node = (pod.get("spec") or {}).get("nodeName", "")
+            message = (
+                f"kubelet on node {node} refused the pod ({refusal[:300]}); recreated with the same spec to be "
+                f"placed again ({attempt + 1} of {self.max_attempts})"
+            )
+            log.info("pod %s/%s: %s", namespace, name, message)
+            if created is not None:
+                await self._event(created, message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - logged and counted; the pod stays as it was
+            self._requeued.labels("error").inc()
+            log.error("pod %s/%s could not be requeued: %s", namespace, name, exc)
+        finally:
+            self._pending.discard(uid)
+
+    async def _create(self, pod: dict[str, Any]) -> Any:
+        """Create, retrying transient failures: the refused pod is already deleted. The created pod,
+        or None when the name was taken meanwhile (the user made it again)."""
+        delay = 0.2
+        for attempt in range(_CREATE_ATTEMPTS):
+            try:
+                body: Any = pod  # the client serialises a plain dict as it is
+                return await asyncio.to_thread(self.api.create_namespaced_pod, pod["metadata"]["namespace"], body)
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 409:
+                    return None
+                if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                    raise  # the API server will not take it on a retry either
+                if attempt == _CREATE_ATTEMPTS - 1:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        return None
+
+    async def _event(self, pod: Any, message: str) -> None:
+        """A Normal event on the new pod, for `kubectl describe pod`; best effort."""
+        metadata = pod.metadata
+        now = datetime.datetime.now(datetime.UTC)
+        event = kubernetes.client.CoreV1Event(
+            metadata=kubernetes.client.V1ObjectMeta(generate_name=f"{metadata.name}.", namespace=metadata.namespace),
+            involved_object=kubernetes.client.V1ObjectReference(
+                api_version="v1", kind="Pod", name=metadata.name, namespace=metadata.namespace, uid=metadata.uid
+            ),
+            reason="Requeued",
+            message=message,
+            type="Normal",
+            source=kubernetes.client.V1EventSource(component="gpuslice-webhook"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            await asyncio.to_thread(self.api.create_namespaced_event, metadata.namespace, event)
+        except kubernetes.client.ApiException as exc:
+            log.warning("no event for requeued pod %s/%s: %s", metadata.namespace, metadata.name, exc.reason)
