@@ -32,7 +32,9 @@ def refused_pod(**metadata: Any) -> dict[str, Any]:
         "spec": {
             "nodeName": "gpu-7",
             "schedulerName": "default-scheduler",
-            "containers": [{"name": "main", "image": "train:1", "resources": {"limits": {"gpuslice.io/gpu-memory": "191"}}}],
+            "containers": [
+                {"name": "main", "image": "train:1", "resources": {"limits": {"gpuslice.io/gpu-memory": "191"}}}
+            ],
         },
         "status": {
             "phase": "Failed",
