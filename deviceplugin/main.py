@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         "--proc-root", metavar="DIR", default="/proc", help="the host's /proc, where GPU processes' cgroups are read"
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    config_.add_arguments(parser)
+    config_.add_arguments(parser, "device-plugin")
     return parser
 
 

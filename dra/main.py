@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print the ResourceSlices this node would publish (YAML) and exit",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    config_.add_arguments(parser)
+    config_.add_arguments(parser, "dra-plugin")
     return parser
 
 

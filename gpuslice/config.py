@@ -530,11 +530,56 @@ def _build(values: Mapping[str, Any]) -> Config:
     return dataclasses.replace(base, **top)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--config` and one flag per schema key (all optional; unset flags do not override)."""
+# Keys only one half reads. A component's --help shows the flags of the keys it reads; its file and
+# environment still accept the whole schema (one file can configure every component). Keys in
+# neither tuple are read by both halves.
+_NODE_KEYS = (
+    "deviceListStrategy",
+    "cdiKind",
+    "mps.",
+    "health.",
+    "monitor.",
+    "steering.labelMinIntervalSeconds",
+    "steering.podResourcesPollSeconds",
+    "dra.slice",
+)
+_WEBHOOK_KEYS = (
+    "defaultGpuMemoryMiB",
+    "convertWholeGpus",
+    "ignoredNamespaces",
+    "schedulerName",
+    "steering.cpuPods",
+    "dra.enabled",
+    "requeue.",
+    "webhook.",
+)
+COMPONENTS = ("webhook", "device-plugin", "dra-plugin")
+
+
+def reads(component: str | None, field: Field) -> bool:
+    """Whether `component` reads `field` (None: every component, e.g. the simulator and the demo,
+    which run both halves)."""
+    if component is None:
+        return True
+    if component not in COMPONENTS:
+        raise ValueError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}")
+    node_only = field.path.startswith(_NODE_KEYS)
+    webhook_only = field.path.startswith(_WEBHOOK_KEYS)
+    if component == "webhook":
+        return not node_only
+    if component == "device-plugin" and field.path.startswith("dra."):
+        return False
+    return not webhook_only
+
+
+def add_arguments(parser: argparse.ArgumentParser, component: str | None = None) -> None:
+    """Add `--config` and one flag per schema key that `component` reads (all optional; unset flags
+    do not override)."""
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file (schema: docs/configuration.md)")
     group = parser.add_argument_group("configuration (flag > environment > file)")
     for field in FIELDS:
+        if not reads(component, field):
+            continue
         metavar = "BOOL" if field.kind is bool else "LIST" if field.kind is tuple else field.kind.__name__.upper()
         group.add_argument(field.flag, dest=field.dest, metavar=metavar, help=f"{field.help} [{field.env}]")
 

@@ -93,3 +93,22 @@ def test_schema_table_documents_every_key():
     table = config.describe()
     for field in config.FIELDS:
         assert f"`{field.path}`" in table and field.env in table and field.flag in table
+
+
+def test_each_component_shows_only_the_flags_of_the_keys_it_reads() -> None:
+    import argparse
+
+    def flags(component: str | None) -> set[str]:
+        parser = argparse.ArgumentParser()
+        config.add_arguments(parser, component)
+        return {option for action in parser._actions for option in action.option_strings}
+
+    everything = flags(None)
+    webhook, plugin, dra = flags("webhook"), flags("device-plugin"), flags("dra-plugin")
+    assert "--mps-enabled" in plugin and "--mps-enabled" not in webhook
+    assert "--convert-whole-gpus" in webhook and "--convert-whole-gpus" not in plugin | dra
+    assert "--dra-slice-min-interval-seconds" in dra and "--dra-slice-min-interval-seconds" not in plugin | webhook
+    assert {"--config", "--resource-prefix", "--memory-unit-mib"} <= webhook & plugin & dra
+    assert webhook | plugin | dra == everything  # every key is read by some component
+    with pytest.raises(ValueError, match="unknown component"):
+        flags("scheduler")

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cert-reload-seconds", type=float, default=10.0, help="how often the certificate files are checked"
     )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    config.add_arguments(parser)
+    config.add_arguments(parser, "webhook")
     return parser
 
 
