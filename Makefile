@@ -16,7 +16,8 @@ all: test
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	@# setuptools warns that a folder named like the package may shadow it: gpuslice/ is that package.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 venv: $(STAMP)
