@@ -1,5 +1,5 @@
 """Prometheus metrics of the webhook, in a registry of their own (no process-global state):
-admissions by result, admission latency, conversions by kind.
+admissions by result, admission latency, conversions by kind, 5xx answers.
 
 May import prometheus_client only.
 """
@@ -37,6 +37,12 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.http_errors = prometheus_client.Counter(
+            "gpuslice_webhook_http_errors",
+            "HTTP answers with a 5xx status, by path and status (an internal error or not ready)",
+            ["path", "status"],
+            registry=self.registry,
+        )
 
         # Label children resolved once: labels() takes a lock and a dict lookup on every call.
         self._results: dict[str, Any] = {}
@@ -55,6 +61,11 @@ class Metrics:
         if child is None:
             child = self._conversions[kind] = self.conversions.labels(kind)
         return child
+
+    def http_error(self, path: str, status: int) -> Any:
+        """The 5xx counter for `path` and `status` (known paths only: a client picks the path)."""
+        known = path if path in ("/mutate", "/healthz", "/readyz", "/metrics") else "other"
+        return self.http_errors.labels(known, str(status))
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""

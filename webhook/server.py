@@ -20,6 +20,7 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -73,6 +74,25 @@ async def _mutate(request: web.Request) -> web.Response:
     return response
 
 
+@web.middleware
+async def _count_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Count every 5xx answer by path and status; an unexpected exception is logged and answered
+    500 here, so none escapes uncounted (bad input must not get here: it is a 400 or a denial)."""
+    try:
+        response: web.StreamResponse = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status >= 500:
+            request.app[METRICS].http_error(request.path, exc.status).inc()
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        request.app[METRICS].http_error(request.path, 500).inc()
+        return web.Response(status=500, text="internal error; see the webhook's log\n")
+    if response.status >= 500:
+        request.app[METRICS].http_error(request.path, response.status).inc()
+    return response
+
+
 def _request_namespace(body: bytes) -> str:
     """The AdmissionReview's request namespace (a pod object may leave its namespace out)."""
     return str((orjson.loads(body).get("request") or {}).get("namespace") or "")
@@ -122,7 +142,7 @@ def make_app(
     templates: claim_templates.ClaimTemplates | None = None,
 ) -> web.Application:
     """The webhook application; `watcher` and `reloader` run as its background tasks."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_count_errors])
     app[SETTINGS] = settings
     app[CLUSTER] = cluster
     app[METRICS] = metrics or metrics_.Metrics()
