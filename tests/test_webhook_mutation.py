@@ -222,6 +222,20 @@ def test_gpu_fraction_moves_to_another_class_when_the_first_fills_up() -> None:
     assert all(pin(H100_MIB) in term["matchExpressions"] for term in required_terms(pod))
 
 
+def test_gpu_fraction_takes_the_class_whose_nodes_have_room_for_the_pods_memory_request() -> None:
+    view = make_view()
+    h200 = node_labels.node_labels(nodefile.load(EXAMPLES / "h200x8-node.yaml"), CONTRACT)
+    view.update_node("h200", {**h200, CONTRACT.label_free_memory_mib: "4096", CONTRACT.label_free_cpu_milli: "64000"})
+    roomy = deployment_pod({"gpu-fraction": "0.5"})
+    roomy["spec"]["containers"][0]["resources"]["requests"] = {"memory": "2Gi", "cpu": "1"}
+    _, pod = convert(roomy, view=view)
+    assert pin(H200_MIB) in required_terms(pod)[0]["matchExpressions"]  # fits beside the H200s
+    big = deployment_pod({"gpu-fraction": "0.5"})
+    big["spec"]["containers"][0]["resources"]["requests"] = {"memory": "16Gi", "cpu": "1"}
+    _, pod = convert(big, view=view)
+    assert pin(H100_MIB) in required_terms(pod)[0]["matchExpressions"]  # 16 GiB does not fit there
+
+
 @pytest.mark.parametrize(
     "selection",
     [

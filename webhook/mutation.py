@@ -22,7 +22,6 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from kubernetes.utils import quantity
 
 from gpuslice import config
 from gpuslice import contract as contract_
@@ -237,13 +236,9 @@ def _pod_requests(spec: Mapping[str, Any]) -> tuple[int, int]:
 
     def of(container: Mapping[str, Any]) -> tuple[int, int]:
         requests = (container.get("resources") or {}).get("requests") or {}
-        values = []
-        for name, scale in (("cpu", 1000), ("memory", 1 / 2**20)):
-            try:
-                values.append(int(quantity.parse_quantity(requests.get(name, 0)) * scale))
-            except (ValueError, TypeError, ArithmeticError):
-                values.append(0)
-        return values[0], values[1]
+        cpu = parsing.request_quantity(requests.get("cpu", 0)) * 1000
+        memory = parsing.request_quantity(requests.get("memory", 0)) / 2**20
+        return int(cpu), int(memory)
 
     regular = [of(c) for c in spec.get("containers") or ()]
     init = [of(c) for c in spec.get("initContainers") or ()]
