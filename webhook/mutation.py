@@ -22,7 +22,6 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import cluster as cluster_
