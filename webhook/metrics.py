@@ -6,9 +6,11 @@ May import prometheus_client only.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import prometheus_client
+from prometheus_client import core, registry
 
 __all__ = ["Metrics"]
 
@@ -44,6 +46,9 @@ class Metrics:
             registry=self.registry,
         )
 
+        self._untrusted_nodes = _UntrustedNodes()
+        self.registry.register(self._untrusted_nodes)
+
         # Label children resolved once: labels() takes a lock and a dict lookup on every call.
         self._results: dict[str, Any] = {}
         self._conversions: dict[str, Any] = {}
@@ -67,6 +72,27 @@ class Metrics:
         known = path if path in ("/mutate", "/healthz", "/readyz", "/metrics") else "other"
         return self.http_errors.labels(known, str(status))
 
+    def track_untrusted_nodes(self, untrusted: Callable[[], Mapping[str, tuple[str, str]]]) -> None:
+        """Export the nodes the cluster view leaves out, read at each scrape (node -> (reason, text))."""
+        self._untrusted_nodes.source = untrusted
+
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""
         return prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
+
+
+class _UntrustedNodes(registry.Collector):
+    def __init__(self) -> None:
+        self.source: Callable[[], Mapping[str, tuple[str, str]]] = dict
+
+    def collect(self) -> Iterator[core.Metric]:
+        family = core.GaugeMetricFamily(
+            "gpuslice_webhook_untrusted_nodes",
+            "Nodes whose gpuslice labels are left out of GPU class choice, by node and reason "
+            "(malformed-label, memory-out-of-range, count-out-of-range, free-above-total, capacity-mismatch, "
+            "device-plugin-down)",
+            labels=["node", "reason"],
+        )
+        for node, (reason, _) in sorted(self.source().items()):
+            family.add_metric([node, reason], 1.0)
+        yield family

@@ -146,6 +146,7 @@ def make_app(
     app[SETTINGS] = settings
     app[CLUSTER] = cluster
     app[METRICS] = metrics or metrics_.Metrics()
+    app[METRICS].track_untrusted_nodes(lambda: cluster.untrusted)
     app[WATCHER] = watcher
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
