@@ -32,6 +32,7 @@ __all__ = [
     "SteeringConfig",
     "MonitorConfig",
     "DraConfig",
+    "WebhookConfig",
     "ConfigError",
     "FIELDS",
     "load",
@@ -114,6 +115,23 @@ class DraConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WebhookConfig:
+    """Bounds on the webhook's HTTPS connections (issue 13.1; docs/webhook.md, "Connections")."""
+
+    # Seconds a connection may wait for its next request, headers included, before it is closed.
+    # Longer than the 90 s kube-apiserver's client keeps an idle connection, so the client closes first.
+    idle_timeout_seconds: float = 120.0
+    # Seconds a request's body may take to arrive once its headers have.
+    body_timeout_seconds: float = 10.0
+    # Seconds a TLS handshake may take.
+    tls_handshake_timeout_seconds: float = 10.0
+    # Seconds after which a connection is closed once its current request is answered.
+    max_connection_age_seconds: float = 600.0
+    # Connections served at once; one more is answered 503 and closed.
+    max_connections: int = 1000
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     resource_prefix: str = contract.DEFAULT_PREFIX
     memory_unit_mib: int = contract.DEFAULT_UNIT_MIB
@@ -124,6 +142,7 @@ class Config:
     steering: SteeringConfig = SteeringConfig()
     monitor: MonitorConfig = MonitorConfig()
     dra: DraConfig = DraConfig()
+    webhook: WebhookConfig = WebhookConfig()
     # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
     default_gpu_memory_mib: int = 81920
     convert_whole_gpus: bool = False
@@ -344,6 +363,41 @@ FIELDS: tuple[Field, ...] = (
         float,
         _positive,
         "DRA plugin: seconds between full checks of the published ResourceSlices",
+    ),
+    Field(
+        "webhook.idleTimeoutSeconds",
+        "webhook.idle_timeout_seconds",
+        float,
+        _positive,
+        "webhook: seconds a connection may wait for its next request (headers included) before it is closed",
+    ),
+    Field(
+        "webhook.bodyTimeoutSeconds",
+        "webhook.body_timeout_seconds",
+        float,
+        _positive,
+        "webhook: seconds a request body may take to arrive",
+    ),
+    Field(
+        "webhook.tlsHandshakeTimeoutSeconds",
+        "webhook.tls_handshake_timeout_seconds",
+        float,
+        _positive,
+        "webhook: seconds a TLS handshake may take",
+    ),
+    Field(
+        "webhook.maxConnectionAgeSeconds",
+        "webhook.max_connection_age_seconds",
+        float,
+        _positive,
+        "webhook: seconds after which a connection is closed once its current request is answered",
+    ),
+    Field(
+        "webhook.maxConnections",
+        "webhook.max_connections",
+        int,
+        _positive,
+        "webhook: connections served at once (one more is answered 503 and closed)",
     ),
 )
 

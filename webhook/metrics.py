@@ -46,6 +46,16 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.connections_refused = prometheus_client.Counter(
+            "gpuslice_webhook_connections_refused",
+            "Connections answered 503 and closed because webhook.maxConnections were open",
+            registry=self.registry,
+        )
+        self.open_connections = prometheus_client.Gauge(
+            "gpuslice_webhook_open_connections",
+            "HTTPS connections open (after their TLS handshake), as of the last sweep",
+            registry=self.registry,
+        )
         self._untrusted_nodes = _UntrustedNodes()
         self.registry.register(self._untrusted_nodes)
 

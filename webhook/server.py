@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 from gpuslice import config
-from gpuslice.webhook import admission, certs, claim_templates, nodewatch
+from gpuslice.webhook import admission, certs, claim_templates, connections, nodewatch
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
@@ -40,17 +40,25 @@ METRICS = web.AppKey("metrics", metrics_.Metrics)
 WATCHER = web.AppKey("watcher", object)  # nodewatch.NodeWatcher | None
 RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
 TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
+AGES = web.AppKey("ages", connections.Ages)
 
 # A pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it once for CREATE.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 _JSON = "application/json"
+LINGER_SECONDS = 1.0
 
 
 async def _mutate(request: web.Request) -> web.Response:
     app = request.app
     started = time.perf_counter()
     metrics = app[METRICS]
-    body = await request.read()
+    try:
+        async with asyncio.timeout(app[SETTINGS].webhook.body_timeout_seconds):
+            body = await request.read()
+    except TimeoutError:
+        response = web.Response(status=408, text="request body not received in time\n")
+        response.force_close()
+        return response
     try:
         answer = admission.review(body, settings=app[SETTINGS], cluster=app[CLUSTER])
     except admission.MalformedReview as exc:
@@ -77,7 +85,8 @@ async def _mutate(request: web.Request) -> web.Response:
 @web.middleware
 async def _count_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Count every 5xx answer by path and status; an unexpected exception is logged and answered
-    500 here, so none escapes uncounted (bad input must not get here: it is a 400 or a denial)."""
+    500 here, so none escapes uncounted (bad input must not get here: it is a 400 or a denial).
+    A connection past webhook.maxConnectionAgeSeconds is closed with its answer."""
     try:
         response: web.StreamResponse = await handler(request)
     except web.HTTPException as exc:
@@ -90,6 +99,8 @@ async def _count_errors(request: web.Request, handler: Any) -> web.StreamRespons
         return web.Response(status=500, text="internal error; see the webhook's log\n")
     if response.status >= 500:
         request.app[METRICS].http_error(request.path, response.status).inc()
+    settings = request.app[SETTINGS].webhook
+    connections.retire_if_old(request, response, request.app[AGES], settings.max_connection_age_seconds)
     return response
 
 
@@ -150,6 +161,7 @@ def make_app(
     app[WATCHER] = watcher
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
+    app[AGES] = connections.Ages()
     app.router.add_post("/mutate", _mutate)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -161,10 +173,25 @@ def make_app(
 async def start(app: web.Application, ssl_context: ssl.SSLContext, *, host: str, port: int) -> web.AppRunner:
     """Start serving `app` over HTTPS; the caller owns the runner (`await runner.cleanup()`).
     Port 0 picks a free port: read it from `runner.addresses`."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10.0)
+    bounds = app[SETTINGS].webhook
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=10.0,
+        # aiohttp arms this when a connection opens and after each answer, and closes a connection
+        # still waiting for (the rest of) a request's headers when it fires: idle and header time.
+        keepalive_timeout=bounds.idle_timeout_seconds,
+        # After answering a request whose body was not read (408, 413), read and drop the rest for
+        # at most this long before closing (aiohttp's default is 10 s, which a slow sender keeps).
+        lingering_time=LINGER_SECONDS,
+    )
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+        site = connections.BoundedSite(
+            runner, host, port, ssl_context=ssl_context, settings=bounds, metrics=app[METRICS], ages=app[AGES]
+        )
+        await site.start()
     except BaseException:
         await runner.cleanup()
         raise
