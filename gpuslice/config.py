@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import os
 import pathlib
 import re
@@ -43,6 +44,19 @@ SCHEMA_VERSION = "v1"
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
 OVERUSE_POLICIES = ("warn", "evict", "kill")
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+# GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule; Kubernetes adds the matching toleration
+# only to pods that request nvidia.com/gpu (ExtendedResourceToleration), which converted pods no
+# longer do, so the webhook adds it (issue 14).
+DEFAULT_CONVERTED_POD_TOLERATIONS: tuple[dict[str, Any], ...] = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+)
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+_TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+# A label key: an optional DNS-subdomain prefix and "/", then a name of at most 63 characters.
+_QUALIFIED_NAME_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 
 _PREFIX_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -149,6 +163,8 @@ class Config:
     ignored_namespaces: tuple[str, ...] = ("kube-system",)
     # Webhook: schedulerName set on converted pods ("" leaves it; "gpuslice-binpack" with the chart's profile).
     scheduler_name: str = ""
+    # Webhook: tolerations added to every converted pod that does not already tolerate them.
+    converted_pod_tolerations: tuple[dict[str, Any], ...] = DEFAULT_CONVERTED_POD_TOLERATIONS
 
     @property
     def contract(self) -> contract.Contract:
@@ -223,6 +239,35 @@ def _cdi_kind(value: str) -> str | None:
 
 
 def _always_ok(value: Any) -> str | None:
+    return None
+
+
+def _tolerations(values: tuple[dict[str, Any], ...]) -> str | None:
+    """Each entry a Kubernetes toleration the API server would accept."""
+    for index, entry in enumerate(values):
+        where = f"entry {index}"
+        unknown = sorted(set(entry) - _TOLERATION_KEYS)
+        if unknown:
+            return f"{where} has unknown field {unknown[0]!r} (known: {', '.join(sorted(_TOLERATION_KEYS))})"
+        key, operator = entry.get("key", ""), entry.get("operator", "Equal")
+        value, effect = entry.get("value", ""), entry.get("effect", "")
+        seconds = entry.get("tolerationSeconds")
+        if not all(isinstance(v, str) for v in (key, operator, value, effect)):
+            return f"{where}: key, operator, value and effect must be strings"
+        if key and not _QUALIFIED_NAME_RE.match(key):
+            return f"{where}: key {key!r} is not a valid label key"
+        if operator not in TOLERATION_OPERATORS:
+            return f"{where}: operator must be one of {', '.join(TOLERATION_OPERATORS)}, got {operator!r}"
+        if operator == "Exists" and value:
+            return f"{where}: operator Exists takes no value"
+        if not key and operator != "Exists":
+            return f"{where}: without a key the operator must be Exists"
+        if effect not in TAINT_EFFECTS:
+            return f"{where}: effect must be one of {', '.join(repr(e) for e in TAINT_EFFECTS)}, got {effect!r}"
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            return f"{where}: tolerationSeconds must be an integer"
+        if seconds is not None and effect != "NoExecute":
+            return f"{where}: tolerationSeconds needs effect NoExecute"
     return None
 
 
@@ -344,6 +389,15 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field("schedulerName", "scheduler_name", str, _scheduler_name, "schedulerName set on converted pods"),
     Field(
+        "convertedPodTolerations",
+        "converted_pod_tolerations",
+        tuple,
+        _tolerations,
+        "webhook: tolerations added to every converted pod not already tolerating them (a JSON list in a flag "
+        "or environment variable)",
+        item=dict,
+    ),
+    Field(
         "dra.enabled",
         "dra.enabled",
         bool,
@@ -444,6 +498,15 @@ def _coerce(field: Field, value: Any, source: str) -> Any:
         if isinstance(value, str):
             return value
         raise fail("must be a string")
+    if field.kind is tuple and field.item is dict:  # a list of objects; JSON from a flag or environment
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise fail("must be a JSON list of objects") from None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, Mapping) for v in value):
+            raise fail("must be a list of objects")
+        return tuple(dict(v) for v in value)
     if field.kind is tuple:
         items = value.split(",") if isinstance(value, str) else value
         if isinstance(value, str) and not value.strip():
@@ -575,7 +638,9 @@ def describe(fields: Sequence[Field] = FIELDS) -> str:
         value: Any = defaults
         for part in field.attr.split("."):
             value = getattr(value, part)
-        if isinstance(value, tuple):
+        if isinstance(value, tuple) and field.item is dict:
+            value = json.dumps(list(value), separators=(", ", ": "))
+        elif isinstance(value, tuple):
             value = "[" + ", ".join(map(str, value)) + "]"
         elif isinstance(value, bool):
             value = str(value).lower()

@@ -619,6 +619,92 @@ def test_json_pointers_escape_slashes_and_tildes() -> None:
     )
 
 
+# --- tolerations of converted pods (issue 14) ------------------------------------------------
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_a_converted_pod_gets_the_gpu_toleration_beside_its_own() -> None:
+    outcome, pod = convert(deployment_pod({"gpu-fraction": "0.5"}))
+    assert pod["spec"]["tolerations"][0]["key"] == "node.kubernetes.io/not-ready"
+    assert pod["spec"]["tolerations"][1:] == [GPU_TOLERATION]
+    assert decision(pod)["tolerationsAdded"] == 1
+
+
+def test_a_pod_without_tolerations_gets_a_list_with_the_gpu_toleration() -> None:
+    bare = deployment_pod({"gpu-memory": "2000"})
+    del bare["spec"]["tolerations"]
+    _, pod = convert(bare)
+    assert pod["spec"]["tolerations"] == [GPU_TOLERATION]
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        GPU_TOLERATION,
+        {"key": "nvidia.com/gpu", "operator": "Exists"},  # every effect
+        {"operator": "Exists"},  # every taint
+        {"operator": "Exists", "effect": "NoSchedule"},
+    ],
+    ids=["the-same", "key-any-effect", "everything", "any-key-noschedule"],
+)
+def test_a_pod_that_already_tolerates_the_gpu_taint_gets_no_second_toleration(own: dict[str, str]) -> None:
+    pod = deployment_pod({"gpu-fraction": "0.5"})
+    pod["spec"]["tolerations"] = [own]
+    outcome, patched = convert(pod)
+    assert patched["spec"]["tolerations"] == [own] and "tolerationsAdded" not in decision(patched)
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "example.com/fpga", "operator": "Exists"},
+    ],
+    ids=["one-value-only", "other-effect", "other-key"],
+)
+def test_a_toleration_that_covers_less_does_not_count(own: dict[str, str]) -> None:
+    pod = deployment_pod({"gpu-fraction": "0.5"})
+    pod["spec"]["tolerations"] = [own]
+    _, patched = convert(pod)
+    assert patched["spec"]["tolerations"] == [own, GPU_TOLERATION]
+
+
+def test_configured_tolerations_replace_the_default_and_an_empty_list_adds_none() -> None:
+    wanted = (
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},  # once only
+    )
+    settings = dataclasses.replace(SETTINGS, converted_pod_tolerations=wanted)
+    _, pod = convert(deployment_pod({"gpu-memory": "20Gi"}), settings=settings)
+    assert pod["spec"]["tolerations"][1:] == list(wanted[:2])
+    settings = dataclasses.replace(SETTINGS, converted_pod_tolerations=())
+    _, pod = convert(deployment_pod({"gpu-memory": "20Gi"}), settings=settings)
+    assert len(pod["spec"]["tolerations"]) == 1
+
+
+def test_whole_gpu_mig_and_dra_conversions_get_the_toleration_too() -> None:
+    whole = dataclasses.replace(SETTINGS, convert_whole_gpus=True)
+    dra = dataclasses.replace(SETTINGS, dra=dataclasses.replace(SETTINGS.dra, enabled=True))
+    cases = [
+        (deployment_pod(containers=[container(limits={"nvidia.com/gpu": "2"})]), whole),
+        (deployment_pod({"gpu-memory": "9000", "gpuslice.io/isolation": "mig"}), SETTINGS),
+        (deployment_pod({"gpu-fraction": "0.5"}), dra),
+    ]
+    for pod, settings in cases:
+        outcome = mutation.mutate(pod, settings=settings, cluster=make_view())
+        patched = jsonpatch.apply_patch(pod, outcome.patch)
+        assert GPU_TOLERATION in patched["spec"]["tolerations"], outcome.kind
+
+
+def test_pods_that_are_not_converted_get_no_toleration() -> None:
+    for pod in (deployment_pod({"gpu-fraction": "7"}), cpu_pod(), deployment_pod({"team": "a"}, containers=[container()])):
+        outcome = mutation.mutate(pod, settings=SETTINGS, cluster=make_view())
+        assert not any("tolerations" in op["path"] for op in outcome.patch)
+
+
 # --- denials -------------------------------------------------------------------------------
 
 DENIALS = [

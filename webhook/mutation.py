@@ -26,7 +26,7 @@ from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import decision as decision_
-from gpuslice.webhook import dra_claims, parsing, steering
+from gpuslice.webhook import dra_claims, parsing, steering, tolerations
 
 __all__ = [
     "Outcome",
@@ -724,12 +724,21 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
     if conversion is None:
         # Annotated but nothing to convert (already converted, container name only): leave it.
         return _UNCHANGED if wants_conversion else _steer_cpu_pod(pod, settings, contract)
+    # The pod no longer requests nvidia.com/gpu, so Kubernetes adds no toleration for GPU taints.
+    toleration_ops, added = tolerations.patch_ops(pod.get("spec") or {}, settings.converted_pod_tolerations)
+    if added:
+        conversion.decision["tolerationsAdded"] = added
     if settings.dra.enabled:  # DRA mode: a ResourceClaim instead of extended resources (docs/dra.md)
         need = dra_claims.need_from_conversion(conversion, contract, pod)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
         objects = (claims.template,)
-        return Outcome(True, claims.patch, "", claims.decision, claims.warnings, conversion.kind, objects)
+        patch = claims.patch + toleration_ops
+        return Outcome(True, patch, "", claims.decision, claims.warnings, conversion.kind, objects)
     patch, warnings = _build_patch(pod, conversion, settings, contract)
     return Outcome(
-        allowed=True, patch=patch, decision=conversion.decision, warnings=tuple(warnings), kind=conversion.kind
+        allowed=True,
+        patch=patch + toleration_ops,
+        decision=conversion.decision,
+        warnings=tuple(warnings),
+        kind=conversion.kind,
     )
