@@ -700,7 +700,8 @@ def test_whole_gpu_mig_and_dra_conversions_get_the_toleration_too() -> None:
 
 
 def test_pods_that_are_not_converted_get_no_toleration() -> None:
-    for pod in (deployment_pod({"gpu-fraction": "7"}), cpu_pod(), deployment_pod({"team": "a"}, containers=[container()])):
+    plain = deployment_pod({"team": "a"}, containers=[container()])
+    for pod in (deployment_pod({"gpu-fraction": "7"}), cpu_pod(), plain):
         outcome = mutation.mutate(pod, settings=SETTINGS, cluster=make_view())
         assert not any("tolerations" in op["path"] for op in outcome.patch)
 
