@@ -14,52 +14,77 @@ from typing import Any
 
 __all__ = ["WrongShape", "check_pod"]
 
-Check = Callable[[Any, str], None]
+Check = Callable[[Any], None]
 
 
 class WrongShape(ValueError):
     """A field has the wrong JSON type; the message names it."""
+
+    def __init__(self, expected: str, value: Any) -> None:
+        super().__init__(expected)
+        self.expected, self.kind = expected, _kind(value)
+        self.path: list[str] = []  # filled in on the way out, so the happy path builds no strings
+
+    def __str__(self) -> str:
+        return f"{''.join(self.path)} must be {self.expected}, not {self.kind}"
 
 
 def _kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
 
 
-def _string(value: Any, where: str) -> None:
-    if value is not None and not isinstance(value, str):
-        raise WrongShape(f"{where} must be a string, not {_kind(value)}")
+def _is_mapping(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)  # orjson gives dicts: skip the ABC check
 
 
-def _quantity(value: Any, where: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
-        raise WrongShape(f"{where} must be a quantity (a string), not {_kind(value)}")
+def _string(value: Any) -> None:
+    if type(value) is not str and not isinstance(value, str):
+        raise WrongShape("a string", value)
+
+
+def _quantity(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise WrongShape("a quantity (a string)", value)
 
 
 def _list(item: Check) -> Check:
-    def check(value: Any, where: str) -> None:
-        if value is None:
-            return
-        if not isinstance(value, list):
-            raise WrongShape(f"{where} must be a list, not {_kind(value)}")
+    def check(value: Any) -> None:
+        if type(value) is not list:
+            raise WrongShape("a list", value)
         for index, entry in enumerate(value):
-            item(entry, f"{where}[{index}]")
+            if entry is not None:
+                try:
+                    item(entry)
+                except WrongShape as exc:
+                    exc.path.insert(0, f"[{index}]")
+                    raise
 
     return check
 
 
 def _object(fields: Mapping[str, Check] | None = None, *, values: Check | None = None) -> Check:
     """An object whose named `fields` (or every value, with `values`) pass their checks."""
+    named = tuple((fields or {}).items())
 
-    def check(value: Any, where: str) -> None:
-        if value is None:
-            return
-        if not isinstance(value, Mapping):
-            raise WrongShape(f"{where} must be an object, not {_kind(value)}")
+    def check(value: Any) -> None:
+        if not _is_mapping(value):
+            raise WrongShape("an object", value)
         if values is not None:
             for key, entry in value.items():
-                values(entry, f"{where}[{key[:100]!r}]")
-        for key, field_check in (fields or {}).items():
-            field_check(value.get(key), f"{where}.{key}")
+                if entry is not None:
+                    try:
+                        values(entry)
+                    except WrongShape as exc:
+                        exc.path.insert(0, f"[{str(key)[:100]!r}]")
+                        raise
+        for key, field_check in named:
+            entry = value.get(key)
+            if entry is not None:
+                try:
+                    field_check(entry)
+                except WrongShape as exc:
+                    exc.path.insert(0, f".{key}")
+                    raise
 
     return check
 
@@ -108,7 +133,9 @@ _POD = _object(
 
 
 def check_pod(pod: Any) -> None:
-    """Raise WrongShape naming the first field of `pod` with the wrong type."""
-    if not isinstance(pod, Mapping):
-        raise WrongShape(f"object must be an object, not {_kind(pod)}")
-    _POD(pod, "object")
+    """Raise WrongShape naming the first field of `pod` (as `object.spec...`) with the wrong type."""
+    try:
+        _POD(pod)
+    except WrongShape as exc:
+        exc.path.insert(0, "object")
+        raise
