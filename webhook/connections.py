@@ -111,12 +111,6 @@ class BoundedSite(web.BaseSite):
     def name(self) -> str:
         return f"https://{self._host}:{self._port}"
 
-    @property
-    def port(self) -> int:
-        """The bound port (useful with port 0)."""
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
-
     def open_connections(self) -> int:
         server = self._runner.server
         return len(server.connections) if isinstance(server, web.Server) else 0
