@@ -117,32 +117,64 @@ def make_reviews(count: int = 200) -> list[bytes]:
 # --- servers ---------------------------------------------------------------------------------
 
 
+def cluster_view(settings: Any) -> Any:
+    """A mixed 200-node cluster of three GPU classes, so class choice and pinning run for every pod."""
+    from gpuslice.webhook import cluster
+
+    view = cluster.ClusterView(settings.contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
+    c = settings.contract
+    for i in range(200):
+        memory, gpus = ((81920, 8), (143771, 8), (24576, 4))[i % 3]
+        view.update_node(
+            f"node-{i}",
+            {
+                c.label_gpu_product: f"GPU-{memory}",
+                c.label_gpu_memory_mib: str(memory),
+                c.label_gpu_count: str(gpus),
+                c.label_free_units: str(i * 7 % (gpus * memory // 256)),
+                c.label_free_block_units: "100",
+                c.label_free_gpus: "1",
+            },
+        )
+    return view
+
+
+def in_process(passes: int) -> None:
+    """CPU time of admission.review alone (decode, mutate, encode) per AdmissionReview: no TLS, no
+    HTTP, so it isolates the webhook's own cost from a loaded machine's noise."""
+    from gpuslice import config
+    from gpuslice.webhook import admission
+
+    settings = config.Config()
+    view = cluster_view(settings)
+    reviews = make_reviews()
+    for body in reviews:  # warm-up
+        admission.review(body, settings=settings, cluster=view)
+    gc.freeze()
+    samples = []
+    for _ in range(passes):
+        started = time.process_time()
+        for body in reviews:
+            admission.review(body, settings=settings, cluster=view)
+        samples.append((time.process_time() - started) / len(reviews) * 1e6)
+    print(
+        f"admission.review CPU per AdmissionReview over {len(reviews)} reviews x {passes} passes: "
+        f"median {statistics.median(samples):.1f} us, min {min(samples):.1f} us"
+    )
+
+
 def run_server(kind: str, port: int, cert: str, key: str) -> None:
     from aiohttp import web
 
     from gpuslice import config
-    from gpuslice.webhook import certs, cluster, server
+    from gpuslice.webhook import certs, server
 
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {0})
     context = certs.server_context(cert, key)
     if kind == "webhook":
         settings = config.Config()
-        view = cluster.ClusterView(settings.contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
-        c = settings.contract
-        for i in range(200):  # a mixed cluster, so class choice and pinning run for every pod
-            memory, gpus = ((81920, 8), (143771, 8), (24576, 4))[i % 3]
-            view.update_node(
-                f"node-{i}",
-                {
-                    c.label_gpu_product: f"GPU-{memory}",
-                    c.label_gpu_memory_mib: str(memory),
-                    c.label_gpu_count: str(gpus),
-                    c.label_free_units: str(i * 7 % (gpus * memory // 256)),
-                    c.label_free_block_units: "100",
-                    c.label_free_gpus: "1",
-                },
-            )
+        view = cluster_view(settings)
         app = server.make_app(settings, view)
     else:
         import orjson  # the webhook's JSON library: the comparison measures the handler, not the parser
@@ -279,6 +311,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 200], help="closed-loop connections")
     parser.add_argument("--rate", type=float, default=200.0, help="open-loop admissions per second (latency)")
     parser.add_argument("--open-connections", type=int, default=50, help="connections for the open-loop run")
+    parser.add_argument(
+        "--in-process", type=int, default=0, metavar="PASSES", help="only time admission.review in this process"
+    )
     parser.add_argument("--role", choices=["main", "server", "client"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="webhook", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -286,6 +321,9 @@ def main() -> None:
     parser.add_argument("--key", help=argparse.SUPPRESS)
     parser.add_argument("--ca", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.in_process:
+        in_process(args.in_process)
+        return
     if args.role == "server":
         run_server(args.kind, args.port, args.cert, args.key)
         return

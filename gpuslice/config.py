@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import os
 import pathlib
 import re
@@ -32,6 +33,7 @@ __all__ = [
     "SteeringConfig",
     "MonitorConfig",
     "DraConfig",
+    "WebhookConfig",
     "ConfigError",
     "FIELDS",
     "load",
@@ -42,6 +44,19 @@ SCHEMA_VERSION = "v1"
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
 OVERUSE_POLICIES = ("warn", "evict", "kill")
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+# GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule; Kubernetes adds the matching toleration
+# only to pods that request nvidia.com/gpu (ExtendedResourceToleration), which converted pods no
+# longer do, so the webhook adds it (issue 14).
+DEFAULT_CONVERTED_POD_TOLERATIONS: tuple[dict[str, Any], ...] = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+)
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+_TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+# A label key: an optional DNS-subdomain prefix and "/", then a name of at most 63 characters.
+_QUALIFIED_NAME_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 
 _PREFIX_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -125,6 +140,23 @@ class RequeueConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WebhookConfig:
+    """Bounds on the webhook's HTTPS connections (issue 13.1; docs/webhook.md, "Connections")."""
+
+    # Seconds a connection may wait for its next request, headers included, before it is closed.
+    # Longer than the 90 s kube-apiserver's client keeps an idle connection, so the client closes first.
+    idle_timeout_seconds: float = 120.0
+    # Seconds a request's body may take to arrive once its headers have.
+    body_timeout_seconds: float = 10.0
+    # Seconds a TLS handshake may take.
+    tls_handshake_timeout_seconds: float = 10.0
+    # Seconds after which a connection is closed once its current request is answered.
+    max_connection_age_seconds: float = 600.0
+    # Connections served at once; one more is answered 503 and closed.
+    max_connections: int = 1000
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     resource_prefix: str = contract.DEFAULT_PREFIX
     memory_unit_mib: int = contract.DEFAULT_UNIT_MIB
@@ -136,12 +168,15 @@ class Config:
     monitor: MonitorConfig = MonitorConfig()
     dra: DraConfig = DraConfig()
     requeue: RequeueConfig = RequeueConfig()
+    webhook: WebhookConfig = WebhookConfig()
     # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
     default_gpu_memory_mib: int = 81920
     convert_whole_gpus: bool = False
     ignored_namespaces: tuple[str, ...] = ("kube-system",)
     # Webhook: schedulerName set on converted pods ("" leaves it; "gpuslice-binpack" with the chart's profile).
     scheduler_name: str = ""
+    # Webhook: tolerations added to every converted pod that does not already tolerate them.
+    converted_pod_tolerations: tuple[dict[str, Any], ...] = DEFAULT_CONVERTED_POD_TOLERATIONS
 
     @property
     def contract(self) -> contract.Contract:
@@ -216,6 +251,35 @@ def _cdi_kind(value: str) -> str | None:
 
 
 def _always_ok(value: Any) -> str | None:
+    return None
+
+
+def _tolerations(values: tuple[dict[str, Any], ...]) -> str | None:
+    """Each entry a Kubernetes toleration the API server would accept."""
+    for index, entry in enumerate(values):
+        where = f"entry {index}"
+        unknown = sorted(set(entry) - _TOLERATION_KEYS)
+        if unknown:
+            return f"{where} has unknown field {unknown[0]!r} (known: {', '.join(sorted(_TOLERATION_KEYS))})"
+        key, operator = entry.get("key", ""), entry.get("operator", "Equal")
+        value, effect = entry.get("value", ""), entry.get("effect", "")
+        seconds = entry.get("tolerationSeconds")
+        if not all(isinstance(v, str) for v in (key, operator, value, effect)):
+            return f"{where}: key, operator, value and effect must be strings"
+        if key and not _QUALIFIED_NAME_RE.match(key):
+            return f"{where}: key {key!r} is not a valid label key"
+        if operator not in TOLERATION_OPERATORS:
+            return f"{where}: operator must be one of {', '.join(TOLERATION_OPERATORS)}, got {operator!r}"
+        if operator == "Exists" and value:
+            return f"{where}: operator Exists takes no value"
+        if not key and operator != "Exists":
+            return f"{where}: without a key the operator must be Exists"
+        if effect not in TAINT_EFFECTS:
+            return f"{where}: effect must be one of {', '.join(repr(e) for e in TAINT_EFFECTS)}, got {effect!r}"
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            return f"{where}: tolerationSeconds must be an integer"
+        if seconds is not None and effect != "NoExecute":
+            return f"{where}: tolerationSeconds needs effect NoExecute"
     return None
 
 
@@ -337,6 +401,15 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field("schedulerName", "scheduler_name", str, _scheduler_name, "schedulerName set on converted pods"),
     Field(
+        "convertedPodTolerations",
+        "converted_pod_tolerations",
+        tuple,
+        _tolerations,
+        "webhook: tolerations added to every converted pod not already tolerating them (a JSON list in a flag "
+        "or environment variable)",
+        item=dict,
+    ),
+    Field(
         "dra.enabled",
         "dra.enabled",
         bool,
@@ -377,6 +450,41 @@ FIELDS: tuple[Field, ...] = (
         float,
         _positive,
         "webhook: wait before the first recreation of a refused pod (doubled each time)",
+    ),
+    Field(
+        "webhook.idleTimeoutSeconds",
+        "webhook.idle_timeout_seconds",
+        float,
+        _positive,
+        "webhook: seconds a connection may wait for its next request (headers included) before it is closed",
+    ),
+    Field(
+        "webhook.bodyTimeoutSeconds",
+        "webhook.body_timeout_seconds",
+        float,
+        _positive,
+        "webhook: seconds a request body may take to arrive",
+    ),
+    Field(
+        "webhook.tlsHandshakeTimeoutSeconds",
+        "webhook.tls_handshake_timeout_seconds",
+        float,
+        _positive,
+        "webhook: seconds a TLS handshake may take",
+    ),
+    Field(
+        "webhook.maxConnectionAgeSeconds",
+        "webhook.max_connection_age_seconds",
+        float,
+        _positive,
+        "webhook: seconds after which a connection is closed once its current request is answered",
+    ),
+    Field(
+        "webhook.maxConnections",
+        "webhook.max_connections",
+        int,
+        _positive,
+        "webhook: connections served at once (one more is answered 503 and closed)",
     ),
 )
 
@@ -423,6 +531,15 @@ def _coerce(field: Field, value: Any, source: str) -> Any:
         if isinstance(value, str):
             return value
         raise fail("must be a string")
+    if field.kind is tuple and field.item is dict:  # a list of objects; JSON from a flag or environment
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise fail("must be a JSON list of objects") from None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, Mapping) for v in value):
+            raise fail("must be a list of objects")
+        return tuple(dict(v) for v in value)
     if field.kind is tuple:
         items = value.split(",") if isinstance(value, str) else value
         if isinstance(value, str) and not value.strip():
@@ -546,6 +663,7 @@ _NODE_KEYS = (
 _WEBHOOK_KEYS = (
     "defaultGpuMemoryMiB",
     "convertWholeGpus",
+    "convertedPodTolerations",
     "ignoredNamespaces",
     "schedulerName",
     "steering.cpuPods",
@@ -599,7 +717,9 @@ def describe(fields: Sequence[Field] = FIELDS) -> str:
         value: Any = defaults
         for part in field.attr.split("."):
             value = getattr(value, part)
-        if isinstance(value, tuple):
+        if isinstance(value, tuple) and field.item is dict:
+            value = json.dumps(list(value), separators=(", ", ": "))
+        elif isinstance(value, tuple):
             value = "[" + ", ".join(map(str, value)) + "]"
         elif isinstance(value, bool):
             value = str(value).lower()

@@ -1131,6 +1131,16 @@ def test_values_schema_checks_config_as_the_components_would():
     assert dict(leaves(schema["properties"]["config"])) == {f.path: kinds[f.kind] for f in config.FIELDS}
 
 
+def test_webhook_tolerations_and_connection_bounds_reach_the_shared_config(tmp_path):
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]
+    values = {"config": {"convertedPodTolerations": tolerations, "webhook": {"idleTimeoutSeconds": 30}}}
+    settings = shared_config(chartkit.render(values), tmp_path)
+    assert settings.converted_pod_tolerations == tuple(tolerations)
+    assert settings.webhook.idle_timeout_seconds == 30 and settings.webhook.max_connections == 1000
+    defaults = shared_config(rendered("defaults"), tmp_path)
+    assert defaults.converted_pod_tolerations == config.DEFAULT_CONVERTED_POD_TOLERATIONS
+
+
 def test_config_changes_roll_the_pods():
     plain = rendered("defaults").one("DaemonSet", "device-plugin")
     changed = rendered("mps").one("DaemonSet", "device-plugin")
@@ -1158,6 +1168,9 @@ def test_config_changes_roll_the_pods():
         ({"webhook": {"runAsUser": 1000}}, "webhook.podSecurityContext.runAsUser"),
         ({"devicePlugin": {"requireOptInLabel": False}}, "devicePlugin.nodeSelection"),
         ({"devicePlugin": {"cdiSpecDir": "/etc/cdi"}}, "dra.cdiSpecDir"),
+        ({"config": {"convertedPodTolerations": [{"key": "a", "operator": "Like"}]}}, "operator"),
+        ({"config": {"convertedPodTolerations": [{"key": "a", "effect": "NoSchedule", "sec": 1}]}}, "sec"),
+        ({"config": {"webhook": {"maxConnections": 0}}}, "maxConnections"),
     ],
     ids=[
         "bad-prefix",
@@ -1177,6 +1190,9 @@ def test_config_changes_roll_the_pods():
         "removed-webhook-run-as-user",
         "removed-require-opt-in-label",
         "removed-cdi-spec-dir",
+        "unknown-toleration-operator",
+        "unknown-toleration-field",
+        "no-connections",
     ],
 )
 def test_bad_values_are_refused_with_a_message_naming_them(values, message, tmp_path):

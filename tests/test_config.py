@@ -112,3 +112,50 @@ def test_each_component_shows_only_the_flags_of_the_keys_it_reads() -> None:
     assert webhook | plugin | dra == everything  # every key is read by some component
     with pytest.raises(ValueError, match="unknown component"):
         flags("scheduler")
+
+
+def test_webhook_connection_bounds_have_defaults_and_are_read_from_a_file(tmp_path):
+    assert config.load(environ={}).webhook == config.WebhookConfig(
+        idle_timeout_seconds=120.0,
+        body_timeout_seconds=10.0,
+        tls_handshake_timeout_seconds=10.0,
+        max_connection_age_seconds=600.0,
+        max_connections=1000,
+    )
+    path = write(tmp_path, "webhook:\n  idleTimeoutSeconds: 30\n  maxConnections: 50\n")
+    c = config.load(path, environ={"GPUSLICE_WEBHOOK_BODY_TIMEOUT_SECONDS": "2.5"})
+    assert (c.webhook.idle_timeout_seconds, c.webhook.max_connections, c.webhook.body_timeout_seconds) == (30, 50, 2.5)
+    with pytest.raises(config.ConfigError, match="webhook.maxConnections: must be greater than 0"):
+        config.load(overrides={"webhook.maxConnections": 0}, environ={})
+
+
+def test_converted_pod_tolerations_default_to_the_gpu_taint_and_come_from_yaml_or_json(tmp_path):
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert config.load(environ={}).converted_pod_tolerations == (gpu,)
+    path = write(tmp_path, "convertedPodTolerations:\n- {key: dedicated, operator: Equal, value: gpu}\n")
+    assert config.load(path, environ={}).converted_pod_tolerations == (
+        {"key": "dedicated", "operator": "Equal", "value": "gpu"},
+    )
+    env = {"GPUSLICE_CONVERTED_POD_TOLERATIONS": '[{"operator": "Exists"}]'}
+    assert config.load(environ=env).converted_pod_tolerations == ({"operator": "Exists"},)
+    assert config.load(overrides={"convertedPodTolerations": []}, environ={}).converted_pod_tolerations == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("not json", "must be a JSON list of objects"),
+        ('["nvidia.com/gpu"]', "must be a list of objects"),
+        ('[{"key": "a", "operator": "Exists", "value": "v"}]', "operator Exists takes no value"),
+        ('[{"key": "a", "operator": "Like"}]', "operator must be one of Exists, Equal"),
+        ('[{"key": "a", "operator": "Exists", "effect": "Never"}]', "effect must be one of"),
+        ('[{"key": "a", "operator": "Exists", "tolerationSeconds": 5}]', "tolerationSeconds needs effect NoExecute"),
+        ('[{"key": "a b", "operator": "Exists"}]', "not a valid label key"),
+        ('[{"value": "x"}]', "without a key the operator must be Exists"),
+        ('[{"key": "a", "operator": "Exists", "colour": "red"}]', "unknown field 'colour'"),
+    ],
+    ids=["not-json", "strings", "exists-with-value", "operator", "effect", "seconds", "key", "no-key", "unknown"],
+)
+def test_bad_tolerations_are_refused_at_start_up_with_the_reason(value, message):
+    with pytest.raises(config.ConfigError, match=f"convertedPodTolerations: .*{message}"):
+        config.load(environ={"GPUSLICE_CONVERTED_POD_TOLERATIONS": value})

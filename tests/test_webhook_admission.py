@@ -134,6 +134,56 @@ MALFORMED = [
         "no uid",
     ),
     ("no-object", review(object=None) | {"request": {**review()["request"], "object": None}}, "no object"),
+    ("request-a-list", {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": []}, "no request"),
+    ("uid-a-number", review(uid=7), "no uid"),
+    ("resource-a-string", review(resource="pods"), "request.resource"),
+    ("namespace-a-list", review(namespace=["team-a"]), "request.namespace"),
+    ("dry-run-a-string", review(dryRun="yes"), "request.dryRun"),
+    ("object-a-string", review(object="a pod"), "no object"),
+    ("metadata-a-list", review(object={**pod(), "metadata": []}), r"object\.metadata must be an object"),
+    (
+        "annotations-a-list",
+        review(object={**pod(), "metadata": {"annotations": ["gpu-fraction"]}}),
+        r"object\.metadata\.annotations must be an object",
+    ),
+    (
+        "annotation-value-a-number",
+        review(object=pod({"gpu-fraction": 0.5})),  # type: ignore[dict-item]
+        r"annotations\['gpu-fraction'\] must be a string",
+    ),
+    ("spec-a-string", review(object={**pod(), "spec": "GPU"}), r"object\.spec must be an object"),
+    ("containers-an-object", review(object={**pod(), "spec": {"containers": {}}}), "containers must be a list"),
+    ("container-a-string", review(object={**pod(), "spec": {"containers": ["main"]}}), r"containers\[0\] must be"),
+    (
+        "limits-a-list",
+        review(object={**pod(), "spec": {"containers": [{"name": "m", "resources": {"limits": ["nvidia.com/gpu"]}}]}}),
+        "limits must be an object",
+    ),
+    (
+        "quantity-an-object",
+        review(object={**pod(), "spec": {"containers": [{"name": "m", "resources": {"limits": {"cpu": {}}}}]}}),
+        r"limits\['cpu'\] must be a quantity",
+    ),
+    (
+        "node-selector-terms-a-string",
+        review(
+            object={
+                **pod({"gpu-fraction": "0.5"}),
+                "spec": {
+                    "containers": [{"name": "m"}],
+                    "affinity": {
+                        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": "x"}}
+                    },
+                },
+            }
+        ),
+        "nodeSelectorTerms must be a list",
+    ),
+    (
+        "owner-references-an-object",
+        review(object={**pod(), "metadata": {"ownerReferences": {"kind": "DaemonSet"}}}),
+        "ownerReferences must be a list",
+    ),
 ]
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from typing import Any
+
+import pytest
 
 from gpuslice import config
 from gpuslice.deviceplugin import inventory
 from gpuslice.deviceplugin import labels as node_labels
-from gpuslice.webhook import cluster
+from gpuslice.webhook import cluster, mutation, nodelabels
 
 CONTRACT = config.Config().contract
 
@@ -119,3 +122,99 @@ def test_running_aggregates_match_a_recount_after_many_random_changes() -> None:
     assert cv.classes() == recount.classes()
     assert cv.mig_profiles() == recount.mig_profiles()
     assert cv.node_names() == set(current)
+
+
+# --- untrusted labels ----------------------------------------------------------------------
+
+H100_UNITS = 81559 // 256  # what the plugin advertises per H100
+
+
+def status(units: int, allocatable: int | None = None) -> dict[str, Any]:
+    """A node's status as kubelet reports it, with the plugin's gpuslice memory resource."""
+    resource = CONTRACT.gpu_memory_resource
+    alloc = {"cpu": "64"} | (
+        {} if allocatable == -1 else {resource: str(units if allocatable is None else allocatable)}
+    )
+    return {"capacity": {"cpu": "64", resource: str(units)}, "allocatable": alloc}
+
+
+def steady_view() -> cluster.ClusterView:
+    """One honest node of 8 H100s, a quarter used."""
+    cv = view()
+    labels = gpu_labels(81559, 8, "NVIDIA-H100-80GB-HBM3", free_units=6 * H100_UNITS)
+    labels[CONTRACT.label_free_gpus] = "6"
+    cv.update_node("honest", labels, status=status(8 * H100_UNITS))
+    return cv
+
+
+def fraction_pin(cv: cluster.ClusterView) -> int:
+    pod = {
+        "metadata": {"annotations": {"gpu-fraction": "0.5"}},
+        "spec": {"containers": [{"name": "main", "image": "x"}]},
+    }
+    outcome = mutation.mutate(pod, settings=config.Config(), cluster=cv)
+    assert outcome.allowed, outcome.message
+    return int(outcome.decision["classMemoryMiB"])  # type: ignore[index]
+
+
+BAD_LABELS = [
+    ("20-digit-memory", {CONTRACT.label_gpu_memory_mib: "9" * 20}, nodelabels.MALFORMED),
+    ("full-width-memory", {CONTRACT.label_gpu_memory_mib: "８１５５９"}, nodelabels.MALFORMED),
+    ("padded-count", {CONTRACT.label_gpu_count: " 8"}, nodelabels.MALFORMED),
+    ("underscore-free", {CONTRACT.label_free_units: "1_000"}, nodelabels.MALFORMED),
+    ("memory-below-1-gib", {CONTRACT.label_gpu_memory_mib: "512"}, nodelabels.MEMORY_OUT_OF_RANGE),
+    ("memory-above-1-tib", {CONTRACT.label_gpu_memory_mib: str(2 * 1024 * 1024)}, nodelabels.MEMORY_OUT_OF_RANGE),
+    ("huge-mig-memory", {CONTRACT.label_mig_memory("1g.10gb"): "99999999999"}, nodelabels.MEMORY_OUT_OF_RANGE),
+    ("thousand-gpus", {CONTRACT.label_gpu_count: "1000"}, nodelabels.COUNT_OUT_OF_RANGE),
+    ("more-free-gpus-than-gpus", {CONTRACT.label_free_gpus: "9"}, nodelabels.FREE_ABOVE_TOTAL),
+]
+
+
+@pytest.mark.parametrize(("bad", "reason"), [b[1:] for b in BAD_LABELS], ids=[b[0] for b in BAD_LABELS])
+def test_one_nodes_bad_labels_leave_out_that_node_only(bad: dict[str, str], reason: str) -> None:
+    cv = steady_view()
+    labels = {**gpu_labels(143771, 8, "NVIDIA-H200", free_units=8 * 561), CONTRACT.label_free_gpus: "8", **bad}
+    cv.update_node("bad", labels)  # no exception
+    assert [c.memory_mib for c in cv.classes()] == [81559] and cv.untrusted["bad"][0] == reason
+    assert fraction_pin(cv) == 81559  # admissions go on, to the honest node's class
+    cv.update_node("bad", gpu_labels(143771, 8, "NVIDIA-H200"))  # fixed labels: back in
+    assert "bad" not in cv.untrusted and [c.memory_mib for c in cv.classes()] == [81559, 143771]
+
+
+def test_a_forged_large_class_that_kubelet_does_not_count_attracts_nothing() -> None:
+    cv = steady_view()
+    # A 192 GiB "H100" with 8 free GPUs, on a node whose kubelet counts 8 real H100s of units.
+    forged = gpu_labels(196608, 8, "NVIDIA-H100-80GB-HBM3", free_units=8 * 768)
+    forged[CONTRACT.label_free_gpus] = "8"
+    cv.update_node("forger", forged, status=status(8 * H100_UNITS))
+    assert cv.untrusted["forger"][0] == nodelabels.CAPACITY_MISMATCH and "forger" not in {
+        n for n in cv.node_names() if n not in cv.untrusted
+    }
+    assert [c.memory_mib for c in cv.classes()] == [81559] and fraction_pin(cv) == 81559
+
+
+def test_free_units_above_what_kubelet_counts_leave_the_node_out() -> None:
+    cv = view()
+    labels = gpu_labels(81559, 2, "H100", free_units=3 * H100_UNITS)
+    cv.update_node("n", labels, status=status(2 * H100_UNITS))
+    assert cv.untrusted["n"][0] == nodelabels.FREE_ABOVE_TOTAL and cv.classes() == []
+
+
+@pytest.mark.parametrize("allocatable", [0, -1], ids=["allocatable-zero", "resource-gone"])
+def test_a_node_whose_plugin_is_down_keeps_its_class_but_steering_ignores_it(allocatable: int) -> None:
+    cv = steady_view()
+    dead = {**gpu_labels(143771, 8, "NVIDIA-H200", free_units=8 * 561), CONTRACT.label_free_gpus: "8"}
+    cv.update_node("dead", dead, status=status(8 * 561, allocatable=allocatable))
+    assert cv.untrusted["dead"][0] == nodelabels.PLUGIN_DOWN
+    h200 = [c for c in cv.classes() if c.memory_mib == 143771][0]
+    assert h200.free_units == 0 and h200.gpus == 8
+    assert fraction_pin(cv) == 81559  # without the dead node, the fully free H200s would win
+    cv.update_node("dead", dead, status=status(8 * 561))  # the plugin is back
+    assert "dead" not in cv.untrusted and fraction_pin(cv) == 143771
+
+
+def test_honest_labels_with_kubelets_counts_are_used_as_they_are() -> None:
+    cv = steady_view()
+    assert not cv.untrusted
+    (only,) = cv.classes()
+    assert only.free_units == 6 * H100_UNITS and only.gpus == 8

@@ -19,6 +19,7 @@ from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
 from gpuslice.deviceplugin import nodefile
 from gpuslice.webhook import cluster, mutation, steering
+from gpuslice.webhook import decision as decision_
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "gpuslice" / "examples"
@@ -104,7 +105,11 @@ def validate_pod(pod: dict[str, Any]) -> None:
             kubernetes_validate.validate(pod, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             pytest.fail(f"patched pod is not a valid Pod for Kubernetes {version}: {str(exc).splitlines()[0]}")
-    # What the API server checks beyond the schema for extended resources.
+    check_extended_resources(pod)
+
+
+def check_extended_resources(pod: dict[str, Any]) -> None:
+    """What the API server checks beyond the schema for extended resources."""
     for field in ("containers", "initContainers"):
         for entry in pod["spec"].get(field) or ():
             requests = (entry.get("resources") or {}).get("requests") or {}
@@ -160,8 +165,28 @@ def test_gpu_memory_becomes_units_rounded_up_and_the_placeholder_is_removed() ->
 
 @pytest.mark.parametrize(
     ("value", "units"),
-    [("20Gi", 80), ("512Mi", 2), ("1.5Gi", 6), ("1000M", 4), ("2000", 8), ("257", 2)],
-    ids=["Gi", "Mi", "fractional-Gi", "decimal-M", "plain-MiB", "just-over-one-unit"],
+    [
+        ("20Gi", 80),
+        ("512Mi", 2),
+        ("1.5Gi", 6),
+        ("1000M", 4),
+        ("2000", 8),
+        ("257", 2),
+        ("2e3", 8),
+        ("2E3", 8),
+        (".5Gi", 2),
+    ],
+    ids=[
+        "Gi",
+        "Mi",
+        "fractional-Gi",
+        "decimal-M",
+        "plain-MiB",
+        "just-over-one-unit",
+        "exponent",
+        "capital-exponent",
+        "no-leading-digit",
+    ],
 )
 def test_gpu_memory_accepts_kubernetes_quantities(value: str, units: int) -> None:
     _, pod = convert(deployment_pod({"gpu-memory": value}))
@@ -195,6 +220,20 @@ def test_gpu_fraction_moves_to_another_class_when_the_first_fills_up() -> None:
     assert units_of(pod)["limits"] == {GPU_MEMORY: "159"}  # floor(0.5 * (81559 // 256))
     assert decision(pod)["classMemoryMiB"] == H100_MIB
     assert all(pin(H100_MIB) in term["matchExpressions"] for term in required_terms(pod))
+
+
+def test_gpu_fraction_takes_the_class_whose_nodes_have_room_for_the_pods_memory_request() -> None:
+    view = make_view()
+    h200 = node_labels.node_labels(nodefile.load(EXAMPLES / "h200x8-node.yaml"), CONTRACT)
+    view.update_node("h200", {**h200, CONTRACT.label_free_memory_mib: "4096", CONTRACT.label_free_cpu_milli: "64000"})
+    roomy = deployment_pod({"gpu-fraction": "0.5"})
+    roomy["spec"]["containers"][0]["resources"]["requests"] = {"memory": "2Gi", "cpu": "1"}
+    _, pod = convert(roomy, view=view)
+    assert pin(H200_MIB) in required_terms(pod)[0]["matchExpressions"]  # fits beside the H200s
+    big = deployment_pod({"gpu-fraction": "0.5"})
+    big["spec"]["containers"][0]["resources"]["requests"] = {"memory": "16Gi", "cpu": "1"}
+    _, pod = convert(big, view=view)
+    assert pin(H100_MIB) in required_terms(pod)[0]["matchExpressions"]  # 16 GiB does not fit there
 
 
 @pytest.mark.parametrize(
@@ -231,9 +270,7 @@ def test_gpu_fraction_respects_a_product_the_pod_already_selects(selection: dict
         assert product["nodeSelectorTerms"][0]["matchExpressions"][0] in required_terms(pod)[0]["matchExpressions"]
 
 
-@pytest.mark.parametrize(
-    ("fraction", "units"), [("1", 561), ("1.0", 561), ("0.9999", 560), ("0.2", 112), ("0.001", 1)]
-)
+@pytest.mark.parametrize(("fraction", "units"), [("1", 561), ("1.0", 561), ("0.9999", 560), ("0.2", 112), ("0.001", 1)])
 def test_a_fraction_is_rounded_down_to_whole_units_of_one_gpu(fraction: str, units: int) -> None:
     # 143771 // 256 = 561 units per GPU; never more than a GPU has, at least one unit.
     _, pod = convert(deployment_pod({"gpu-fraction": fraction}))
@@ -582,6 +619,93 @@ def test_json_pointers_escape_slashes_and_tildes() -> None:
     )
 
 
+# --- tolerations of converted pods (issue 14) ------------------------------------------------
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_a_converted_pod_gets_the_gpu_toleration_beside_its_own() -> None:
+    outcome, pod = convert(deployment_pod({"gpu-fraction": "0.5"}))
+    assert pod["spec"]["tolerations"][0]["key"] == "node.kubernetes.io/not-ready"
+    assert pod["spec"]["tolerations"][1:] == [GPU_TOLERATION]
+    assert decision(pod)["tolerationsAdded"] == 1
+
+
+def test_a_pod_without_tolerations_gets_a_list_with_the_gpu_toleration() -> None:
+    bare = deployment_pod({"gpu-memory": "2000"})
+    del bare["spec"]["tolerations"]
+    _, pod = convert(bare)
+    assert pod["spec"]["tolerations"] == [GPU_TOLERATION]
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        GPU_TOLERATION,
+        {"key": "nvidia.com/gpu", "operator": "Exists"},  # every effect
+        {"operator": "Exists"},  # every taint
+        {"operator": "Exists", "effect": "NoSchedule"},
+    ],
+    ids=["the-same", "key-any-effect", "everything", "any-key-noschedule"],
+)
+def test_a_pod_that_already_tolerates_the_gpu_taint_gets_no_second_toleration(own: dict[str, str]) -> None:
+    pod = deployment_pod({"gpu-fraction": "0.5"})
+    pod["spec"]["tolerations"] = [own]
+    outcome, patched = convert(pod)
+    assert patched["spec"]["tolerations"] == [own] and "tolerationsAdded" not in decision(patched)
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "example.com/fpga", "operator": "Exists"},
+    ],
+    ids=["one-value-only", "other-effect", "other-key"],
+)
+def test_a_toleration_that_covers_less_does_not_count(own: dict[str, str]) -> None:
+    pod = deployment_pod({"gpu-fraction": "0.5"})
+    pod["spec"]["tolerations"] = [own]
+    _, patched = convert(pod)
+    assert patched["spec"]["tolerations"] == [own, GPU_TOLERATION]
+
+
+def test_configured_tolerations_replace_the_default_and_an_empty_list_adds_none() -> None:
+    wanted = (
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},  # once only
+    )
+    settings = dataclasses.replace(SETTINGS, converted_pod_tolerations=wanted)
+    _, pod = convert(deployment_pod({"gpu-memory": "20Gi"}), settings=settings)
+    assert pod["spec"]["tolerations"][1:] == list(wanted[:2])
+    settings = dataclasses.replace(SETTINGS, converted_pod_tolerations=())
+    _, pod = convert(deployment_pod({"gpu-memory": "20Gi"}), settings=settings)
+    assert len(pod["spec"]["tolerations"]) == 1
+
+
+def test_whole_gpu_mig_and_dra_conversions_get_the_toleration_too() -> None:
+    whole = dataclasses.replace(SETTINGS, convert_whole_gpus=True)
+    dra = dataclasses.replace(SETTINGS, dra=dataclasses.replace(SETTINGS.dra, enabled=True))
+    cases = [
+        (deployment_pod(containers=[container(limits={"nvidia.com/gpu": "2"})]), whole),
+        (deployment_pod({"gpu-memory": "9000", "gpuslice.io/isolation": "mig"}), SETTINGS),
+        (deployment_pod({"gpu-fraction": "0.5"}), dra),
+    ]
+    for pod, settings in cases:
+        outcome = mutation.mutate(pod, settings=settings, cluster=make_view())
+        patched = jsonpatch.apply_patch(pod, outcome.patch)
+        assert GPU_TOLERATION in patched["spec"]["tolerations"], outcome.kind
+
+
+def test_pods_that_are_not_converted_get_no_toleration() -> None:
+    plain = deployment_pod({"team": "a"}, containers=[container()])
+    for pod in (deployment_pod({"gpu-fraction": "7"}), cpu_pod(), plain):
+        outcome = mutation.mutate(pod, settings=SETTINGS, cluster=make_view())
+        assert not any("tolerations" in op["path"] for op in outcome.patch)
+
+
 # --- denials -------------------------------------------------------------------------------
 
 DENIALS = [
@@ -590,6 +714,42 @@ DENIALS = [
     ("fraction-negative", {"gpu-fraction": "-0.5"}, ["gpu-fraction='-0.5'", "negative", "accepted"]),
     ("fraction-above-one", {"gpu-fraction": "1.5"}, ["gpu-fraction='1.5'", "above 1", "accepted"]),
     ("fraction-nan", {"gpu-fraction": "nan"}, ["gpu-fraction='nan'", "accepted"]),
+    ("fraction-infinity", {"gpu-fraction": "inf"}, ["gpu-fraction='inf'", "not a number"]),
+    ("fraction-padded", {"gpu-fraction": " 0.5 "}, ["gpu-fraction=' 0.5 '", "not a number"]),
+    ("fraction-full-width-digits", {"gpu-fraction": "０.５"}, ["gpu-fraction='０.５'", "not a number"]),
+    ("fraction-underscore", {"gpu-fraction": "0.2_5"}, ["gpu-fraction='0.2_5'", "not a number"]),
+    ("fraction-huge", {"gpu-fraction": "9" * 400}, ["gpu-fraction='999", "(400 characters)", "too long"]),
+    ("memory-309-digits", {"gpu-memory": "1" * 309}, ["gpu-memory='111", "(309 characters)", "accepted"]),
+    ("memory-60-digits", {"gpu-memory": "1" * 60}, ["gpu-memory='111", "larger than any GPU"]),
+    ("memory-huge-exponent", {"gpu-memory": "1e999999999"}, ["gpu-memory='1e999999999'", "larger than any GPU"]),
+    ("memory-huge-quantity", {"gpu-memory": "9" * 50 + "Ei"}, ["gpu-memory='999", "larger than any GPU"]),
+    ("memory-full-width-digits", {"gpu-memory": "１２００"}, ["gpu-memory='１２００'", "not a number"]),
+    ("memory-underscore", {"gpu-memory": "1_000"}, ["gpu-memory='1_000'", "not a number"]),
+    ("memory-padded", {"gpu-memory": " 1200 "}, ["gpu-memory=' 1200 '", "not a number"]),
+    ("memory-nan", {"gpu-memory": "NaN"}, ["gpu-memory='NaN'", "not a number"]),
+    ("memory-infinity", {"gpu-memory": "Infinity"}, ["gpu-memory='Infinity'", "not a number"]),
+    ("memory-exponent-and-suffix", {"gpu-memory": "1e3Gi"}, ["gpu-memory='1e3Gi'", "not a number"]),
+    ("memory-millibytes", {"gpu-memory": "500m"}, ["gpu-memory='500m'", "fraction of a byte"]),
+    (
+        "num-devices-superscript",
+        {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "²"},
+        ["gpu-fraction-num-devices='²'", "accepted"],
+    ),
+    (
+        "num-devices-full-width",
+        {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "２"},
+        ["gpu-fraction-num-devices='２'", "accepted"],
+    ),
+    (
+        "num-devices-zero",
+        {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "0"},
+        ["gpu-fraction-num-devices='0'", "positive integer"],
+    ),
+    (
+        "long-container-name",
+        {"gpu-memory": "2000", "gpu-fraction-container-name": "c" * 5000},
+        ["gpu-fraction-container-name='ccc", "(5000 characters)"],
+    ),
     ("memory-not-a-number", {"gpu-memory": "lots"}, ["gpu-memory='lots'", "not a number", "accepted"]),
     ("memory-zero", {"gpu-memory": "0"}, ["gpu-memory='0'", "zero", "accepted"]),
     ("memory-zero-quantity", {"gpu-memory": "0Gi"}, ["gpu-memory='0Gi'", "zero"]),
@@ -633,6 +793,61 @@ def test_bad_annotations_are_denied_with_a_message_naming_them(annotations: dict
     assert not outcome.allowed and outcome.patch == [] and outcome.kind == ""
     for word in words:
         assert word in outcome.message, f"{word!r} missing from {outcome.message!r}"
+
+
+def test_denials_quote_at_most_about_a_hundred_characters_of_any_value() -> None:
+    long = "7" * 100_000
+    pods = [
+        deployment_pod({"gpu-memory": long}),
+        deployment_pod({"gpu-fraction": long}),
+        deployment_pod({"gpu-fraction": "0.5", "gpu-fraction-num-devices": long}),
+        deployment_pod({"gpu-memory": "2000", "gpuslice.io/isolation": long}),
+        deployment_pod({"gpu-memory": long, "gpu-fraction": long}),
+        deployment_pod({"gpu-memory": "2000", "gpu-fraction-container-name": long}),
+        deployment_pod({"gpu-fraction": "0.5"}, containers=[container(long, limits={"nvidia.com/gpu": long})]),
+        deployment_pod({"gpu-fraction": "0.5"}, nodeSelector={"nvidia.com/gpu.product": long}),
+        deployment_pod(containers=[container(long, limits={"nvidia.com/gpu": long})]),
+    ]
+    settings = dataclasses.replace(SETTINGS, convert_whole_gpus=True)
+    for pod in pods:
+        outcome = mutation.mutate(pod, settings=settings, cluster=make_view())
+        assert not outcome.allowed and outcome.message
+        assert len(outcome.message) < 1000, outcome.message[:300]
+
+
+def test_whole_gpu_counts_in_other_digits_are_denied_not_failed() -> None:
+    settings = dataclasses.replace(SETTINGS, convert_whole_gpus=True)
+    for value in ("²", "２", " 2", "1_0", "2.0", "-1"):
+        outcome, _ = convert(
+            deployment_pod(containers=[container(limits={"nvidia.com/gpu": value})]), settings=settings
+        )
+        assert not outcome.allowed and "nvidia.com/gpu" in outcome.message and "whole number" in outcome.message
+
+
+ANNOTATION_LIMIT = 256 * 1024
+
+
+def annotation_bytes(pod: dict[str, Any]) -> int:
+    return sum(len(k.encode()) + len(v.encode()) for k, v in pod["metadata"]["annotations"].items())
+
+
+@pytest.mark.parametrize("filler_bytes", [ANNOTATION_LIMIT - 100, ANNOTATION_LIMIT - 600, ANNOTATION_LIMIT - 3000])
+def test_the_decision_annotation_never_pushes_a_pod_past_the_annotation_limit(filler_bytes: int) -> None:
+    annotations = {"gpu-fraction": "0.5", "filler": ""}
+    annotations["filler"] = "x" * (filler_bytes - annotation_bytes({"metadata": {"annotations": annotations}}))
+    outcome, pod = convert(deployment_pod(annotations))
+    assert outcome.allowed and GPU_MEMORY in units_of(pod)["limits"]
+    assert annotation_bytes(pod) <= ANNOTATION_LIMIT
+    if CONTRACT.decision_annotation not in pod["metadata"]["annotations"]:
+        assert any("near the 256 KiB limit" in w for w in outcome.warnings)
+
+
+def test_a_long_decision_is_cut_to_its_essentials() -> None:
+    long = {"resource": GPU_MEMORY, "units": 320, "containers": {f"worker-{i}": 1 for i in range(400)}}
+    ops, warnings = decision_.patch_ops({"annotations": {"a": "b"}}, CONTRACT.decision_annotation, long)
+    text = ops[0]["value"]
+    assert len(text) <= decision_.MAX_BYTES and not warnings
+    assert json.loads(text) == {"resource": GPU_MEMORY, "units": 320, "truncated": True}
 
 
 def test_a_whole_gpu_count_next_to_a_share_is_denied() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from aiohttp import web
 
 from gpuslice import config
 from gpuslice.webhook import cluster, nodewatch
+from gpuslice.webhook import metrics as metrics_
 
 CONTRACT = config.Config().contract
 
@@ -214,3 +216,34 @@ def test_a_kubeconfig_file_gives_an_api_for_its_server(tmp_path: Any) -> None:
     api = nodewatch.api_from_environment(str(kubeconfig))
     assert api is not None and api.api_client.configuration.host == "https://10.0.0.1:6443"
     api.api_client.close()
+
+
+async def test_a_node_with_unbelievable_labels_is_left_out_logged_and_counted(
+    apiserver: Any, view: cluster.ClusterView, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake, api = apiserver
+    fake.nodes["good"] = node("good", 81920, 2)
+    fake.nodes["good"]["status"] = {"capacity": {CONTRACT.gpu_memory_resource: "640"}, "allocatable": {}}
+    fake.nodes["good"]["status"]["allocatable"] = dict(fake.nodes["good"]["status"]["capacity"])
+    fake.nodes["huge"] = node("huge", 81920, 2)
+    fake.nodes["huge"]["metadata"]["labels"][CONTRACT.label_gpu_memory_mib] = "9" * 20
+    metrics = metrics_.Metrics()
+    metrics.track_untrusted_nodes(lambda: view.untrusted)
+    watcher = nodewatch.NodeWatcher(api, view)
+    task = await run_watcher(watcher)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpuslice.webhook.nodewatch"):
+            await asyncio.wait_for(watcher.synced.wait(), 10)
+        assert memory_of(view) == {81920: (2, 640)}
+        assert any("node huge" in r.getMessage() and "malformed-label" in r.getMessage() for r in caplog.records)
+        body = metrics.exposition()[0].decode()
+        assert 'gpuslice_webhook_untrusted_nodes{node="huge",reason="malformed-label"} 1.0' in body
+        # The plugin on "good" dies: kubelet's allocatable drops to 0 while the labels still say free.
+        dead = node("good", 81920, 2)
+        dead["status"] = {"capacity": {CONTRACT.gpu_memory_resource: "640"}, "allocatable": {"cpu": "8"}}
+        fake.change("MODIFIED", dead)
+        fake.change("DELETED", node("huge", 81920, 2))
+        await until(lambda: memory_of(view) == {81920: (2, 0)} and "huge" not in view.untrusted)
+        assert view.untrusted["good"][0] == "device-plugin-down"
+    finally:
+        await stop_watcher(watcher, task, fake)

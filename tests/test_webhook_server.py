@@ -175,6 +175,55 @@ async def test_malformed_reviews_get_400_and_the_server_keeps_serving(
     assert status == 200 and answer["response"]["uid"] == "after-the-bad-one"
 
 
+async def test_a_body_over_the_size_limit_gets_413_and_the_server_keeps_serving(
+    webhook: Running, session: aiohttp.ClientSession
+) -> None:
+    status, text = await post(session, webhook, b"{" + b" " * server.MAX_BODY_BYTES + b"}")
+    assert status == 413 and "maximum request body size" in text.lower()
+    status, answer = await post(session, webhook, review(uid="after-the-big-one"))
+    assert status == 200 and answer["response"]["uid"] == "after-the-big-one"
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {"gpu-memory": "1" * 309},
+        {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "²"},
+        {"gpu-memory": "1e999999999"},
+    ],
+    ids=["309-digits", "superscript-two", "huge-exponent"],
+)
+async def test_bad_values_are_denied_with_a_message_not_a_500(
+    webhook: Running, session: aiohttp.ClientSession, annotations: dict[str, str]
+) -> None:
+    status, answer = await post(session, webhook, review(**annotations))
+    assert status == 200 and answer["response"]["allowed"] is False
+    assert "accepted" in answer["response"]["status"]["message"]
+
+
+class BrokenView(cluster.ClusterView):
+    def classes(self) -> list[cluster.GpuClass]:
+        raise RuntimeError("a bug")
+
+
+async def test_an_internal_error_is_answered_500_and_counted(tls: Tls, ca: trustme.CA) -> None:
+    context = certs.server_context(str(tls.cert_file), str(tls.key_file))
+    metrics = metrics_.Metrics()
+    view = BrokenView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    runner = await server.start(server.make_app(SETTINGS, view, metrics=metrics), context, host="127.0.0.1", port=0)
+    running = Running(runner, metrics, None)  # type: ignore[arg-type]
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context(ca))) as client:
+            status, text = await post(client, running, review(**{"gpu-fraction": "0.5"}))
+            assert status == 500 and "internal error" in text
+            status, _ = await post(client, running, review())  # a pod without a GPU does not reach the view
+            assert status == 200
+    finally:
+        await runner.cleanup()
+    body, _ = metrics.exposition()
+    assert 'gpuslice_webhook_http_errors_total{path="/mutate",status="500"} 1.0' in body.decode()
+
+
 async def test_concurrent_requests_each_get_their_own_uid(webhook: Running, session: aiohttp.ClientSession) -> None:
     uids = [f"uid-{i}" for i in range(40)]
     answers = await asyncio.gather(*(post(session, webhook, review(uid=u, **{"gpu-fraction": "0.25"})) for u in uids))

@@ -2,8 +2,8 @@
 mutation never sees (other resources, other operations, ignored namespaces), and encoding the
 patch as kube-apiserver expects it (patchType JSONPatch, base64). Pure: no I/O.
 
-A review that cannot be answered (not JSON, wrong apiVersion or kind, no request, no uid)
-raises `MalformedReview`; the server maps it to HTTP 400. The response always carries the
+A review that cannot be answered (not JSON, wrong apiVersion or kind, no request, no uid, a
+field of the wrong type) raises `MalformedReview`; the server maps it to HTTP 400. The response always carries the
 uid of the request it answers.
 
 May import gpuslice.config and the webhook's pure modules.
@@ -20,7 +20,7 @@ import orjson
 
 from gpuslice import config
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import mutation
+from gpuslice.webhook import mutation, shape
 
 __all__ = ["MalformedReview", "Result", "review"]
 
@@ -62,6 +62,21 @@ def _answer(uid: str, allowed: bool, **fields: Any) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": KIND, "response": {"uid": uid, "allowed": allowed, **fields}}
 
 
+_REQUEST_FIELDS = {"resource": Mapping, "subResource": str, "namespace": str, "operation": str, "dryRun": bool}
+
+
+def _check_request(request: Mapping[str, Any]) -> None:
+    """The request fields this webhook reads have their API types (null counts as absent)."""
+    for name, kind in _REQUEST_FIELDS.items():
+        value = request.get(name)
+        if value is not None and not isinstance(value, kind):
+            raise MalformedReview(f"AdmissionReview request.{name} has the wrong type ({type(value).__name__})")
+    for name in ("group", "resource"):
+        value = request["resource"].get(name) if request.get("resource") else None
+        if value is not None and not isinstance(value, str):
+            raise MalformedReview(f"AdmissionReview request.resource.{name} must be a string")
+
+
 def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Result:
     """Answer one AdmissionReview. Raises MalformedReview when there is nothing to answer."""
     document = _decode(body)
@@ -76,6 +91,7 @@ def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cl
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
         raise MalformedReview("AdmissionReview request has no uid")
+    _check_request(request)
     dry_run = bool(request.get("dryRun"))
 
     resource = request.get("resource") or {}
@@ -88,6 +104,10 @@ def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cl
     pod = request.get("object")
     if not isinstance(pod, Mapping):
         raise MalformedReview("AdmissionReview request for a pod CREATE has no object")
+    try:
+        shape.check_pod(pod)
+    except shape.WrongShape as exc:
+        raise MalformedReview(f"AdmissionReview request.{exc}") from None
     outcome = mutation.mutate(pod, settings=settings, cluster=cluster)
     if not outcome.allowed:
         status = {"code": 400, "reason": "BadRequest", "message": outcome.message}

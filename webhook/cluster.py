@@ -6,7 +6,11 @@ them. The view keeps running aggregates per class (nodes, GPUs, free units, prod
 node) and per MIG profile, so `update_node` costs O(labels of one node) and `classes()` costs
 O(classes): the simulator calls them after every bind on a thousand-node cluster.
 
-Pure: no I/O. May import numpy and gpuslice.contract (never gpuslice.deviceplugin).
+Node labels are untrusted input: `nodelabels` reads and checks them, and a node whose labels cannot
+be believed is left out (`untrusted` names it and says why; the node watch logs it and the metrics
+count it).
+
+Pure: no I/O. May import numpy, gpuslice.contract and webhook.nodelabels (never gpuslice.deviceplugin).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from gpuslice import contract as contract_
+from gpuslice.webhook import nodelabels
 
 __all__ = ["ClusterView", "GpuClass"]
 
@@ -34,21 +40,6 @@ class GpuClass:
     max_gpus_per_node: int
 
 
-@dataclasses.dataclass(frozen=True)
-class _NodeGpus:
-    """What one node contributes to the aggregates (kept so a change can be subtracted)."""
-
-    memory_mib: int | None  # None: no shared GPUs on the node
-    product: str
-    gpus: int
-    free_units: int
-    mig_memory: tuple[tuple[str, int], ...]  # (resource-form profile, MiB)
-    free_block: int = 0  # largest free units on one GPU
-    free_gpus: int = 0  # GPUs with every unit free
-    free_cpu_milli: int = -1  # -1: the node publishes no headroom
-    free_memory_mib: int = -1
-
-
 @dataclasses.dataclass
 class _ClassTotals:
     nodes: int = 0
@@ -62,27 +53,17 @@ _COLUMNS = ("memory_mib", "free_units", "free_block", "free_gpus", "free_cpu_mil
 _MEMORY, _FREE_UNITS, _FREE_BLOCK, _FREE_GPUS, _FREE_CPU, _FREE_MEM = range(len(_COLUMNS))
 
 
-def _int_label(labels: Mapping[str, str], key: str) -> int | None:
-    value = labels.get(key)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
-
 class ClusterView:
     """GPU classes and MIG profiles of the cluster, kept current one node at a time."""
 
     def __init__(self, contract: contract_.Contract, *, default_gpu_memory_mib: int) -> None:
         self.contract = contract
         self.default_gpu_memory_mib = default_gpu_memory_mib
-        self._nodes: dict[str, _NodeGpus] = {}
+        self._nodes: dict[str, nodelabels.NodeGpus] = {}
         self._classes: dict[int, _ClassTotals] = {}
         self._mig: Counter[tuple[str, int]] = Counter()  # (profile, MiB) -> nodes carrying it
-        self._mig_prefix = f"{contract.prefix}/mig."
-        self._mig_suffix = ".memory-mib"
+        # Nodes left out (bad labels) or not steered to (plugin down): name -> (reason code, sentence).
+        self.untrusted: dict[str, tuple[str, str]] = {}
         # Rebuilt on the first query after a change: admissions query far more often than nodes change.
         self._classes_cache: list[GpuClass] | None = None
         self._mig_cache: dict[str, int] | None = None
@@ -93,9 +74,21 @@ class ClusterView:
         self._table = np.zeros((64, len(_COLUMNS)), dtype=np.int64)
 
     # --- updates -------------------------------------------------------------------------
-    def update_node(self, name: str, labels: Mapping[str, str]) -> None:
-        """Add or change node `name` from its labels; a node without GPU labels is dropped."""
-        gpus = self._parse(labels)
+    def update_node(self, name: str, labels: Mapping[str, str], *, status: Mapping[str, Any] | None = None) -> None:
+        """Add or change node `name` from its labels (checked against its `status`, the node
+        object's status, when given); a node without GPU labels, or with labels that cannot be
+        believed (`untrusted` says why), is dropped."""
+        try:
+            gpus = nodelabels.read(labels, self.contract, status=status)
+        except nodelabels.Distrusted as exc:
+            self.untrusted[name] = (exc.reason, str(exc))
+            gpus = None
+        else:
+            if gpus is not None and gpus.plugin_down:
+                detail = f"{self.contract.gpu_memory_resource} is not allocatable: its device plugin is down"
+                self.untrusted[name] = (nodelabels.PLUGIN_DOWN, detail)
+            else:
+                self.untrusted.pop(name, None)
         old = self._nodes.get(name)
         if old == gpus:
             return
@@ -108,6 +101,7 @@ class ClusterView:
         self._set_row(name, gpus)
 
     def remove_node(self, name: str) -> None:
+        self.untrusted.pop(name, None)
         old = self._nodes.pop(name, None)
         if old is not None:
             self._apply(old, -1)
@@ -116,6 +110,7 @@ class ClusterView:
     def clear(self) -> None:
         """Forget every node (before a fresh list)."""
         self._nodes.clear()
+        self.untrusted.clear()
         self._classes.clear()
         self._mig.clear()
         self._classes_cache = None
@@ -125,7 +120,8 @@ class ClusterView:
         self._table[:] = 0
 
     def node_names(self) -> set[str]:
-        return set(self._nodes)
+        """Nodes in the view, and nodes left out for their labels (so a relist can forget them)."""
+        return set(self._nodes) | set(self.untrusted)
 
     # --- queries -------------------------------------------------------------------------
     @property
@@ -187,50 +183,7 @@ class ClusterView:
         return profiles
 
     # --- internals -----------------------------------------------------------------------
-    def _parse(self, labels: Mapping[str, str]) -> _NodeGpus | None:
-        c = self.contract
-        memory = _int_label(labels, c.label_gpu_memory_mib)
-        gpus = _int_label(labels, c.label_gpu_count) or 0
-        if memory is not None and (memory <= 0 or gpus <= 0):
-            memory = None
-        free_units = free_block = free_gpus = 0
-        if memory is not None:
-            per_gpu = c.units_per_gpu(memory)
-            capacity = gpus * per_gpu
-            # Without steering labels the plugin publishes no free counts: treat the node as empty.
-            free = _int_label(labels, c.label_free_units)
-            free_units = capacity if free is None else max(0, min(free, capacity))
-            block = _int_label(labels, c.label_free_block_units)
-            free_block = per_gpu if block is None else max(0, min(block, per_gpu))
-            whole = _int_label(labels, c.label_free_gpus)
-            free_gpus = gpus if whole is None else max(0, min(whole, gpus))
-        cpu = _int_label(labels, c.label_free_cpu_milli)
-        mem = _int_label(labels, c.label_free_memory_mib)
-        mig = []
-        for key, value in labels.items():
-            if key.startswith(self._mig_prefix) and key.endswith(self._mig_suffix):
-                profile = key[len(self._mig_prefix) : -len(self._mig_suffix)]
-                try:
-                    mib = int(value)
-                except ValueError:
-                    continue
-                if profile and mib > 0:
-                    mig.append((profile, mib))
-        if memory is None and not mig:
-            return None
-        return _NodeGpus(
-            memory_mib=memory,
-            product=labels.get(c.label_gpu_product, "") if memory is not None else "",
-            gpus=gpus if memory is not None else 0,
-            free_units=free_units,
-            mig_memory=tuple(sorted(mig)),
-            free_block=free_block,
-            free_gpus=free_gpus,
-            free_cpu_milli=-1 if cpu is None else max(0, cpu),
-            free_memory_mib=-1 if mem is None else max(0, mem),
-        )
-
-    def _set_row(self, name: str, node: _NodeGpus | None) -> None:
+    def _set_row(self, name: str, node: nodelabels.NodeGpus | None) -> None:
         row = self._rows.get(name)
         if node is None or node.memory_mib is None:
             if row is not None:
@@ -254,7 +207,7 @@ class ClusterView:
             node.free_memory_mib,
         )
 
-    def _apply(self, node: _NodeGpus, sign: int) -> None:
+    def _apply(self, node: nodelabels.NodeGpus, sign: int) -> None:
         self._classes_cache = None
         self._mig_cache = None
         if node.memory_mib is not None:

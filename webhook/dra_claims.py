@@ -19,7 +19,7 @@ thing in a namespace shares one, and the name changes whenever the content would
 immutable). The webhook creates it before answering (webhook/claim_templates.py; why there and
 not elsewhere: docs/dra.md, "Where the claim templates come from").
 
-May import gpuslice.{config,contract}; no other module.
+May import gpuslice.{config,contract} and the webhook's decision module.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import orjson
 
 from gpuslice import config as config_
 from gpuslice import contract as contract_
+from gpuslice.webhook import decision as decision_
 
 __all__ = [
     "CLAIM_NAME",
@@ -184,10 +185,6 @@ def _container_resources(container: Mapping[str, Any], claim_request: str | None
     return resources
 
 
-def _escape(part: str) -> str:
-    return part.replace("~", "~0").replace("/", "~1")
-
-
 def build(pod: Mapping[str, Any], need: Need, settings: config_.Config, *, namespace: str = "") -> Claims:
     """The template and the pod patch for `need` (the mutation has checked the annotations)."""
     contract = settings.contract
@@ -232,11 +229,5 @@ def build(pod: Mapping[str, Any], need: Need, settings: config_.Config, *, names
         decision["schedulerName"] = scheduler
         if current == KAI_SCHEDULER:
             warnings.append(f"gpuslice: schedulerName {KAI_SCHEDULER} rewritten to {scheduler}")
-    text = orjson.dumps(decision, option=orjson.OPT_SORT_KEYS).decode()
-    if metadata.get("annotations"):
-        patch.append(
-            {"op": "add", "path": f"/metadata/annotations/{_escape(contract.decision_annotation)}", "value": text}
-        )
-    else:
-        patch.append({"op": "add", "path": "/metadata/annotations", "value": {contract.decision_annotation: text}})
-    return Claims(template=template, patch=patch, decision=decision, warnings=tuple(warnings))
+    ops, notes = decision_.patch_ops(metadata, contract.decision_annotation, decision)
+    return Claims(template=template, patch=patch + ops, decision=decision, warnings=(*warnings, *notes))

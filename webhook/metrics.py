@@ -1,14 +1,16 @@
 """Prometheus metrics of the webhook, in a registry of their own (no process-global state):
-admissions by result, admission latency, conversions by kind.
+admissions by result, admission latency, conversions by kind, 5xx answers.
 
 May import prometheus_client only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import prometheus_client
+from prometheus_client import core, registry
 
 __all__ = ["Metrics"]
 
@@ -37,6 +39,25 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.http_errors = prometheus_client.Counter(
+            "gpuslice_webhook_http_errors",
+            "HTTP answers with a 5xx status, by path and status (an internal error or not ready)",
+            ["path", "status"],
+            registry=self.registry,
+        )
+
+        self.connections_refused = prometheus_client.Counter(
+            "gpuslice_webhook_connections_refused",
+            "Connections answered 503 and closed because webhook.maxConnections were open",
+            registry=self.registry,
+        )
+        self.open_connections = prometheus_client.Gauge(
+            "gpuslice_webhook_open_connections",
+            "HTTPS connections open (after their TLS handshake), as of the last sweep",
+            registry=self.registry,
+        )
+        self._untrusted_nodes = _UntrustedNodes()
+        self.registry.register(self._untrusted_nodes)
 
         # Label children resolved once: labels() takes a lock and a dict lookup on every call.
         self._results: dict[str, Any] = {}
@@ -56,6 +77,32 @@ class Metrics:
             child = self._conversions[kind] = self.conversions.labels(kind)
         return child
 
+    def http_error(self, path: str, status: int) -> Any:
+        """The 5xx counter for `path` and `status` (known paths only: a client picks the path)."""
+        known = path if path in ("/mutate", "/healthz", "/readyz", "/metrics") else "other"
+        return self.http_errors.labels(known, str(status))
+
+    def track_untrusted_nodes(self, untrusted: Callable[[], Mapping[str, tuple[str, str]]]) -> None:
+        """Export the nodes the cluster view leaves out, read at each scrape (node -> (reason, text))."""
+        self._untrusted_nodes.source = untrusted
+
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""
         return prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
+
+
+class _UntrustedNodes(registry.Collector):
+    def __init__(self) -> None:
+        self.source: Callable[[], Mapping[str, tuple[str, str]]] = dict
+
+    def collect(self) -> Iterator[core.Metric]:
+        family = core.GaugeMetricFamily(
+            "gpuslice_webhook_untrusted_nodes",
+            "Nodes whose gpuslice labels are left out of GPU class choice, by node and reason "
+            "(malformed-label, memory-out-of-range, count-out-of-range, free-above-total, capacity-mismatch, "
+            "device-plugin-down)",
+            labels=["node", "reason"],
+        )
+        for node, (reason, _) in sorted(self.source().items()):
+            family.add_metric([node, reason], 1.0)
+        yield family

@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
-
-import orjson
-from kubernetes.utils import quantity
 
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import dra_claims, steering
+from gpuslice.webhook import decision as decision_
+from gpuslice.webhook import dra_claims, parsing, steering, tolerations
 
 __all__ = [
     "Outcome",
@@ -72,75 +69,30 @@ class Outcome:
 _UNCHANGED = Outcome(allowed=True)
 
 
-class _Denied(Exception):
-    """Internal: the pod is refused with this message."""
+# Internal: the pod is refused with this message (parsing's errors are refusals too).
+_Denied = parsing.Invalid
 
 
-# --- parsing the annotations ---------------------------------------------------------------
-
-_FRACTION_FORMS = 'a decimal number greater than 0 and at most 1, such as "0.5"'
-_MEMORY_FORMS = 'MiB as a positive integer such as "2000", or a Kubernetes quantity such as "20Gi" or "512Mi"'
-# Kubernetes quantity suffixes in bytes. Hand-rolled on purpose: kubernetes.utils.parse_quantity would
-# pull the whole API client into this pure module, which the simulator imports for every run.
-_QUANTITY_SUFFIX = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-}
-_QUANTITY_RE = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+# --- parsing the annotations (webhook/parsing.py) --------------------------------------------
 
 
 def parse_fraction(text: Any) -> float:
     """The gpu-fraction value, or _Denied naming what is wrong."""
-    name = contract_.KAI_GPU_FRACTION
-    try:
-        value = float(str(text).strip())
-    except ValueError:
-        raise _Denied(f"annotation {name}={text!r} is not a number; accepted: {_FRACTION_FORMS}") from None
-    if not math.isfinite(value):
-        raise _Denied(f"annotation {name}={text!r} is not a finite number; accepted: {_FRACTION_FORMS}")
-    if value == 0:
-        raise _Denied(f"annotation {name}={text!r} is zero; accepted: {_FRACTION_FORMS}")
-    if value < 0:
-        raise _Denied(f"annotation {name}={text!r} is negative; accepted: {_FRACTION_FORMS}")
-    if value > 1:
-        raise _Denied(
-            f"annotation {name}={text!r} is above 1 (one whole GPU); accepted: {_FRACTION_FORMS}; "
-            "for more than one GPU request nvidia.com/gpu"
-        )
-    return value
+    return parsing.fraction(f"annotation {contract_.KAI_GPU_FRACTION}", text)
 
 
 def parse_memory_mib(text: Any) -> int:
     """The gpu-memory value in MiB (rounded up), or _Denied naming what is wrong."""
-    name = contract_.KAI_GPU_MEMORY
-    match = _QUANTITY_RE.match(str(text).strip())
-    if not match:
-        raise _Denied(f"annotation {name}={text!r} is not a number or quantity; accepted: {_MEMORY_FORMS}")
-    number, suffix = float(match.group(1)), match.group(2)
-    mib = number if suffix is None else number * _QUANTITY_SUFFIX[suffix] / 2**20
-    if number == 0:
-        raise _Denied(f"annotation {name}={text!r} is zero; accepted: {_MEMORY_FORMS}")
-    if number < 0:
-        raise _Denied(f"annotation {name}={text!r} is negative; accepted: {_MEMORY_FORMS}")
-    return max(1, math.ceil(mib - 1e-9))
+    return parsing.memory_mib(f"annotation {contract_.KAI_GPU_MEMORY}", text)
 
 
 def _parse_num_devices(text: Any) -> int:
-    name = contract_.KAI_GPU_FRACTION_NUM_DEVICES
-    value = str(text).strip()
-    if not value.isdigit() or int(value) == 0:
-        raise _Denied(f'annotation {name}={text!r} is not a positive integer; accepted: a GPU count such as "1"')
-    return int(value)
+    name = f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}"
+    forms = 'a positive integer, a GPU count such as "1"'
+    value = parsing.count(name, text, forms=forms)
+    if value == 0:
+        raise _Denied(f"{name}={parsing.quote(text)} is not a positive integer; accepted: {forms}")
+    return value
 
 
 # --- reading the pod -----------------------------------------------------------------------
@@ -174,10 +126,7 @@ def _nvidia_gpus(container: Mapping[str, Any]) -> Any:
 
 
 def _gpu_count(value: Any, where: str) -> int:
-    text = str(value).strip()
-    if not text.isdigit():
-        raise _Denied(f"{where} has {contract_.NVIDIA_GPU}: {value!r}; accepted: a whole number of GPUs")
-    return int(text)
+    return parsing.count(f"{contract_.NVIDIA_GPU} of {where}", value, forms="a whole number of GPUs")
 
 
 def _selected_products(spec: Mapping[str, Any], contract: contract_.Contract) -> frozenset[str] | None:
@@ -225,7 +174,7 @@ def _candidate_classes(cluster: cluster_.ClusterView, products: frozenset[str] |
     if classes and not chosen:
         known = ", ".join(sorted({p for c in classes for p in c.products})) or "none"
         raise _Denied(
-            f"the pod selects GPU product {', '.join(sorted(products))}, but no gpuslice GPU node has it "
+            f"the pod selects GPU product {parsing.cut(', '.join(sorted(products)))}, but no gpuslice GPU node has it "
             f"(products known: {known})"
         )
     return chosen
@@ -286,13 +235,9 @@ def _pod_requests(spec: Mapping[str, Any]) -> tuple[int, int]:
 
     def of(container: Mapping[str, Any]) -> tuple[int, int]:
         requests = (container.get("resources") or {}).get("requests") or {}
-        values = []
-        for name, scale in (("cpu", 1000), ("memory", 1 / 2**20)):
-            try:
-                values.append(int(quantity.parse_quantity(requests.get(name, 0)) * scale))
-            except (ValueError, TypeError, ArithmeticError):
-                values.append(0)
-        return values[0], values[1]
+        cpu = parsing.request_quantity(requests.get("cpu", 0)) * 1000
+        memory = parsing.request_quantity(requests.get("memory", 0)) / 2**20
+        return int(cpu), int(memory)
 
     regular = [of(c) for c in spec.get("containers") or ()]
     init = [of(c) for c in spec.get("initContainers") or ()]
@@ -419,13 +364,8 @@ def _build_patch(
     if affinity is not None:
         patch.append({"op": "add", "path": "/spec/affinity", "value": affinity})
 
-    decision = orjson.dumps(conversion.decision, option=orjson.OPT_SORT_KEYS).decode()
-    if metadata.get("annotations"):
-        key = contract.decision_annotation.replace("~", "~0").replace("/", "~1")  # RFC 6901, as json_pointer
-        patch.append({"op": "add", "path": f"/metadata/annotations/{key}", "value": decision})
-    else:
-        patch.append({"op": "add", "path": "/metadata/annotations", "value": {contract.decision_annotation: decision}})
-    return patch, warnings
+    ops, notes = decision_.patch_ops(metadata, contract.decision_annotation, conversion.decision)
+    return patch + ops, warnings + notes
 
 
 # --- the conversions -----------------------------------------------------------------------
@@ -448,9 +388,9 @@ def _find_container(spec: Mapping[str, Any], name: str | None) -> tuple[str, int
     for entry in containers:
         if entry[2].get("name") == name:
             return entry
-    names = ", ".join(str(c.get("name")) for _, _, c in containers) or "none"
+    names = parsing.cut(", ".join(str(c.get("name")) for _, _, c in containers) or "none")
     raise _Denied(
-        f"annotation {contract_.KAI_GPU_FRACTION_CONTAINER_NAME}={name!r} names no container of the pod "
+        f"annotation {contract_.KAI_GPU_FRACTION_CONTAINER_NAME}={parsing.quote(name)} names no container of the pod "
         f"(containers: {names}); accepted: the name of one of them"
     )
 
@@ -460,7 +400,8 @@ def _check_placeholder(container: Mapping[str, Any], share_annotation: str) -> N
     if value is None or str(value).strip() == "1":
         return
     raise _Denied(
-        f"container {container.get('name')!r} requests {contract_.NVIDIA_GPU}: {value} next to annotation "
+        f"container {parsing.quote(container.get('name'))} requests {contract_.NVIDIA_GPU}: "
+        f"{parsing.cut(str(value))} next to annotation "
         f"{share_annotation}: a share cannot be combined with whole GPUs; remove {contract_.NVIDIA_GPU} "
         "(a value of 1 is accepted as KAI's placeholder and removed)"
     )
@@ -544,32 +485,34 @@ def _annotated(
 
     if fraction_text is not None and memory_text is not None:
         raise _Denied(
-            f"annotations {contract_.KAI_GPU_FRACTION}={fraction_text!r} and {contract_.KAI_GPU_MEMORY}="
-            f"{memory_text!r} are both set; accepted: exactly one of them"
+            f"annotations {contract_.KAI_GPU_FRACTION}={parsing.quote(fraction_text)} and {contract_.KAI_GPU_MEMORY}="
+            f"{parsing.quote(memory_text)} are both set; accepted: exactly one of them"
         )
     share = contract_.KAI_GPU_FRACTION if fraction_text is not None else contract_.KAI_GPU_MEMORY
     has_share = fraction_text is not None or memory_text is not None
     if devices_text is not None:
         if not has_share:
             raise _Denied(
-                f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={devices_text!r} needs a share: add "
+                f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={parsing.quote(devices_text)} needs a share: add "
                 f"{contract_.KAI_GPU_FRACTION} or {contract_.KAI_GPU_MEMORY}"
             )
         if _parse_num_devices(devices_text) > 1:
             raise _Denied(
-                f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={devices_text!r} is not supported: kubelet "
+                f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={parsing.quote(devices_text)} is not supported: "
+                "kubelet "
                 "tells the device plugin only which device IDs a container gets, so N shares on N distinct GPUs "
                 "cannot be told from one request spilling across GPUs, and the plugin could not keep them apart; "
                 f"use one pod per GPU share, or request whole GPUs with {contract_.NVIDIA_GPU}: N"
             )
     if isolation is not None and isolation != ISOLATION_MIG:
         raise _Denied(
-            f"annotation {contract.isolation_annotation}={isolation!r} is not known; accepted: {ISOLATION_MIG!r}"
+            f"annotation {contract.isolation_annotation}={parsing.quote(isolation)} is not known; "
+            f"accepted: {ISOLATION_MIG!r}"
         )
     if not has_share:
         if isolation is not None:
             raise _Denied(
-                f"annotation {contract.isolation_annotation}={isolation!r} needs a share: add "
+                f"annotation {contract.isolation_annotation}={parsing.quote(isolation)} needs a share: add "
                 f"{contract_.KAI_GPU_FRACTION} or {contract_.KAI_GPU_MEMORY}"
             )
         return None  # only gpu-fraction-container-name: nothing to convert
@@ -601,7 +544,8 @@ def _annotated(
         profiles = cluster.mig_profiles()
         if not profiles:
             raise _Denied(
-                f"annotation {contract.isolation_annotation}={isolation!r}: no MIG profile is known in the cluster "
+                f"annotation {contract.isolation_annotation}={parsing.quote(isolation)}: no MIG profile is known in "
+                "the cluster "
                 "(no node publishes MIG devices); remove the annotation to share a GPU by memory"
             )
         fitting = sorted((mib, profile) for profile, mib in profiles.items() if mib >= need)
@@ -668,7 +612,7 @@ def _whole_gpus(
         value = _nvidia_gpus(container)
         if value is None or _has_gpuslice_resource(container, contract):
             continue
-        count = _gpu_count(value, f"container {container.get('name')!r}")
+        count = _gpu_count(value, f"container {parsing.quote(container.get('name'))}")
         if count:
             counts[(field, index)] = count
             names[str(container.get("name"))] = count
@@ -780,12 +724,21 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
     if conversion is None:
         # Annotated but nothing to convert (already converted, container name only): leave it.
         return _UNCHANGED if wants_conversion else _steer_cpu_pod(pod, settings, contract)
+    # The pod no longer requests nvidia.com/gpu, so Kubernetes adds no toleration for GPU taints.
+    toleration_ops, added = tolerations.patch_ops(pod.get("spec") or {}, settings.converted_pod_tolerations)
+    if added:
+        conversion.decision["tolerationsAdded"] = added
     if settings.dra.enabled:  # DRA mode: a ResourceClaim instead of extended resources (docs/dra.md)
         need = dra_claims.need_from_conversion(conversion, contract, pod)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
         objects = (claims.template,)
-        return Outcome(True, claims.patch, "", claims.decision, claims.warnings, conversion.kind, objects)
+        patch = claims.patch + toleration_ops
+        return Outcome(True, patch, "", claims.decision, claims.warnings, conversion.kind, objects)
     patch, warnings = _build_patch(pod, conversion, settings, contract)
     return Outcome(
-        allowed=True, patch=patch, decision=conversion.decision, warnings=tuple(warnings), kind=conversion.kind
+        allowed=True,
+        patch=patch + toleration_ops,
+        decision=conversion.decision,
+        warnings=tuple(warnings),
+        kind=conversion.kind,
     )

@@ -52,9 +52,11 @@ def api_from_environment(kubeconfig: str | None = None) -> kubernetes.client.Cor
     return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
 
 
-def _labels(node: Mapping[str, Any]) -> tuple[str, Mapping[str, str]]:
+def _labels(node: Mapping[str, Any]) -> tuple[str, Mapping[str, str], Mapping[str, Any] | None]:
+    """(name, labels, status) of a node object; status None when the object has none."""
     metadata = node.get("metadata") or {}
-    return str(metadata.get("name", "")), metadata.get("labels") or {}
+    status = node.get("status")
+    return str(metadata.get("name", "")), metadata.get("labels") or {}, status if isinstance(status, Mapping) else None
 
 
 class NodeWatcher:
@@ -121,9 +123,9 @@ class NodeWatcher:
         nodes, version = await asyncio.to_thread(self._list)
         seen = set()
         for node in nodes:
-            name, labels = _labels(node)
+            name, labels, status = _labels(node)
             seen.add(name)
-            self.cluster.update_node(name, labels)
+            self._update(name, labels, status)
         for name in self.cluster.node_names() - seen:
             self.cluster.remove_node(name)
         self.lists += 1
@@ -193,8 +195,19 @@ class NodeWatcher:
             response.release_conn()
 
     def _apply(self, kind: str, node: Mapping[str, Any]) -> None:
-        name, labels = _labels(node)
+        name, labels, status = _labels(node)
         if kind == "DELETED":
             self.cluster.remove_node(name)
         else:
-            self.cluster.update_node(name, labels)
+            self._update(name, labels, status)
+
+    def _update(self, name: str, labels: Mapping[str, str], status: Mapping[str, Any] | None) -> None:
+        """Update the view; say once when a node starts or stops being left out."""
+        before = self.cluster.untrusted.get(name)
+        self.cluster.update_node(name, labels, status=status)
+        after = self.cluster.untrusted.get(name)
+        if after != before:
+            if after is not None:
+                log.warning("node %s left out of GPU class choice (%s): %s", name, after[0], after[1])
+            else:
+                log.info("node %s is used for GPU class choice again", name)

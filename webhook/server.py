@@ -20,12 +20,13 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import orjson
 from aiohttp import web
 
 from gpuslice import config
-from gpuslice.webhook import admission, certs, claim_templates, nodewatch
+from gpuslice.webhook import admission, certs, claim_templates, connections, nodewatch
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
@@ -40,17 +41,25 @@ WATCHER = web.AppKey("watcher", object)  # nodewatch.NodeWatcher | None
 RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
 TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
 BACKGROUND = web.AppKey("background", tuple)  # more coroutine functions to run while serving
+AGES = web.AppKey("ages", connections.Ages)
 
 # A pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it once for CREATE.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 _JSON = "application/json"
+LINGER_SECONDS = 1.0
 
 
 async def _mutate(request: web.Request) -> web.Response:
     app = request.app
     started = time.perf_counter()
     metrics = app[METRICS]
-    body = await request.read()
+    try:
+        async with asyncio.timeout(app[SETTINGS].webhook.body_timeout_seconds):
+            body = await request.read()
+    except TimeoutError:
+        response = web.Response(status=408, text="request body not received in time\n")
+        response.force_close()
+        return response
     try:
         answer = admission.review(body, settings=app[SETTINGS], cluster=app[CLUSTER])
     except admission.MalformedReview as exc:
@@ -71,6 +80,28 @@ async def _mutate(request: web.Request) -> web.Response:
         metrics.conversion(answer.outcome.kind).inc()
     response = web.Response(body=orjson.dumps(answer.response), content_type=_JSON)
     metrics.latency.observe(time.perf_counter() - started)
+    return response
+
+
+@web.middleware
+async def _count_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Count every 5xx answer by path and status; an unexpected exception is logged and answered
+    500 here, so none escapes uncounted (bad input must not get here: it is a 400 or a denial).
+    A connection past webhook.maxConnectionAgeSeconds is closed with its answer."""
+    try:
+        response: web.StreamResponse = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status >= 500:
+            request.app[METRICS].http_error(request.path, exc.status).inc()
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        request.app[METRICS].http_error(request.path, 500).inc()
+        return web.Response(status=500, text="internal error; see the webhook's log\n")
+    if response.status >= 500:
+        request.app[METRICS].http_error(request.path, response.status).inc()
+    settings = request.app[SETTINGS].webhook
+    connections.retire_if_old(request, response, request.app[AGES], settings.max_connection_age_seconds)
     return response
 
 
@@ -126,14 +157,16 @@ def make_app(
     background: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> web.Application:
     """The webhook application; `watcher`, `reloader` and `background` run as its background tasks."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_count_errors])
     app[SETTINGS] = settings
     app[CLUSTER] = cluster
     app[METRICS] = metrics or metrics_.Metrics()
+    app[METRICS].track_untrusted_nodes(lambda: cluster.untrusted)
     app[WATCHER] = watcher
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
     app[BACKGROUND] = tuple(background)
+    app[AGES] = connections.Ages()
     app.router.add_post("/mutate", _mutate)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -145,10 +178,25 @@ def make_app(
 async def start(app: web.Application, ssl_context: ssl.SSLContext, *, host: str, port: int) -> web.AppRunner:
     """Start serving `app` over HTTPS; the caller owns the runner (`await runner.cleanup()`).
     Port 0 picks a free port: read it from `runner.addresses`."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10.0)
+    bounds = app[SETTINGS].webhook
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=10.0,
+        # aiohttp arms this when a connection opens and after each answer, and closes a connection
+        # still waiting for (the rest of) a request's headers when it fires: idle and header time.
+        keepalive_timeout=bounds.idle_timeout_seconds,
+        # After answering a request whose body was not read (408, 413), read and drop the rest for
+        # at most this long before closing (aiohttp's default is 10 s, which a slow sender keeps).
+        lingering_time=LINGER_SECONDS,
+    )
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+        site = connections.BoundedSite(
+            runner, host, port, ssl_context=ssl_context, settings=bounds, metrics=app[METRICS], ages=app[AGES]
+        )
+        await site.start()
     except BaseException:
         await runner.cleanup()
         raise

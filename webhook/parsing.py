@@ -1,0 +1,140 @@
+"""Reading the values users write in annotations and resource maps: a share of a GPU, an amount
+of GPU memory, a count of GPUs or devices. Pure; no I/O.
+
+Strict on purpose. Python's int(), float() and Decimal() accept "１２" (full-width digits), "1_0"
+and " 12 ", which Kubernetes' own quantity grammar and KAI's parsers do not: every value must
+match an ASCII grammar first, and only then is it converted (amounts by the Kubernetes client's
+quantity parser). A value that does not fit raises `Invalid` with a message naming the
+annotation, a short quote of the value (at most QUOTE_CHARS characters) and the accepted forms.
+
+May import the kubernetes client's quantity module only.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+import re
+from typing import Any
+
+from kubernetes.utils import quantity
+
+__all__ = ["Invalid", "QUOTE_CHARS", "count", "cut", "fraction", "memory_mib", "quote", "request_quantity"]
+
+# A denial quotes at most this much of a value: the message goes back to the user and into events.
+QUOTE_CHARS = 100
+# No valid value is longer: the longest useful quantity is some 20 characters.
+_MAX_VALUE_CHARS = 64
+# Larger amounts of GPU memory are refused before any arithmetic (1 EiB in MiB).
+_MAX_MEMORY_MIB = 2**40
+
+_DIGITS = "[0-9]"  # not \d: that matches every Unicode digit
+_NUMBER = rf"(?:{_DIGITS}+(?:\.{_DIGITS}*)?|\.{_DIGITS}+)"
+# Kubernetes' quantity grammar (apimachinery resource.Quantity): a signed decimal number, then a
+# binary suffix, a decimal suffix, or a decimal exponent (e.g. "2e3"), never two of them.
+_QUANTITY_RE = re.compile(
+    rf"(?P<sign>[+-]?)(?P<number>{_NUMBER})(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?{_DIGITS}+)?",
+    re.ASCII,
+)
+_FRACTION_RE = re.compile(rf"[+-]?{_NUMBER}(?:[eE][+-]?{_DIGITS}+)?", re.ASCII)
+_COUNT_RE = re.compile(rf"{_DIGITS}+", re.ASCII)
+
+FRACTION_FORMS = 'a decimal number greater than 0 and at most 1, such as "0.5"'
+MEMORY_FORMS = (
+    'MiB as a positive number such as "2000" or "2e3", or a Kubernetes quantity in bytes such as "20Gi" or "512Mi"'
+)
+
+
+class Invalid(ValueError):
+    """A value cannot be used; the message says which, why, and what is accepted."""
+
+
+def quote(value: Any) -> str:
+    """`value` as a Python literal, cut to QUOTE_CHARS characters (the length said when cut)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= QUOTE_CHARS:
+        return repr(text)
+    return f"{text[:QUOTE_CHARS]!r}... ({len(text)} characters)"
+
+
+def cut(text: str) -> str:
+    """`text` (a list the message names, say) cut to QUOTE_CHARS characters."""
+    return text if len(text) <= QUOTE_CHARS else f"{text[:QUOTE_CHARS]}... ({len(text)} characters)"
+
+
+def _text(name: str, value: Any, forms: str) -> str:
+    """The value as a string within the length limit, or Invalid."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise Invalid(f"{name}={quote(value)} is not a string; accepted: {forms}")
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > _MAX_VALUE_CHARS:
+        raise Invalid(f"{name}={quote(text)} is too long to be a number; accepted: {forms}")
+    return text
+
+
+def fraction(name: str, value: Any) -> float:
+    """A share of one GPU: greater than 0, at most 1."""
+    text = _text(name, value, FRACTION_FORMS)
+    if not _FRACTION_RE.fullmatch(text):
+        raise Invalid(f"{name}={quote(text)} is not a number; accepted: {FRACTION_FORMS}")
+    number = float(text)  # the grammar leaves out nan, inf and everything float() reads loosely
+    if number == 0:
+        raise Invalid(f"{name}={quote(text)} is zero; accepted: {FRACTION_FORMS}")
+    if number < 0:
+        raise Invalid(f"{name}={quote(text)} is negative; accepted: {FRACTION_FORMS}")
+    if number > 1:
+        raise Invalid(
+            f"{name}={quote(text)} is above 1 (one whole GPU); accepted: {FRACTION_FORMS}; "
+            "for more than one GPU request nvidia.com/gpu"
+        )
+    return number
+
+
+def memory_mib(name: str, value: Any) -> int:
+    """GPU memory in MiB, rounded up: a bare number (or one with a decimal exponent) is MiB, a
+    number with a binary or decimal suffix is bytes."""
+    text = _text(name, value, MEMORY_FORMS)
+    match = _QUANTITY_RE.fullmatch(text)
+    if not match:
+        raise Invalid(f"{name}={quote(text)} is not a number or quantity; accepted: {MEMORY_FORMS}")
+    suffix = match.group("suffix") or ""
+    if suffix in ("n", "u", "m"):
+        raise Invalid(f"{name}={quote(text)} is a fraction of a byte; accepted: {MEMORY_FORMS}")
+    try:
+        amount = quantity.parse_quantity(text)
+    except ValueError:  # the grammar above should have caught it; say so rather than fail
+        raise Invalid(f"{name}={quote(text)} is not a number or quantity; accepted: {MEMORY_FORMS}") from None
+    if amount.is_zero():
+        raise Invalid(f"{name}={quote(text)} is zero; accepted: {MEMORY_FORMS}")
+    if amount < 0:
+        raise Invalid(f"{name}={quote(text)} is negative; accepted: {MEMORY_FORMS}")
+    # At most 64 characters and no exponent beside a suffix: the division cannot overflow, and a
+    # huge exponent ("1e999999999") is only ever compared, never expanded.
+    in_mib = suffix == "" or (suffix[0] in "eE" and len(suffix) > 1)  # "E" alone is exa
+    mib = amount if in_mib else amount / 2**20
+    if mib > _MAX_MEMORY_MIB:
+        raise Invalid(f"{name}={quote(text)} is larger than any GPU; accepted: {MEMORY_FORMS}")
+    return max(1, math.ceil(mib))
+
+
+def count(name: str, value: Any, *, forms: str) -> int:
+    """A whole number of 0 or more (GPUs, devices); at most 2**31."""
+    text = _text(name, value, forms)
+    if not _COUNT_RE.fullmatch(text) or int(text) > 2**31:
+        raise Invalid(f"{name}={quote(text)} is not a whole number; accepted: {forms}")
+    return int(text)
+
+
+def request_quantity(value: Any) -> decimal.Decimal:
+    """A CPU or memory request as the scheduler reads it; 0 when unreadable or absurd (the API
+    server validates requests after the webhook, and the caller only uses it to prefer a class)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return decimal.Decimal(0)
+    text = str(value)
+    if len(text) > _MAX_VALUE_CHARS or not _QUANTITY_RE.fullmatch(text):
+        return decimal.Decimal(0)
+    try:
+        amount = quantity.parse_quantity(text)  # at most 64 characters: no overflow ahead
+    except (ValueError, ArithmeticError):
+        return decimal.Decimal(0)
+    return amount if 0 <= amount <= 2**63 else decimal.Decimal(0)
