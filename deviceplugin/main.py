@@ -4,7 +4,8 @@
                            [--pod-resources-socket PATH] [--node-name NAME] [--http-port N]
                            [every configuration flag, see docs/configuration.md]
 
-Configuration and node-file errors print one line and exit 2. SIGTERM/SIGINT stop serving,
+Configuration, node-file and start-up check errors (deviceplugin/startup.py: e.g. pods still
+hold units of another `memoryUnitMiB`) print one line and exit 2. SIGTERM/SIGINT stop serving,
 remove the plugin sockets, cancel and await every task, and exit 0.
 
 With `steering.enabled` and a node name, the node labeller (deviceplugin/labeller.py) runs as a
@@ -36,6 +37,8 @@ from gpuslice.deviceplugin import (
     nvml_source,
     placement,
     podapi,
+    server,
+    startup,
 )
 
 __all__ = ["Options", "main", "parse_args", "run"]
@@ -118,13 +121,14 @@ async def run(
     `node_api` and `pod_api` replace the Kubernetes clients of the node labeller and of the usage
     monitor (tests).
     """
+    resources = manager.build_resources(node, settings)
+    await _check_held_units(settings, options, node, resources)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     plugin_metrics = metrics.Metrics()
     health_state = health.HealthState()
-    resources = manager.build_resources(node, settings)
     if not resources:
         log.warning("node %s has no GPU to advertise", options.node_name or "(unnamed)")
     plugins = manager.PluginManager(
@@ -204,6 +208,19 @@ async def run(
     return 0
 
 
+async def _check_held_units(
+    settings: config_.Config, options: Options, node: inventory.NodeInventory, resources: Sequence[server.Resource]
+) -> None:
+    """StartupError while containers hold units this plugin would not advertise (startup.py)."""
+    names = settings.contract
+    memory = next((r for r in resources if r.name == names.gpu_memory_resource), None)
+    if memory is None:
+        return
+    holdings = await startup.read_held_units(options.pod_resources_socket, names)
+    if holdings:
+        startup.check_held_units(startup.foreign_held_units(holdings, frozenset(memory.device_ids), node, names), names)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings, options, level = parse_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -222,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return asyncio.run(run(settings, options, node, nvml=nvml))
+    except startup.StartupError as exc:
+        print(f"gpuslice-device-plugin: {exc}", file=sys.stderr)
+        return 2
     finally:
         if nvml is not None:
             nvml.nvmlShutdown()

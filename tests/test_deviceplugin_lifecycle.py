@@ -43,7 +43,7 @@ async def test_memory_devices_carry_their_gpu_and_numa_node(kubelet, socket_dir,
     async with plugins(demo_node, socket_dir):
         await kubelet.wait_for_resource("gpuslice.io/gpu-memory", 636)
         topology = kubelet.topology["gpuslice.io/gpu-memory"]
-        assert topology["GPU-21302f2a-76fb-5940-b684-dae50f92c162::317"] == (0,)
+        assert topology["GPU-21302f2a-76fb-5940-b684-dae50f92c162::256Mi::317"] == (0,)
         assert max(len(device_id) for device_id in topology) <= 63
         await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb", 1)
         assert kubelet.topology["gpuslice.io/mig-3g.40gb"] == {"MIG-a9e5210c-5d91-514d-8f4d-a009532eea8c": (1,)}

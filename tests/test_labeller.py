@@ -203,7 +203,7 @@ class Running:
 
 def units_of(node, gpu_index: int, count: int, start: int = 0) -> list[str]:
     gpu = node.memory_gpus[gpu_index].uuid
-    return [contract.unit_device_id(gpu, i) for i in range(start, start + count)]
+    return [contract.unit_device_id(gpu, i, contract.DEFAULT_UNIT_MIB) for i in range(start, start + count)]
 
 
 def per_gpu(node) -> int:
