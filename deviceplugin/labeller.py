@@ -9,10 +9,12 @@ Kubelet never tells a plugin that a pod ended: releases are seen by polling List
 at once.
 
 Writes go to the API server as a merge patch of metadata.labels holding only the labels that
-changed (null removes a stale one), at most one per `steering.labelMinIntervalSeconds`:
+changed (null removes a stale one; a change of any total or free count carries all of them, see
+`labels.capacity_keys`), at most one per `steering.labelMinIntervalSeconds`:
 notifications during that interval coalesce, and the state written when it ends is the latest
 one. A failed write is retried with exponential backoff (jittered, capped), always with the
-then-current desired state.
+then-current desired state. `shutdown()` at the plugin's clean exit removes every label it
+may have published, in one patch.
 
 Counters go to the plugin's Prometheus registry when one is given (`registry=metrics.registry`).
 
@@ -42,6 +44,8 @@ __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "head
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 60.0
+# A clean exit waits at most this long for the label removal (well inside the pod's grace period).
+WITHDRAW_TIMEOUT_SECONDS = 5.0
 
 
 class NodeApiError(RuntimeError):
@@ -198,6 +202,7 @@ class NodeLabeller:
         # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
         # are never in here, so they are never removed.
         self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0, headroom=(0, 0)))
+        self._capacity_keys = labels.capacity_keys(node, self._contract)
         self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
         self.written: dict[str, str] | None = None  # what the API server has, as far as we know
         self.writes = 0
@@ -237,8 +242,29 @@ class NodeLabeller:
                     next_write_at = loop.time() + self._backoff()
         finally:
             await client.close()
+
+    async def shutdown(self, *, withdraw: bool = True, timeout: float = WITHDRAW_TIMEOUT_SECONDS) -> bool:
+        """After `run` has ended: with `withdraw`, remove every label this labeller may have
+        published, totals and free counts in one patch (a node whose plugin is gone must not draw
+        pods, and the webhook reads totals without free counts as a fully free node); then close
+        the API client it made. Never raises; False when the labels could not be removed."""
+        removed = not withdraw
+        try:
+            if withdraw:
+                keys = self._owned_keys | (self.written or {}).keys()
+                try:
+                    removal: dict[str, str | None] = dict.fromkeys(sorted(keys))
+                    await asyncio.wait_for(self._api.patch_labels(self._node_name, removal), timeout)
+                except Exception as exc:  # noqa: BLE001 - shutting down: say so, never block the exit
+                    log.warning("node %s labels not removed at exit: %s", self._node_name, exc)
+                else:
+                    self.written = {}
+                    removed = True
+                    log.info("node %s: removed %d gpuslice labels", self._node_name, len(keys))
+        finally:
             if self._own_api and isinstance(self._api, KubernetesNodeApi):
                 self._api.close()
+        return removed
 
     # --- steps ------------------------------------------------------------------------------
 
@@ -327,6 +353,10 @@ class NodeLabeller:
         delta: dict[str, str | None] = {k: v for k, v in self.desired.items() if previous.get(k) != v}
         for key in previous.keys() - self.desired.keys():
             delta[key] = None
+        if delta.keys() & self._capacity_keys:
+            # Totals and free counts travel together: the webhook reads one against the other, so
+            # a patch never leaves a free count beside totals another writer removed or changed.
+            delta.update({k: v for k, v in self.desired.items() if k in self._capacity_keys})
         return delta
 
     async def _write(self, delta: dict[str, str | None]) -> bool:

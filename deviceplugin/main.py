@@ -6,7 +6,8 @@
 
 Configuration, node-file and start-up check errors (deviceplugin/startup.py: e.g. pods still
 hold units of another `memoryUnitMiB`) print one line and exit 2. SIGTERM/SIGINT stop serving,
-remove the plugin sockets, cancel and await every task, and exit 0.
+remove the node labels the plugin published and the plugin sockets, cancel and await every task,
+and exit 0.
 
 With `steering.enabled` and a node name, the node labeller (deviceplugin/labeller.py) runs as a
 named task, refreshed after every Allocate and health change, scored from NVML when there is
@@ -198,6 +199,10 @@ async def run(
                 pass
             except Exception:  # it failed earlier: say so, but still clean up the rest
                 log.exception("%s had failed", task.get_name())
+        if node_labeller is not None:
+            # A node whose plugin is gone must not keep drawing pods (opting a node out removes
+            # the DaemonSet's pod, so this runs then too).
+            await node_labeller.shutdown(withdraw=True)
         await plugins.stop()
         if health_monitor is not None:
             await health_monitor.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import signal
 import socket
@@ -211,6 +212,9 @@ async def test_with_a_node_name_the_plugin_keeps_its_steering_labels_current(kub
     finally:
         stop.set()
         assert await task == 0
+    # a stopped plugin takes its labels with it, totals and free counts in one patch
+    published = {k for p in api.patches[:-1] for k in p}
+    assert api.patches[-1].keys() >= published and set(api.patches[-1].values()) == {None}
 
 
 # --- the command line ------------------------------------------------------------------------
@@ -292,3 +296,44 @@ async def test_sigterm_stops_a_real_plugin_process_and_removes_its_sockets(kubel
     assert [p.name for p in socket_dir.iterdir()] == ["kubelet.sock"]
     assert b"removing plugin sockets" in output
     await kubelet.wait_until(lambda: kubelet.resources["gpuslice.io/gpu-memory"].allocatable == 0)
+
+
+async def test_sigterm_removes_the_labels_the_plugin_published(kubelet, socket_dir, aiohttp_server, tmp_path):
+    from aiohttp import web
+    from test_labeller import NODE, OPERATOR_LABEL, FakeApiServer
+
+    fake = FakeApiServer()
+    app = web.Application()
+    app.router.add_patch("/api/v1/nodes/{name}", fake.patch_node)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{server.port}'}}}}]\n"
+        "users: [{name: fake, user: {token: fake}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuslice.deviceplugin.main", "--node-file", str(DEMO_NODE),
+        "--kubelet-dir", str(socket_dir), "--http-port", "0", "--node-name", NODE,
+        "--pod-resources-socket", str(kubelet.pod_resources_socket),
+        env={**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    free_units = "gpuslice.io/gpu.free-units"
+    try:
+        await kubelet.wait_for_resource("gpuslice.io/gpu-memory", 636, timeout=30)
+
+        async def labelled() -> None:
+            while free_units not in fake.labels:
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(labelled(), 30)
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, output.decode()
+    assert fake.labels == {OPERATOR_LABEL: "true"}, output.decode()

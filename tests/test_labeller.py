@@ -260,9 +260,10 @@ async def test_an_allocation_is_published_on_notify_without_waiting_for_the_poll
             lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1",
             "allocation after notify",
         )
-    # Only changed labels travel: the second patch holds no static label.
+    # Only changed labels travel, with the totals the free counts are read against.
     assert CONTRACT.label_gpu_product not in fake.patches[-1]
     assert fake.patches[-1][CONTRACT.label_free_units] == str(per_gpu(demo_node))
+    assert fake.patches[-1][CONTRACT.label_gpu_count] == "2"
 
 
 async def test_a_release_is_published_by_the_poll_alone(demo_node, kubelet_socket, api_server):
@@ -314,6 +315,45 @@ async def test_api_server_errors_are_retried_with_backoff_until_written(demo_nod
             lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2",
             "follows after recovery",
         )
+
+
+async def test_a_clean_exit_removes_every_published_label_in_one_patch(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    fake.labels["example.com/other"] = "kept"
+    kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 1, 100)}
+    instance = make(demo_node, kubelet_socket, api, usage=lambda: 70)
+    async with Running(instance):
+        await eventually(lambda: CONTRACT.label_placement_score in fake.labels, "labels written")
+    patches = len(fake.patches)
+    assert await instance.shutdown() is True
+    assert len(fake.patches) == patches + 1
+    assert set(fake.patches[-1].values()) == {None}
+    assert fake.labels == {OPERATOR_LABEL: "true", "example.com/other": "kept"}
+
+
+async def test_a_failed_removal_at_exit_is_reported_not_raised(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    instance = make(demo_node, kubelet_socket, api)
+    async with Running(instance):
+        await eventually(lambda: CONTRACT.label_free_units in fake.labels, "labels written")
+    fake.fail_next = 1
+    assert await instance.shutdown() is False
+    assert CONTRACT.label_free_units in fake.labels
+
+
+async def test_totals_removed_by_another_writer_come_back_with_the_next_free_count(
+    demo_node, kubelet_socket, api_server
+):
+    fake, api = api_server
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=3600))) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "initial labels")
+        # e.g. an old plugin pod's exit during a rolling update, after the new one wrote
+        del fake.labels[CONTRACT.label_gpu_count], fake.labels[CONTRACT.label_gpu_memory_mib]
+        kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 10)}
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocation written")
+    assert fake.labels[CONTRACT.label_gpu_count] == "2"
+    assert fake.labels[CONTRACT.label_gpu_memory_mib] == str(demo_node.memory_gpus[0].memory_mib)
 
 
 async def test_a_hung_api_server_times_out_and_the_write_is_retried(demo_node, kubelet_socket, api_server):
