@@ -252,10 +252,13 @@ class MigSlices:
         unknown = [d for d in device_ids if d not in self.devices]
         if unknown:
             raise AllocationError(f"unknown MIG device(s) {_few(unknown)} for profile {self.profile}")
+        if len(set(device_ids)) != len(device_ids):
+            # kubelet counted each ID as a device: granting it once would give less than was admitted
+            raise AllocationError("MIG device ID(s) requested twice in one container request")
         sick = [d for d in device_ids if d in unhealthy]
         if sick:
             raise AllocationError(f"unhealthy MIG device(s) {_few(sick)}")
-        devices = [self.devices[d] for d in dict.fromkeys(device_ids)]
+        devices = [self.devices[d] for d in device_ids]
         return MigGrant(
             mig_uuids=tuple(m.uuid for m in devices),
             profile=self.profile,

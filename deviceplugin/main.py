@@ -121,7 +121,10 @@ async def run(
 
     `node_api` and `pod_api` replace the Kubernetes clients of the node labeller and of the usage
     monitor (tests).
+    startup.StartupError (before anything is served, or when serving cannot start) says why the
+    plugin must not run.
     """
+    startup.check_device_list(node, settings.contract)  # before the device IDs are built
     resources = manager.build_resources(node, settings)
     await _check_held_units(settings, options, node, resources)
     stop = stop or asyncio.Event()
@@ -173,11 +176,16 @@ async def run(
     runner = None
     tasks: list[asyncio.Task[None]] = []
     try:
-        if options.http_port:
-            runner = await metrics.serve(metrics.build_app(plugin_metrics, plugins.registration_state), options.http_port)
-        if health_monitor is not None:
-            await health_monitor.start()
-        await plugins.start()
+        try:
+            if options.http_port:
+                app = metrics.build_app(plugin_metrics, plugins.registration_state)
+                runner = await metrics.serve(app, options.http_port)
+            if health_monitor is not None:
+                await health_monitor.start()
+            await plugins.start()
+        except (OSError, RuntimeError) as exc:  # a port in use, a directory we cannot write, gRPC cannot bind
+            log.debug("start failed", exc_info=True)
+            raise startup.StartupError(f"cannot start serving: {exc}") from None
         if node_labeller is not None:
             tasks.append(asyncio.create_task(node_labeller.run(), name="deviceplugin-node-labeller"))
         if usage_monitor is not None:
@@ -242,6 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except nvml_source.NvmlUnavailable as exc:
         print(f"gpuslice-device-plugin: {exc} (use --node-file for a simulated node)", file=sys.stderr)
         return 1
+    except Exception as exc:  # noqa: BLE001 - NVML failing mid-discovery, an inconsistent inventory
+        if nvml is not None:
+            nvml.nvmlShutdown()
+        print(f"gpuslice-device-plugin: GPU discovery failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(run(settings, options, node, nvml=nvml))
     except startup.StartupError as exc:

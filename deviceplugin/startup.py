@@ -1,6 +1,10 @@
 """Start-up checks of the device plugin: a start that would let kubelet promise more GPU memory
-than there is is refused with one line saying what to do (`StartupError`; main prints it and
-exits 2).
+than there is, or send kubelet a device list it cannot read, is refused with one line saying
+what to do (`StartupError`; main prints it and exits 2).
+
+Device list bounds (issue 13.7). Kubelet receives ListAndWatch with gRPC's default 4 MiB limit;
+a unit size small enough (or a node file's memory large enough) to exceed it is refused, naming
+the smallest unit size that fits.
 
 Units held at another size (issue 13.3). Kubelet's checkpoint keeps every allocation's device
 IDs across plugin restarts and counts them as taken by ID. Device IDs carry the unit size
@@ -13,7 +17,8 @@ Refusing rather than accounting: a plugin that does not register leaves the reso
 allocatable, so nothing new is admitted while the operator deletes the old pods, and the
 allocation code keeps a single unit size (docs/deviceplugin.md, "Changing the unit size").
 
-May import gpuslice.{config,contract} and gpuslice.deviceplugin.{inventory,podresources}.
+May import gpuslice.{config,contract}, gpuslice.deviceplugin.{inventory,podresources} and the
+generated v1beta1 messages.
 """
 
 from __future__ import annotations
@@ -26,8 +31,18 @@ from collections.abc import Collection, Iterable
 
 from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory, podresources
+from gpuslice.proto.deviceplugin.v1beta1 import api_pb2
 
-__all__ = ["HeldUnits", "StartupError", "check_held_units", "foreign_held_units", "read_held_units"]
+__all__ = [
+    "KUBELET_MAX_MESSAGE_BYTES",
+    "HeldUnits",
+    "StartupError",
+    "check_device_list",
+    "check_held_units",
+    "foreign_held_units",
+    "list_and_watch_bytes",
+    "read_held_units",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,4 +131,67 @@ async def read_held_units(
     raise StartupError(
         f"cannot read which units pods hold ({error}); the plugin checks this before it serves "
         f"so that a changed memoryUnitMiB cannot overcommit a GPU: is kubelet running?"
+    )
+
+
+# --- the device list kubelet can receive (issue 13.7) ------------------------------------------
+
+# Kubelet reads ListAndWatch with gRPC's default receive limit (4 MiB): a larger message fails
+# the stream, and kubelet then counts none of the resource.
+KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+_WORST_HEALTH = "Unhealthy"  # the longer of the two health strings
+
+
+def _device_bytes(device_id: str, numa_node: int | None) -> int:
+    """Bytes one device adds to a ListAndWatch message (unhealthy: the longer health string)."""
+    message = api_pb2.ListAndWatchResponse()
+    device = message.devices.add(ID=device_id, health=_WORST_HEALTH)
+    if numa_node is not None:
+        device.topology.nodes.add(ID=numa_node)
+    return message.ByteSize()
+
+
+def list_and_watch_bytes(node: inventory.NodeInventory, unit_mib: int) -> int:
+    """The serialized size of the ListAndWatch message of the node's memory units at `unit_mib`
+    (every device unhealthy: the larger case), from one sample device per ID length: no device
+    list is built, so an absurd size costs nothing to refuse."""
+    total = 0
+    for gpu in node.memory_gpus:
+        count = gpu.memory_mib // unit_mib
+        low, digits = 0, 1
+        while low < count:
+            high = min(count, 10**digits)  # indexes low..high-1 have `digits` digits
+            total += (high - low) * _device_bytes(contract_.unit_device_id(gpu.uuid, low, unit_mib), gpu.numa_node)
+            low, digits = high, digits + 1
+    return total
+
+
+def check_device_list(node: inventory.NodeInventory, names: contract_.Contract) -> None:
+    """StartupError when the node's memory units at `names.unit_mib` would not fit one ListAndWatch
+    message kubelet accepts, or an ID would be longer than kubelet allows; the message names the
+    limit and the smallest unit size (and largest GPU memory) that fit."""
+    try:
+        for gpu in node.memory_gpus:  # the longest ID of each GPU
+            contract_.unit_device_id(gpu.uuid, max(0, gpu.memory_mib // names.unit_mib - 1), names.unit_mib)
+    except ValueError as exc:
+        raise StartupError(f"GPU UUIDs must keep unit device IDs within kubelet's limit: {exc}") from None
+    size = list_and_watch_bytes(node, names.unit_mib)
+    if size <= KUBELET_MAX_MESSAGE_BYTES:
+        return
+    # The message shrinks as the unit grows: the smallest unit that fits, by bisection.
+    low, high = names.unit_mib, max(g.memory_mib for g in node.memory_gpus)
+    while low < high:
+        middle = (low + high) // 2
+        if list_and_watch_bytes(node, middle) <= KUBELET_MAX_MESSAGE_BYTES:
+            high = middle
+        else:
+            low = middle + 1
+    devices = sum(g.memory_mib // names.unit_mib for g in node.memory_gpus)
+    per_device = size / devices
+    most_mib = int(KUBELET_MAX_MESSAGE_BYTES / per_device) * names.unit_mib
+    raise StartupError(
+        f"{names.gpu_memory_resource}: {devices:,} devices of {names.unit_mib} MiB make a ListAndWatch message of "
+        f"up to {size / 2**20:.1f} MiB, over kubelet's gRPC limit of {KUBELET_MAX_MESSAGE_BYTES // 2**20} MiB: "
+        f"the smallest memoryUnitMiB for this node is {low} (at {names.unit_mib} MiB a node may have at most "
+        f"{most_mib:,} MiB of GPU memory)"
     )

@@ -77,6 +77,21 @@ async def test_mig_slices_are_their_own_resources(kubelet, socket_dir, demo_node
             await kubelet.allocate("gpuslice.io/mig-1g.10gb", 2, "ns/big/c")
 
 
+async def test_allocate_refuses_a_mig_device_requested_twice(kubelet, socket_dir, demo_node):
+    resource = "gpuslice.io/mig-1g.10gb"
+    async with plugins(demo_node, socket_dir):
+        await kubelet.wait_for_resource(resource, 2)
+        channel, stub = await plugin_stub(socket_dir, resource.replace("/", "-") + ".sock")
+        async with channel:
+            twice = kubelet.resources[resource].available()[:1] * 2
+            request = api_pb2.AllocateRequest()
+            request.container_requests.add(devices_ids=twice)
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await stub.Allocate(request)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "requested twice" in failure.value.details()
+
+
 async def test_a_share_that_fits_on_no_single_gpu_is_rejected_with_the_reason(kubelet, socket_dir, demo_node):
     async with plugins(demo_node, socket_dir):
         await kubelet.wait_for_resource(MEMORY, 2 * UNITS_PER_H100)
