@@ -1134,6 +1134,7 @@ def test_config_changes_roll_the_pods():
     ("values", "message"),
     [
         ({"config": {"resourcePrefix": "Not_A_Prefix"}}, "resourcePrefix"),
+        ({"config": {"resourcePrefix": "gpu.kubernetes.io"}}, "resourcePrefix"),
         ({"config": {"memoryUnitMiB": 0}}, "memoryUnitMiB"),
         ({"config": {"deviceListStrategy": "volume-mounts"}}, "deviceListStrategy"),
         ({"config": {"mps": {"enable": True}}}, "enable"),
@@ -1153,6 +1154,7 @@ def test_config_changes_roll_the_pods():
     ],
     ids=[
         "bad-prefix",
+        "reserved-prefix",
         "zero-unit",
         "unknown-strategy",
         "misspelt-nested-key",
