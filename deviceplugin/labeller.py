@@ -18,8 +18,12 @@ may have published, in one patch.
 
 Counters go to the plugin's Prometheus registry when one is given (`registry=metrics.registry`).
 
+The node's CPU and memory headroom comes from its allocatable (one GET of the Node per refresh)
+and its pods, which `KubernetesNodeApi.watch_pods` keeps by list + watch with the field selector
+`spec.nodeName=<node>` (deviceplugin/nodepods.py) while the labeller runs.
+
 May import gpuslice.config, gpuslice.contract and gpuslice.deviceplugin.{allocation, health (its
-ALL marker), inventory, labels, podresources}; the `kubernetes` client is used only by
+ALL marker), inventory, labels, nodepods, podresources}; the `kubernetes` client is used only by
 `KubernetesNodeApi`, in a thread.
 """
 
@@ -37,7 +41,7 @@ import prometheus_client
 from kubernetes.utils import quantity
 
 from gpuslice import config
-from gpuslice.deviceplugin import allocation, health, inventory, labels, podresources
+from gpuslice.deviceplugin import allocation, health, inventory, labels, nodepods, podresources
 
 __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "headroom_from"]
 
@@ -66,14 +70,32 @@ class KubernetesNodeApi:
         self._owns_client = api_client is None
         self._timeout = timeout_seconds
         self._core: Any = None
+        self._pods: nodepods.NodePods | None = None
 
     async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
         await asyncio.to_thread(self._patch, node_name, {"metadata": {"labels": labels}})
 
+    async def watch_pods(self, node_name: str) -> None:
+        """Keep the node's pods current (list + watch, field-selected on spec.nodeName) until
+        cancelled: `headroom` reads them from memory instead of listing on every refresh."""
+        self._pods = nodepods.NodePods(self._core_api, node_name, request_timeout_seconds=self._timeout)
+        await self._pods.run()
+
     async def headroom(self, node_name: str) -> tuple[int, int]:
         """(CPU millicores, memory MiB) of the node's allocatable that its pods have not requested,
-        counted as the scheduler counts them."""
-        return await asyncio.to_thread(self._headroom, node_name)
+        counted as the scheduler counts them; NodeApiError until `watch_pods` has listed them."""
+        pods = self._pods
+        if pods is None:
+            raise NodeApiError(f"the pods of node {node_name} are not watched (watch_pods is not running)")
+        if pods.listing:  # the first refresh waits for the first list rather than publish nothing
+            try:
+                await asyncio.wait_for(pods.synced.wait(), self._timeout)
+            except TimeoutError:
+                pass
+        if not pods.synced.is_set():
+            raise NodeApiError(f"the pods of node {node_name} are not listed yet")
+        allocatable = await asyncio.to_thread(self._allocatable, node_name)
+        return headroom_from(allocatable, pods.pods())
 
     def _core_api(self) -> Any:
         import kubernetes  # imported here: only the production path needs it
@@ -88,28 +110,19 @@ class KubernetesNodeApi:
             self._core = kubernetes.client.CoreV1Api(self._api_client)
         return self._core
 
-    def _headroom(self, node_name: str) -> tuple[int, int]:
+    def _allocatable(self, node_name: str) -> Mapping[str, Any]:
         import kubernetes
         import urllib3
 
         try:
-            core = self._core_api()
-            node = core.read_node(node_name, _request_timeout=self._timeout, _preload_content=False)
-            # resourceVersion "0": served from the API server's watch cache, not etcd.
-            pods = core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node_name}",
-                resource_version="0",
-                _request_timeout=self._timeout,
-                _preload_content=False,
-            )
-            allocatable = json.loads(node.data)["status"].get("allocatable") or {}
-            return headroom_from(allocatable, json.loads(pods.data).get("items") or ())
+            node = self._core_api().read_node(node_name, _request_timeout=self._timeout, _preload_content=False)
+            return json.loads(node.data)["status"].get("allocatable") or {}
         except kubernetes.client.ApiException as exc:
-            raise NodeApiError(f"GET node {node_name} and its pods: HTTP {exc.status} {exc.reason}") from None
+            raise NodeApiError(f"GET node {node_name}: HTTP {exc.status} {exc.reason}") from None
         except kubernetes.config.ConfigException as exc:
             raise NodeApiError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from None
         except (urllib3.exceptions.HTTPError, OSError, ValueError, KeyError) as exc:
-            raise NodeApiError(f"GET node {node_name} and its pods: {type(exc).__name__}: {exc}") from None
+            raise NodeApiError(f"GET node {node_name}: {type(exc).__name__}: {exc}") from None
 
     def _patch(self, node_name: str, body: dict[str, Any]) -> None:
         import kubernetes  # imported here: only the production path needs it
@@ -225,6 +238,8 @@ class NodeLabeller:
         loop = self._loop = asyncio.get_running_loop()
         next_write_at = loop.time()
         client = podresources.Client(self._socket)
+        watch = getattr(self._api, "watch_pods", None)  # KubernetesNodeApi: the node's pods for the headroom
+        pods_task = asyncio.create_task(watch(self._node_name), name="deviceplugin-node-pods") if watch else None
         try:
             while True:
                 await self._refresh(client)
@@ -241,6 +256,9 @@ class NodeLabeller:
                 else:
                     next_write_at = loop.time() + self._backoff()
         finally:
+            if pods_task is not None:
+                pods_task.cancel()
+                await asyncio.gather(pods_task, return_exceptions=True)
             await client.close()
 
     async def shutdown(self, *, withdraw: bool = True, timeout: float = WITHDRAW_TIMEOUT_SECONDS) -> bool:

@@ -498,7 +498,8 @@ def test_webhook_may_only_read_nodes_and_the_plugin_only_label_nodes_and_list_po
     assert rules_of(manifests, "webhook") == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
     assert rules_of(manifests, "device-plugin") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # its node's CPU/memory headroom
+        # its node's pods (list + watch, field-selected on spec.nodeName) for the CPU/memory headroom
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     ]
     for component in ("webhook", "device-plugin"):
         binding = manifests.one("ClusterRoleBinding", component)

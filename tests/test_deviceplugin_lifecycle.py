@@ -93,10 +93,11 @@ async def test_stopping_the_plugins_removes_their_sockets(kubelet, socket_dir, d
 
 
 async def test_kubelet_refusal_is_retried_and_counted(socket_dir, demo_node):
-    """A resource name kubelet refuses (prefix in kubernetes.io) never becomes ready."""
+    """A resource name kubelet refuses (prefix in kubernetes.io) never becomes ready. The
+    configuration refuses such a prefix at start; this settings object is built past that check."""
     from gpuslice.sim import kubelet as sim_kubelet
 
-    settings = config.load(environ={}, overrides={"resourcePrefix": "gpu.kubernetes.io"})
+    settings = config.Config(resource_prefix="gpu.kubernetes.io")
     plugin_metrics = metrics.Metrics()
     async with sim_kubelet.Kubelet(socket_dir) as emulator:
         plugin_manager = manager.PluginManager(

@@ -100,7 +100,10 @@ class FakeApiServer:
     content_types: list[str] = dataclasses.field(default_factory=list)
     allocatable: dict[str, str] | None = None  # None: GET of the node and its pods is not served
     pods: list[dict] = dataclasses.field(default_factory=list)
-    pod_queries: list[str] = dataclasses.field(default_factory=list)
+    pod_queries: list[str] = dataclasses.field(default_factory=list)  # field selectors of lists and watches
+    pod_lists: int = 0
+    pod_watches: int = 0
+    pod_events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)  # sent to open watches
 
     async def get_node(self, request: web.Request) -> web.Response:
         if self.allocatable is None or request.match_info["name"] != NODE:
@@ -112,7 +115,20 @@ class FakeApiServer:
         if self.allocatable is None:
             return web.json_response({"kind": "Status", "code": 404}, status=404)
         self.pod_queries.append(request.query.get("fieldSelector", ""))
-        return web.json_response({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self.pods})
+        if request.query.get("watch") in ("true", "1"):
+            self.pod_watches += 1
+            stream = web.StreamResponse()
+            await stream.prepare(request)
+            while request.transport is not None and not request.transport.is_closing():
+                try:
+                    event = await asyncio.wait_for(self.pod_events.get(), 0.05)
+                except TimeoutError:
+                    continue
+                await stream.write(json.dumps(event).encode() + b"\n")
+            return stream
+        self.pod_lists += 1
+        metadata = {"resourceVersion": "1"}
+        return web.json_response({"apiVersion": "v1", "kind": "PodList", "metadata": metadata, "items": self.pods})
 
     async def patch_node(self, request: web.Request) -> web.Response:
         if request.match_info["name"] != NODE:
@@ -516,6 +532,23 @@ async def test_cpu_and_memory_headroom_of_the_node_are_published(demo_node, kube
         await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "26000", "headroom published")
     assert fake.labels[CONTRACT.label_free_memory_mib] == str(112 * 1024)
     assert fake.pod_queries[-1] == f"spec.nodeName={NODE}"
+
+
+async def test_the_nodes_pods_are_listed_once_then_followed_by_a_watch(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    fake.allocatable = {"cpu": "32", "memory": "128Gi"}
+    fake.pods = [pod("Running", "6", "16Gi")]
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))):
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "26000", "headroom published")
+        started = pod("Running", "10", "16Gi")
+        started["metadata"] = {"uid": "new-pod", "namespace": "ns", "name": "new"}
+        await fake.pod_events.put({"type": "ADDED", "object": started})
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "16000", "new pod seen")
+        await fake.pod_events.put({"type": "DELETED", "object": started})
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "26000", "ended pod seen")
+    assert fake.pod_lists == 1  # many refreshes (a 20 ms poll), one list
+    assert fake.pod_watches >= 1
+    assert set(fake.pod_queries) == {f"spec.nodeName={NODE}"}
 
 
 async def test_without_a_readable_headroom_no_headroom_labels_are_published(demo_node, kubelet_socket, api_server):
