@@ -50,7 +50,7 @@ def main() -> None:
                 uid = f"{g:08x}-{p:04x}-4000-8000-{g * 1000 + p:012x}"
                 cid = f"{g:032x}{p:032x}"
                 name = f"pod-{g}-{p}"
-                ids = tuple(contract.unit_device_id(gpu.uuid, p * units_per_pod + i) for i in range(units_per_pod))
+                ids = tuple(names.unit_device_id(gpu.uuid, p * units_per_pod + i) for i in range(units_per_pod))
                 holdings.append(podresources.ContainerDevices("bench", name, "main", names.gpu_memory_resource, ids))
                 pods.append(podapi.PodInfo(uid, "bench", name, {cid: "main"}))
                 for _ in range(args.processes):

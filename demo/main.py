@@ -234,7 +234,7 @@ def _labels_now(node: inventory.NodeInventory, contract: contract_.Contract, kub
         for ids in devices.allocated.values():
             if resource == contract.gpu_memory_resource:
                 for device_id in ids:
-                    gpu, _ = contract_.parse_unit_device_id(device_id)
+                    gpu = contract_.parse_unit_device_id(device_id).gpu_uuid
                     units[gpu] = units.get(gpu, 0) + 1
             elif resource.startswith(contract.mig_resource_prefix):
                 mig_in_use.update(ids)

@@ -64,14 +64,15 @@ class MemoryUnits:
         ids: list[str] = []
         for gpu in self.gpus:
             for i in range(self.units_of_gpu[gpu.uuid]):
-                device_id = contract.unit_device_id(gpu.uuid, i)
+                device_id = contract.unit_device_id(gpu.uuid, i, unit_mib)
                 self.gpu_of[device_id] = gpu.uuid
                 self.index_of[device_id] = i
                 ids.append(device_id)
         self.device_ids: tuple[str, ...] = tuple(ids)
         self._gpu_order: tuple[str, ...] = tuple(g.uuid for g in self.gpus)  # index order
         self._ids_of_gpu: dict[str, tuple[str, ...]] = {
-            g.uuid: tuple(contract.unit_device_id(g.uuid, i) for i in range(self.units_of_gpu[g.uuid])) for g in self.gpus
+            g.uuid: tuple(contract.unit_device_id(g.uuid, i, unit_mib) for i in range(self.units_of_gpu[g.uuid]))
+            for g in self.gpus
         }
         self._id_sets: dict[str, frozenset[str]] = {g: frozenset(ids) for g, ids in self._ids_of_gpu.items()}
 
@@ -251,10 +252,13 @@ class MigSlices:
         unknown = [d for d in device_ids if d not in self.devices]
         if unknown:
             raise AllocationError(f"unknown MIG device(s) {_few(unknown)} for profile {self.profile}")
+        if len(set(device_ids)) != len(device_ids):
+            # kubelet counted each ID as a device: granting it once would give less than was admitted
+            raise AllocationError("MIG device ID(s) requested twice in one container request")
         sick = [d for d in device_ids if d in unhealthy]
         if sick:
             raise AllocationError(f"unhealthy MIG device(s) {_few(sick)}")
-        devices = [self.devices[d] for d in dict.fromkeys(device_ids)]
+        devices = [self.devices[d] for d in device_ids]
         return MigGrant(
             mig_uuids=tuple(m.uuid for m in devices),
             profile=self.profile,

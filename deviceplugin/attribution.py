@@ -6,7 +6,7 @@ Three records are joined, each from the party that knows it:
 * the kernel (cgroups): per PID, its pod UID and container runtime ID;
 * the API server (podapi): pod UID -> namespace, name and container runtime ID -> container name;
 * kubelet (PodResources): per (namespace, pod, container), the device IDs it holds, which say
-  the GPU and the grant: memory units `<GPU UUID>::<n>` x unit size, or a MIG device's memory.
+  the GPU and the grant: memory units `<GPU UUID>::<size>Mi::<n>` x their size, or a MIG device's memory.
 
 A process's memory goes to the container whose grant covers that device. Everything else is
 memory gpuslice does not know, with the reason: `outside-pods` (a host process, the MPS server
@@ -105,8 +105,9 @@ def grants_of(
     node: inventory.NodeInventory,
     names: contract_.Contract,
 ) -> Grants:
-    """What each container holds, per device, from kubelet's PodResources record. Device IDs this
-    node does not advertise (another unit size, a stale record) are ignored."""
+    """What each container holds, per device, from kubelet's PodResources record. Units count at
+    the size their ID names; IDs of GPUs this node does not share by memory, and malformed ones
+    (a stale record), are ignored."""
     mig_memory = {m.uuid: m.memory_mib for m in node.mig_devices()}
     gpus = {g.uuid for g in node.memory_gpus}
     grants: Grants = {}
@@ -115,11 +116,12 @@ def grants_of(
         if entry.resource == names.gpu_memory_resource:
             for device_id in entry.device_ids:
                 try:
-                    gpu, _ = contract_.parse_unit_device_id(device_id)
+                    unit = contract_.parse_unit_device_id(device_id)
                 except ValueError:
                     continue
-                if gpu in gpus:
-                    per_device[gpu] = per_device.get(gpu, 0) + names.unit_mib
+                # a unit's size is in its ID: one held from before a size change counts at its own
+                if unit.gpu_uuid in gpus:
+                    per_device[unit.gpu_uuid] = per_device.get(unit.gpu_uuid, 0) + unit.unit_mib
         else:
             for device_id in entry.device_ids:
                 if device_id in mig_memory:

@@ -9,15 +9,21 @@ Kubelet never tells a plugin that a pod ended: releases are seen by polling List
 at once.
 
 Writes go to the API server as a merge patch of metadata.labels holding only the labels that
-changed (null removes a stale one), at most one per `steering.labelMinIntervalSeconds`:
+changed (null removes a stale one; a change of any total or free count carries all of them, see
+`labels.capacity_keys`), at most one per `steering.labelMinIntervalSeconds`:
 notifications during that interval coalesce, and the state written when it ends is the latest
 one. A failed write is retried with exponential backoff (jittered, capped), always with the
-then-current desired state.
+then-current desired state. `shutdown()` at the plugin's clean exit removes every label it
+may have published, in one patch.
 
 Counters go to the plugin's Prometheus registry when one is given (`registry=metrics.registry`).
 
+The node's CPU and memory headroom comes from its allocatable (one GET of the Node per refresh)
+and its pods, which `KubernetesNodeApi.watch_pods` keeps by list + watch with the field selector
+`spec.nodeName=<node>` (deviceplugin/nodepods.py) while the labeller runs.
+
 May import gpuslice.config, gpuslice.contract and gpuslice.deviceplugin.{allocation, health (its
-ALL marker), inventory, labels, podresources}; the `kubernetes` client is used only by
+ALL marker), inventory, labels, nodepods, podresources}; the `kubernetes` client is used only by
 `KubernetesNodeApi`, in a thread.
 """
 
@@ -35,13 +41,15 @@ import prometheus_client
 from kubernetes.utils import quantity
 
 from gpuslice import config
-from gpuslice.deviceplugin import allocation, health, inventory, labels, podresources
+from gpuslice.deviceplugin import allocation, health, inventory, labels, nodepods, podresources
 
 __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "headroom_from"]
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 60.0
+# A clean exit waits at most this long for the label removal (well inside the pod's grace period).
+WITHDRAW_TIMEOUT_SECONDS = 5.0
 
 
 class NodeApiError(RuntimeError):
@@ -62,14 +70,32 @@ class KubernetesNodeApi:
         self._owns_client = api_client is None
         self._timeout = timeout_seconds
         self._core: Any = None
+        self._pods: nodepods.NodePods | None = None
 
     async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
         await asyncio.to_thread(self._patch, node_name, {"metadata": {"labels": labels}})
 
+    async def watch_pods(self, node_name: str) -> None:
+        """Keep the node's pods current (list + watch, field-selected on spec.nodeName) until
+        cancelled: `headroom` reads them from memory instead of listing on every refresh."""
+        self._pods = nodepods.NodePods(self._core_api, node_name, request_timeout_seconds=self._timeout)
+        await self._pods.run()
+
     async def headroom(self, node_name: str) -> tuple[int, int]:
         """(CPU millicores, memory MiB) of the node's allocatable that its pods have not requested,
-        counted as the scheduler counts them."""
-        return await asyncio.to_thread(self._headroom, node_name)
+        counted as the scheduler counts them; NodeApiError until `watch_pods` has listed them."""
+        pods = self._pods
+        if pods is None:
+            raise NodeApiError(f"the pods of node {node_name} are not watched (watch_pods is not running)")
+        if pods.listing:  # the first refresh waits for the first list rather than publish nothing
+            try:
+                await asyncio.wait_for(pods.synced.wait(), self._timeout)
+            except TimeoutError:
+                pass
+        if not pods.synced.is_set():
+            raise NodeApiError(f"the pods of node {node_name} are not listed yet")
+        allocatable = await asyncio.to_thread(self._allocatable, node_name)
+        return headroom_from(allocatable, pods.pods())
 
     def _core_api(self) -> Any:
         import kubernetes  # imported here: only the production path needs it
@@ -84,28 +110,19 @@ class KubernetesNodeApi:
             self._core = kubernetes.client.CoreV1Api(self._api_client)
         return self._core
 
-    def _headroom(self, node_name: str) -> tuple[int, int]:
+    def _allocatable(self, node_name: str) -> Mapping[str, Any]:
         import kubernetes
         import urllib3
 
         try:
-            core = self._core_api()
-            node = core.read_node(node_name, _request_timeout=self._timeout, _preload_content=False)
-            # resourceVersion "0": served from the API server's watch cache, not etcd.
-            pods = core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node_name}",
-                resource_version="0",
-                _request_timeout=self._timeout,
-                _preload_content=False,
-            )
-            allocatable = json.loads(node.data)["status"].get("allocatable") or {}
-            return headroom_from(allocatable, json.loads(pods.data).get("items") or ())
+            node = self._core_api().read_node(node_name, _request_timeout=self._timeout, _preload_content=False)
+            return json.loads(node.data)["status"].get("allocatable") or {}
         except kubernetes.client.ApiException as exc:
-            raise NodeApiError(f"GET node {node_name} and its pods: HTTP {exc.status} {exc.reason}") from None
+            raise NodeApiError(f"GET node {node_name}: HTTP {exc.status} {exc.reason}") from None
         except kubernetes.config.ConfigException as exc:
             raise NodeApiError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from None
         except (urllib3.exceptions.HTTPError, OSError, ValueError, KeyError) as exc:
-            raise NodeApiError(f"GET node {node_name} and its pods: {type(exc).__name__}: {exc}") from None
+            raise NodeApiError(f"GET node {node_name}: {type(exc).__name__}: {exc}") from None
 
     def _patch(self, node_name: str, body: dict[str, Any]) -> None:
         import kubernetes  # imported here: only the production path needs it
@@ -198,8 +215,9 @@ class NodeLabeller:
         # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
         # are never in here, so they are never removed.
         self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0, headroom=(0, 0)))
+        self._capacity_keys = labels.capacity_keys(node, self._contract)
         # The labels the webhook's required node affinity filters on (steering.placement_affinity).
-        self._capacity_keys = {self._contract.label_free_block_units, self._contract.label_free_gpus}
+        self._filter_keys = {self._contract.label_free_block_units, self._contract.label_free_gpus}
         self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
         self.written: dict[str, str] | None = None  # what the API server has, as far as we know
         self.writes = 0
@@ -222,6 +240,8 @@ class NodeLabeller:
         loop = self._loop = asyncio.get_running_loop()
         next_write_at = loop.time()
         client = podresources.Client(self._socket)
+        watch = getattr(self._api, "watch_pods", None)  # KubernetesNodeApi: the node's pods for the headroom
+        pods_task = asyncio.create_task(watch(self._node_name), name="deviceplugin-node-pods") if watch else None
         try:
             while True:
                 await self._refresh(client)
@@ -242,9 +262,33 @@ class NodeLabeller:
                 else:
                     next_write_at = loop.time() + self._backoff()
         finally:
+            if pods_task is not None:
+                pods_task.cancel()
+                await asyncio.gather(pods_task, return_exceptions=True)
             await client.close()
+
+    async def shutdown(self, *, withdraw: bool = True, timeout: float = WITHDRAW_TIMEOUT_SECONDS) -> bool:
+        """After `run` has ended: with `withdraw`, remove every label this labeller may have
+        published, totals and free counts in one patch (a node whose plugin is gone must not draw
+        pods, and the webhook reads totals without free counts as a fully free node); then close
+        the API client it made. Never raises; False when the labels could not be removed."""
+        removed = not withdraw
+        try:
+            if withdraw:
+                keys = self._owned_keys | (self.written or {}).keys()
+                try:
+                    removal: dict[str, str | None] = dict.fromkeys(sorted(keys))
+                    await asyncio.wait_for(self._api.patch_labels(self._node_name, removal), timeout)
+                except Exception as exc:  # noqa: BLE001 - shutting down: say so, never block the exit
+                    log.warning("node %s labels not removed at exit: %s", self._node_name, exc)
+                else:
+                    self.written = {}
+                    removed = True
+                    log.info("node %s: removed %d gpuslice labels", self._node_name, len(keys))
+        finally:
             if self._own_api and isinstance(self._api, KubernetesNodeApi):
                 self._api.close()
+        return removed
 
     # --- steps ------------------------------------------------------------------------------
 
@@ -333,6 +377,10 @@ class NodeLabeller:
         delta: dict[str, str | None] = {k: v for k, v in self.desired.items() if previous.get(k) != v}
         for key in previous.keys() - self.desired.keys():
             delta[key] = None
+        if delta.keys() & self._capacity_keys:
+            # Totals and free counts travel together: the webhook reads one against the other, so
+            # a patch never leaves a free count beside totals another writer removed or changed.
+            delta.update({k: v for k, v in self.desired.items() if k in self._capacity_keys})
         return delta
 
     def _tightens(self, delta: Mapping[str, str | None]) -> bool:
@@ -340,7 +388,7 @@ class NodeLabeller:
         whole GPUs, free MIG devices): the labels written so far over-promise."""
         written = self.written or {}
         for key, value in delta.items():
-            if key not in self._capacity_keys and self._contract.mig_profile_of_label(key) is None:
+            if key not in self._filter_keys and self._contract.mig_profile_of_label(key) is None:
                 continue
             try:
                 if value is None or int(value) < int(written.get(key, "0")):

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory
 
-__all__ = ["headroom_labels", "node_labels", "static_labels", "steering_labels"]
+__all__ = ["capacity_keys", "headroom_labels", "node_labels", "static_labels", "steering_labels"]
 
 
 def static_labels(node: inventory.NodeInventory, contract: contract_.Contract) -> dict[str, str]:
@@ -100,3 +100,11 @@ def headroom_labels(contract: contract_.Contract, free_cpu_milli: int, free_memo
         contract.label_free_cpu_milli: str(max(0, free_cpu_milli)),
         contract.label_free_memory_mib: str(max(0, free_memory_mib)),
     }
+
+
+def capacity_keys(node: inventory.NodeInventory, contract: contract_.Contract) -> frozenset[str]:
+    """Keys of the labels that say how much the node has (GPU memory and count, MIG device memory)
+    and how much of it is free. The webhook reads a free count against the totals, and a node with
+    totals but no free counts as fully free, so these are written, and removed, together."""
+    keys = set(node_labels(node, contract)) - {contract.label_gpu_product}
+    return frozenset(keys)

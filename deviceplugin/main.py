@@ -4,8 +4,10 @@
                            [--pod-resources-socket PATH] [--node-name NAME] [--http-port N]
                            [every configuration flag, see docs/configuration.md]
 
-Configuration and node-file errors print one line and exit 2. SIGTERM/SIGINT stop serving,
-remove the plugin sockets, cancel and await every task, and exit 0.
+Configuration, node-file and start-up check errors (deviceplugin/startup.py: e.g. pods still
+hold units of another `memoryUnitMiB`) print one line and exit 2. SIGTERM/SIGINT stop serving,
+remove the node labels the plugin published and the plugin sockets, cancel and await every task,
+and exit 0.
 
 With `steering.enabled` and a node name, the node labeller (deviceplugin/labeller.py) runs as a
 named task, refreshed after every Allocate and health change, scored from NVML when there is
@@ -36,6 +38,8 @@ from gpuslice.deviceplugin import (
     nvml_source,
     placement,
     podapi,
+    server,
+    startup,
 )
 
 __all__ = ["Options", "main", "parse_args", "run"]
@@ -117,14 +121,18 @@ async def run(
 
     `node_api` and `pod_api` replace the Kubernetes clients of the node labeller and of the usage
     monitor (tests).
+    startup.StartupError (before anything is served, or when serving cannot start) says why the
+    plugin must not run.
     """
+    startup.check_device_list(node, settings.contract)  # before the device IDs are built
+    resources = manager.build_resources(node, settings)
+    await _check_held_units(settings, options, node, resources)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     plugin_metrics = metrics.Metrics()
     health_state = health.HealthState()
-    resources = manager.build_resources(node, settings)
     if not resources:
         log.warning("node %s has no GPU to advertise", options.node_name or "(unnamed)")
     plugins = manager.PluginManager(
@@ -168,11 +176,16 @@ async def run(
     runner = None
     tasks: list[asyncio.Task[None]] = []
     try:
-        if options.http_port:
-            runner = await metrics.serve(metrics.build_app(plugin_metrics, plugins.registration_state), options.http_port)
-        if health_monitor is not None:
-            await health_monitor.start()
-        await plugins.start()
+        try:
+            if options.http_port:
+                app = metrics.build_app(plugin_metrics, plugins.registration_state)
+                runner = await metrics.serve(app, options.http_port)
+            if health_monitor is not None:
+                await health_monitor.start()
+            await plugins.start()
+        except (OSError, RuntimeError) as exc:  # a port in use, a directory we cannot write, gRPC cannot bind
+            log.debug("start failed", exc_info=True)
+            raise startup.StartupError(f"cannot start serving: {exc}") from None
         if node_labeller is not None:
             tasks.append(asyncio.create_task(node_labeller.run(), name="deviceplugin-node-labeller"))
         if usage_monitor is not None:
@@ -194,6 +207,10 @@ async def run(
                 pass
             except Exception:  # it failed earlier: say so, but still clean up the rest
                 log.exception("%s had failed", task.get_name())
+        if node_labeller is not None:
+            # A node whose plugin is gone must not keep drawing pods (opting a node out removes
+            # the DaemonSet's pod, so this runs then too).
+            await node_labeller.shutdown(withdraw=True)
         await plugins.stop()
         if health_monitor is not None:
             await health_monitor.stop()
@@ -202,6 +219,19 @@ async def run(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return 0
+
+
+async def _check_held_units(
+    settings: config_.Config, options: Options, node: inventory.NodeInventory, resources: Sequence[server.Resource]
+) -> None:
+    """StartupError while containers hold units this plugin would not advertise (startup.py)."""
+    names = settings.contract
+    memory = next((r for r in resources if r.name == names.gpu_memory_resource), None)
+    if memory is None:
+        return
+    holdings = await startup.read_held_units(options.pod_resources_socket, names)
+    if holdings:
+        startup.check_held_units(startup.foreign_held_units(holdings, frozenset(memory.device_ids), node, names), names)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -220,8 +250,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except nvml_source.NvmlUnavailable as exc:
         print(f"gpuslice-device-plugin: {exc} (use --node-file for a simulated node)", file=sys.stderr)
         return 1
+    except Exception as exc:  # noqa: BLE001 - NVML failing mid-discovery, an inconsistent inventory
+        if nvml is not None:
+            nvml.nvmlShutdown()
+        print(f"gpuslice-device-plugin: GPU discovery failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(run(settings, options, node, nvml=nvml))
+    except startup.StartupError as exc:
+        print(f"gpuslice-device-plugin: {exc}", file=sys.stderr)
+        return 2
     finally:
         if nvml is not None:
             nvml.nvmlShutdown()

@@ -63,9 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"gpuslice-mps-control-daemon: the MPS control daemon does not answer: {exc}", file=sys.stderr)
             return 1
         return 0 if answer.returncode == 0 and answer.stdout.strip() else 1
-    for directory in (args.pipe_directory, args.log_directory):
-        os.makedirs(directory, exist_ok=True)
-    os.chmod(args.shm_directory, 0o1777)
+    try:
+        for directory in (args.pipe_directory, args.log_directory):
+            os.makedirs(directory, exist_ok=True)
+        os.chmod(args.shm_directory, 0o1777)
+    except OSError as exc:  # a path that is a file, a read-only mount, a missing /dev/shm mount
+        print(f"gpuslice-mps-control-daemon: cannot prepare the shared directories: {exc}", file=sys.stderr)
+        return 2
     try:
         daemon = subprocess.Popen([args.control, "-f"], env=_environment(args))
     except OSError as exc:

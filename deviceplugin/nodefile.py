@@ -5,7 +5,7 @@ Schema (docs/node-file.md):
     gpus:
     - uuid: GPU-...            # required, unique
       model: NVIDIA H100 80GB HBM3   # required
-      memoryMiB: 81559         # required, > 0
+      memoryMiB: 81559         # required, 1..1048576 (1 TiB)
       index: 0                 # required, unique
       numaNode: 0              # optional (null: no NUMA affinity)
       minorNumber: 0           # optional
@@ -34,6 +34,10 @@ __all__ = ["NodeFileError", "load", "parse", "dump"]
 _PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb([+-](me|me\.all|gfx))?$")
 _GPU_KEYS = {"uuid", "model", "memoryMiB", "index", "numaNode", "minorNumber", "pciBusId", "nvlinks", "mig"}
 _MIG_KEYS = {"uuid", "profile", "memoryMiB"}
+
+
+# 1 TiB: several times the largest GPU made (288 GB); a larger value is a typo (MiB read as bytes?).
+MAX_GPU_MEMORY_MIB = 1 << 20
 
 
 class NodeFileError(ValueError):
@@ -93,7 +97,7 @@ def _gpu(entry: Any, where: str) -> inventory.Gpu:
     if mig_entries is not None and not isinstance(mig_entries, list):
         raise NodeFileError(f"{where}: mig must be a list of MIG devices, got {mig_entries!r}")
     mig = tuple(_mig(m, f"{where}: mig[{j}]", uuid) for j, m in enumerate(mig_entries or []))
-    memory = _int(entry, "memoryMiB", where, required=True, minimum=1)
+    memory = _int(entry, "memoryMiB", where, required=True, minimum=1, maximum=MAX_GPU_MEMORY_MIB)
     used = sum(m.memory_mib for m in mig)
     if used > memory:
         raise NodeFileError(f"{where}: MIG devices hold {used} MiB, more than the GPU's memoryMiB {memory}")
@@ -143,7 +147,9 @@ def _string(entry: Mapping[str, Any], key: str, where: str, *, required: bool) -
     return value
 
 
-def _int(entry: Mapping[str, Any], key: str, where: str, *, required: bool, minimum: int) -> Any:
+def _int(
+    entry: Mapping[str, Any], key: str, where: str, *, required: bool, minimum: int, maximum: int | None = None
+) -> Any:
     value = entry.get(key)
     if value is None:
         if required:
@@ -151,6 +157,8 @@ def _int(entry: Mapping[str, Any], key: str, where: str, *, required: bool, mini
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise NodeFileError(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise NodeFileError(f"{where}: {key} {value} is more than any GPU has; the largest allowed is {maximum}")
     return value
 
 

@@ -8,12 +8,12 @@
 `--print-resource-slices` prints the ResourceSlices the plugin would publish (YAML) and exits:
 no API server, no kubelet. Otherwise it recovers its checkpoint, serves kubelet's DRA and
 registration sockets, publishes the node's ResourceSlices and, with NVML, watches GPU health
-(a failed GPU is tainted in its slice). Configuration, node-file and checkpoint errors print
-one line and exit 2; SIGTERM/SIGINT stop serving, remove the sockets, cancel and await every
-task, and exit 0.
+(a failed GPU is tainted in its slice). Configuration, node-file, checkpoint and start-up errors
+(a port in use, a directory it cannot write) print one line and exit 2; SIGTERM/SIGINT stop
+serving, remove the sockets, cancel and await every task, and exit 0.
 
-May import gpuslice.config, gpuslice.deviceplugin's discovery, health and metrics modules, and
-gpuslice.dra.
+May import gpuslice.config, gpuslice.deviceplugin's discovery, health, metrics and startup
+(its StartupError) modules, and gpuslice.dra.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import prometheus_client
 import yaml
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import health, inventory, metrics, nodefile, nvml_source
+from gpuslice.deviceplugin import health, inventory, metrics, nodefile, nvml_source, startup
 from gpuslice.dra import checkpoint, kube, preparer, publisher, server, slices
 
 __all__ = ["Options", "main", "parse_args", "run"]
@@ -211,11 +211,15 @@ async def run(
     runner = None
     publisher_task: asyncio.Task[None] | None = None
     try:
-        if options.http_port:
-            runner = await metrics.serve(metrics.build_app(plugin_metrics, readiness), options.http_port)
-        if monitor is not None:
-            await monitor.start()
-        await grpc_server.start()
+        try:
+            if options.http_port:
+                runner = await metrics.serve(metrics.build_app(plugin_metrics, readiness), options.http_port)
+            if monitor is not None:
+                await monitor.start()
+            await grpc_server.start()
+        except (OSError, RuntimeError) as exc:  # a port in use, a directory we cannot write, gRPC cannot bind
+            log.debug("start failed", exc_info=True)
+            raise startup.StartupError(f"cannot start serving: {exc}") from None
         publisher_task = asyncio.create_task(slice_publisher.run(), name="dra-slice-publisher")
         log.info(
             "DRA driver %s on node %s: %d devices from %s",
@@ -261,6 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except nvml_source.NvmlUnavailable as exc:
         print(f"gpuslice-dra-plugin: {exc} (use --node-file for a simulated node)", file=sys.stderr)
         return 1
+    except Exception as exc:  # noqa: BLE001 - NVML failing mid-discovery, an inconsistent inventory
+        if nvml is not None:
+            nvml.nvmlShutdown()
+        print(f"gpuslice-dra-plugin: GPU discovery failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     try:
         if options.print_resource_slices:
             try:
@@ -270,6 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             return 0
         return asyncio.run(run(settings, options, node, nvml=nvml))
+    except startup.StartupError as exc:
+        print(f"gpuslice-dra-plugin: {exc}", file=sys.stderr)
+        return 2
     finally:
         if nvml is not None:
             nvml.nvmlShutdown()

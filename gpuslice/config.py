@@ -221,10 +221,26 @@ def _not_negative(value: Any) -> str | None:
     return None if value >= 0 else "must be 0 or more"
 
 
+def _reserved_domain(prefix: str) -> str | None:
+    """The Kubernetes domain `prefix` falls in, if any. Kubelet reads any resource name containing
+    "kubernetes.io/" as native and refuses to advertise it (so "examplekubernetes.io" too), and
+    NodeRestriction keeps node agents from writing labels under kubernetes.io and k8s.io."""
+    if prefix.endswith("kubernetes.io"):
+        return "kubernetes.io"
+    if prefix == "k8s.io" or prefix.endswith(".k8s.io"):
+        return "k8s.io"
+    return None
+
+
 def _prefix(value: str) -> str | None:
-    if _PREFIX_RE.match(value):
-        return None
-    return "must be a DNS subdomain such as gpuslice.io (lower case, at least one dot)"
+    if not _PREFIX_RE.match(value):
+        return "must be a DNS subdomain such as gpuslice.io (lower case, at least one dot)"
+    reserved = _reserved_domain(value)
+    if reserved is not None:
+        return f"{value!r} is in the {reserved} domain, which Kubernetes reserves: use a domain of your own"
+    if value.startswith("requests."):
+        return "must not start with 'requests.' (Kubernetes reads requests.<name> as a quota, not a resource)"
+    return None
 
 
 def _absolute(value: str) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import NamedTuple
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -24,8 +25,10 @@ __all__ = [
     "KAI_ANNOTATIONS",
     "NVIDIA_GPU",
     "NVIDIA_GPU_PRODUCT_LABEL",
+    "UnitDeviceId",
     "unit_device_id",
     "parse_unit_device_id",
+    "unit_gpu_uuid",
     "mig_resource_suffix",
     "label_value",
     "units_for_mib",
@@ -85,17 +88,31 @@ DRA_ATTR_PARENT_INDEX = "parentIndex"
 DRA_CAPACITY_MEMORY = "memory"
 DRA_MAX_DRIVER_NAME_LENGTH = 63
 
-# Memory-unit device IDs are "<GPU UUID>::<unit index>": the GPU is readable from the ID alone,
-# and a 40-character NVML UUID plus "::" and 4 digits stays far below kubelet's 63 characters.
+# Memory-unit device IDs are "<GPU UUID>::<unit MiB>Mi::<unit index>": the GPU is readable from
+# the ID alone, and the unit size is part of the device's identity. Kubelet's checkpoint keeps the
+# IDs of earlier allocations across plugin restarts and counts them as taken by ID: were the size
+# not in the ID, a plugin restarted with smaller units would advertise the same IDs again, kubelet
+# would call the old holders' 256 MiB units 128 MiB ones, and the GPU would be promised more than
+# it has (docs/deviceplugin.md, "Changing the unit size"). A 40-character NVML UUID plus the
+# separators, a 5-digit size and a 6-digit index stays below kubelet's 63 characters.
 _UNIT_SEPARATOR = "::"
+_UNIT_SIZE_SUFFIX = "Mi"
 MAX_DEVICE_ID_LENGTH = 63
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def unit_device_id(gpu_uuid: str, index: int) -> str:
-    """The device ID of memory unit `index` of GPU `gpu_uuid`."""
-    device_id = f"{gpu_uuid}{_UNIT_SEPARATOR}{index}"
+class UnitDeviceId(NamedTuple):
+    """The parts of a memory-unit device ID."""
+
+    gpu_uuid: str
+    unit_mib: int
+    index: int
+
+
+def unit_device_id(gpu_uuid: str, index: int, unit_mib: int) -> str:
+    """The device ID of memory unit `index` (of `unit_mib` MiB) of GPU `gpu_uuid`."""
+    device_id = f"{gpu_uuid}{_UNIT_SEPARATOR}{unit_mib}{_UNIT_SIZE_SUFFIX}{_UNIT_SEPARATOR}{index}"
     if len(device_id) > MAX_DEVICE_ID_LENGTH:
         raise ValueError(
             f"device ID {device_id!r} is {len(device_id)} characters; kubelet allows {MAX_DEVICE_ID_LENGTH}"
@@ -103,12 +120,23 @@ def unit_device_id(gpu_uuid: str, index: int) -> str:
     return device_id
 
 
-def parse_unit_device_id(device_id: str) -> tuple[str, int]:
-    """(GPU UUID, unit index) of a memory-unit device ID; ValueError names a malformed one."""
-    gpu_uuid, sep, index = device_id.rpartition(_UNIT_SEPARATOR)
-    if not sep or not gpu_uuid or not index.isdigit():
-        raise ValueError(f"{device_id!r} is not a gpuslice memory-unit device ID (<GPU UUID>::<unit>)")
-    return gpu_uuid, int(index)
+def parse_unit_device_id(device_id: str) -> UnitDeviceId:
+    """(GPU UUID, unit MiB, unit index) of a memory-unit device ID; ValueError names a malformed
+    one (an ID without the unit size, from gpuslice 0.1, is malformed here: see `unit_gpu_uuid`)."""
+    rest, sep, index = device_id.rpartition(_UNIT_SEPARATOR)
+    gpu_uuid, sep2, size = rest.rpartition(_UNIT_SEPARATOR)
+    unit = size.removesuffix(_UNIT_SIZE_SUFFIX)
+    if not (sep and sep2 and gpu_uuid and index.isdigit() and size.endswith(_UNIT_SIZE_SUFFIX) and unit.isdigit()):
+        raise ValueError(
+            f"{device_id!r} is not a gpuslice memory-unit device ID (<GPU UUID>::<unit MiB>Mi::<unit>)"
+        )
+    return UnitDeviceId(gpu_uuid, int(unit), int(index))
+
+
+def unit_gpu_uuid(device_id: str) -> str:
+    """The GPU UUID a memory-unit device ID names, in this format or gpuslice 0.1's
+    `<GPU UUID>::<unit>` (which did not carry the unit size); "" when it names none."""
+    return device_id.partition(_UNIT_SEPARATOR)[0] if _UNIT_SEPARATOR in device_id else ""
 
 
 def mig_resource_suffix(profile: str) -> str:
@@ -148,6 +176,10 @@ class Contract:
 
     def is_gpuslice_resource(self, name: str) -> bool:
         return name == self.gpu_memory_resource or name.startswith(self.mig_resource_prefix)
+
+    def unit_device_id(self, gpu_uuid: str, index: int) -> str:
+        """The device ID of memory unit `index` of `gpu_uuid` at this contract's unit size."""
+        return unit_device_id(gpu_uuid, index, self.unit_mib)
 
     def units_per_gpu(self, gpu_memory_mib: int) -> int:
         """Memory units one GPU of `gpu_memory_mib` MiB advertises (whole units only)."""

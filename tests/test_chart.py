@@ -506,7 +506,8 @@ def test_webhook_may_only_read_nodes_and_requeue_pods_and_the_plugin_only_label_
     assert rules_of(without, "webhook") == [read_nodes]
     assert rules_of(manifests, "device-plugin") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # its node's CPU/memory headroom
+        # its node's pods (list + watch, field-selected on spec.nodeName) for the CPU/memory headroom
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     ]
     for component in ("webhook", "device-plugin"):
         binding = manifests.one("ClusterRoleBinding", component)
@@ -1152,6 +1153,7 @@ def test_config_changes_roll_the_pods():
     ("values", "message"),
     [
         ({"config": {"resourcePrefix": "Not_A_Prefix"}}, "resourcePrefix"),
+        ({"config": {"resourcePrefix": "gpu.kubernetes.io"}}, "resourcePrefix"),
         ({"config": {"memoryUnitMiB": 0}}, "memoryUnitMiB"),
         ({"config": {"deviceListStrategy": "volume-mounts"}}, "deviceListStrategy"),
         ({"config": {"mps": {"enable": True}}}, "enable"),
@@ -1174,6 +1176,7 @@ def test_config_changes_roll_the_pods():
     ],
     ids=[
         "bad-prefix",
+        "reserved-prefix",
         "zero-unit",
         "unknown-strategy",
         "misspelt-nested-key",

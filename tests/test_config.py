@@ -79,6 +79,33 @@ def test_bad_files_fail_at_start_up_naming_key_and_value(tmp_path, text, message
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        ("kubernetes.io", "in the kubernetes.io domain, which Kubernetes reserves"),
+        ("gpu.kubernetes.io", "in the kubernetes.io domain"),
+        ("examplekubernetes.io", "in the kubernetes.io domain"),  # kubelet matches "kubernetes.io/" anywhere
+        ("k8s.io", "in the k8s.io domain"),
+        ("node.k8s.io", "in the k8s.io domain"),
+        ("requests.example.com", "must not start with 'requests.'"),
+        ("-bad.example.com", "must be a DNS subdomain"),
+        ("example..com", "must be a DNS subdomain"),
+        ("a" * 251 + ".io", "must be a DNS subdomain"),  # 254 characters
+    ],
+    ids=["kubernetes-io", "kubernetes-io-subdomain", "kubernetes-io-suffix", "k8s-io", "k8s-io-subdomain",
+         "quota-prefix", "leading-dash", "empty-label", "too-long"],
+)
+def test_resource_prefixes_kubelet_would_refuse_are_refused_at_start(prefix, message):
+    with pytest.raises(config.ConfigError, match="resourcePrefix") as err:
+        config.load(environ={"GPUSLICE_RESOURCE_PREFIX": prefix})
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("prefix", ["gpuslice.io", "gpu.example.com", "k8s.example.io", "kubernetes.example.com"])
+def test_ordinary_resource_prefixes_are_accepted(prefix):
+    assert config.load(environ={"GPUSLICE_RESOURCE_PREFIX": prefix}).resource_prefix == prefix
+
+
 def test_bad_environment_values_name_the_variable():
     with pytest.raises(config.ConfigError, match="environment GPUSLICE_MEMORY_UNIT_MIB"):
         config.load(environ={"GPUSLICE_MEMORY_UNIT_MIB": "x"})

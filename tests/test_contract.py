@@ -15,20 +15,40 @@ def test_default_resource_names_follow_the_prefix():
 
 def test_unit_device_ids_round_trip_and_fit_kubelets_limit():
     uuid = "GPU-21302f2a-76fb-5940-b684-dae50f92c162"
-    device_id = contract.unit_device_id(uuid, 560)
-    assert len(device_id) <= 63
-    assert contract.parse_unit_device_id(device_id) == (uuid, 560)
+    device_id = contract.unit_device_id(uuid, 560, 256)
+    assert device_id == f"{uuid}::256Mi::560"
+    assert contract.parse_unit_device_id(device_id) == (uuid, 256, 560)
+    assert contract.parse_unit_device_id(device_id).unit_mib == 256
+    # the largest size and index a node can have still fit kubelet's 63 characters
+    assert len(contract.unit_device_id(uuid, 143_771, 65_536)) <= 63
 
 
-@pytest.mark.parametrize("bad", ["GPU-abc", "::3", "GPU-abc::x", ""])
+def test_the_same_unit_at_another_unit_size_is_another_device():
+    uuid = "GPU-21302f2a-76fb-5940-b684-dae50f92c162"
+    assert contract.unit_device_id(uuid, 17, 256) != contract.unit_device_id(uuid, 17, 128)
+    assert contract.Contract(unit_mib=128).unit_device_id(uuid, 17) == contract.unit_device_id(uuid, 17, 128)
+
+
+@pytest.mark.parametrize(
+    "bad", ["GPU-abc", "::3", "GPU-abc::x", "", "GPU-abc::17", "GPU-abc::256::17", "GPU-abc::xMi::17", "::256Mi::1"]
+)
 def test_malformed_unit_device_ids_are_named_in_the_error(bad):
     with pytest.raises(ValueError, match="not a gpuslice memory-unit device ID"):
         contract.parse_unit_device_id(bad)
 
 
+@pytest.mark.parametrize(
+    ("device_id", "gpu"),
+    [("GPU-abc::256Mi::17", "GPU-abc"), ("GPU-abc::17", "GPU-abc"), ("MIG-abc", "")],
+    ids=["current", "without-unit-size", "not-a-unit"],
+)
+def test_the_gpu_of_a_unit_is_read_in_either_id_format(device_id, gpu):
+    assert contract.unit_gpu_uuid(device_id) == gpu
+
+
 def test_overlong_device_ids_are_refused():
     with pytest.raises(ValueError, match="63"):
-        contract.unit_device_id("GPU-" + "x" * 60, 1)
+        contract.unit_device_id("GPU-" + "x" * 60, 1, 256)
 
 
 def test_label_values_are_valid_kubernetes_label_values():

@@ -19,7 +19,7 @@ UNITS_PER_H100 = 81559 // 256  # 318
 
 
 def gpus_of(kubelet, owner: str) -> set[str]:
-    return {contract.parse_unit_device_id(d)[0] for d in kubelet.allocated(owner)[MEMORY]}
+    return {contract.parse_unit_device_id(d).gpu_uuid for d in kubelet.allocated(owner)[MEMORY]}
 
 
 async def test_shares_are_packed_best_fit_one_gpu_each(kubelet, socket_dir, demo_node):
@@ -77,6 +77,21 @@ async def test_mig_slices_are_their_own_resources(kubelet, socket_dir, demo_node
             await kubelet.allocate("gpuslice.io/mig-1g.10gb", 2, "ns/big/c")
 
 
+async def test_allocate_refuses_a_mig_device_requested_twice(kubelet, socket_dir, demo_node):
+    resource = "gpuslice.io/mig-1g.10gb"
+    async with plugins(demo_node, socket_dir):
+        await kubelet.wait_for_resource(resource, 2)
+        channel, stub = await plugin_stub(socket_dir, resource.replace("/", "-") + ".sock")
+        async with channel:
+            twice = kubelet.resources[resource].available()[:1] * 2
+            request = api_pb2.AllocateRequest()
+            request.container_requests.add(devices_ids=twice)
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await stub.Allocate(request)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "requested twice" in failure.value.details()
+
+
 async def test_a_share_that_fits_on_no_single_gpu_is_rejected_with_the_reason(kubelet, socket_dir, demo_node):
     async with plugins(demo_node, socket_dir):
         await kubelet.wait_for_resource(MEMORY, 2 * UNITS_PER_H100)
@@ -100,8 +115,8 @@ async def plugin_stub(socket_dir, name="gpuslice.io-gpu-memory.sock"):
     ("device_ids", "message"),
     [
         (["GPU-nope::1"], "unknown device ID(s) GPU-nope::1"),
-        ([f"{H100_A}::0", f"{H100_A}::0"], "requested twice"),
-        ([f"{H100_A}::0", f"{H100_B}::0"], "2 gpu-memory units span 2 GPUs"),
+        ([f"{H100_A}::256Mi::0", f"{H100_A}::256Mi::0"], "requested twice"),
+        ([f"{H100_A}::256Mi::0", f"{H100_B}::256Mi::0"], "2 gpu-memory units span 2 GPUs"),
         ([], "no gpu-memory devices"),
     ],
     ids=["unknown-id", "duplicate-id", "cross-gpu", "empty"],
@@ -112,7 +127,7 @@ async def test_allocate_rejects_bad_device_lists_with_a_message(socket_dir, kube
         channel, stub = await plugin_stub(socket_dir)
         async with channel:
             request = api_pb2.AllocateRequest()
-            request.container_requests.add(devices_ids=[f"{H100_B}::5"])  # fine, but the next one is not
+            request.container_requests.add(devices_ids=[f"{H100_B}::256Mi::5"])  # fine, but the next one is not
             request.container_requests.add(devices_ids=device_ids)
             with pytest.raises(grpc.aio.AioRpcError) as failure:
                 await stub.Allocate(request)
@@ -129,12 +144,12 @@ async def test_preferred_allocation_honours_must_include(socket_dir, kubelet, de
             request = api_pb2.PreferredAllocationRequest()
             available = kubelet.resources[MEMORY].available()
             request.container_requests.add(
-                available_deviceIDs=available, must_include_deviceIDs=[f"{H100_B}::7"], allocation_size=4
+                available_deviceIDs=available, must_include_deviceIDs=[f"{H100_B}::256Mi::7"], allocation_size=4
             )
             answer = await stub.GetPreferredAllocation(request)
         chosen = list(answer.container_responses[0].deviceIDs)
-        assert len(chosen) == 4 and f"{H100_B}::7" in chosen
-        assert {contract.parse_unit_device_id(d)[0] for d in chosen} == {H100_B}
+        assert len(chosen) == 4 and f"{H100_B}::256Mi::7" in chosen
+        assert {contract.parse_unit_device_id(d).gpu_uuid for d in chosen} == {H100_B}
 
 
 # --- what the container gets ---------------------------------------------------------------
@@ -227,7 +242,7 @@ def units(demo_node):
 
 
 def ids(gpu: str, *indexes: int) -> list[str]:
-    return [contract.unit_device_id(gpu, i) for i in indexes]
+    return [contract.unit_device_id(gpu, i, 256) for i in indexes]
 
 
 @pytest.mark.parametrize(

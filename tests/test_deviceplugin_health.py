@@ -62,7 +62,7 @@ async def test_a_critical_xid_marks_the_gpus_units_unhealthy_in_list_and_watch(k
         # kubelet would not offer them, but Allocate refuses unhealthy IDs on its own too
         async with grpc.aio.insecure_channel(f"unix://{socket_dir / 'gpuslice.io-gpu-memory.sock'}") as channel:
             request = api_pb2.AllocateRequest()
-            request.container_requests.add(devices_ids=[f"{H100_A}::3"])
+            request.container_requests.add(devices_ids=[f"{H100_A}::256Mi::3"])
             with pytest.raises(grpc.aio.AioRpcError) as failure:
                 await api_pb2_grpc.DevicePluginStub(channel).Allocate(request)
         assert "unhealthy device ID(s)" in failure.value.details()

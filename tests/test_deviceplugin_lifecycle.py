@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import signal
 import socket
@@ -43,7 +44,7 @@ async def test_memory_devices_carry_their_gpu_and_numa_node(kubelet, socket_dir,
     async with plugins(demo_node, socket_dir):
         await kubelet.wait_for_resource("gpuslice.io/gpu-memory", 636)
         topology = kubelet.topology["gpuslice.io/gpu-memory"]
-        assert topology["GPU-21302f2a-76fb-5940-b684-dae50f92c162::317"] == (0,)
+        assert topology["GPU-21302f2a-76fb-5940-b684-dae50f92c162::256Mi::317"] == (0,)
         assert max(len(device_id) for device_id in topology) <= 63
         await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb", 1)
         assert kubelet.topology["gpuslice.io/mig-3g.40gb"] == {"MIG-a9e5210c-5d91-514d-8f4d-a009532eea8c": (1,)}
@@ -92,10 +93,11 @@ async def test_stopping_the_plugins_removes_their_sockets(kubelet, socket_dir, d
 
 
 async def test_kubelet_refusal_is_retried_and_counted(socket_dir, demo_node):
-    """A resource name kubelet refuses (prefix in kubernetes.io) never becomes ready."""
+    """A resource name kubelet refuses (prefix in kubernetes.io) never becomes ready. The
+    configuration refuses such a prefix at start; this settings object is built past that check."""
     from gpuslice.sim import kubelet as sim_kubelet
 
-    settings = config.load(environ={}, overrides={"resourcePrefix": "gpu.kubernetes.io"})
+    settings = config.Config(resource_prefix="gpu.kubernetes.io")
     plugin_metrics = metrics.Metrics()
     async with sim_kubelet.Kubelet(socket_dir) as emulator:
         plugin_manager = manager.PluginManager(
@@ -211,6 +213,9 @@ async def test_with_a_node_name_the_plugin_keeps_its_steering_labels_current(kub
     finally:
         stop.set()
         assert await task == 0
+    # a stopped plugin takes its labels with it, totals and free counts in one patch
+    published = {k for p in api.patches[:-1] for k in p}
+    assert api.patches[-1].keys() >= published and set(api.patches[-1].values()) == {None}
 
 
 # --- the command line ------------------------------------------------------------------------
@@ -292,3 +297,44 @@ async def test_sigterm_stops_a_real_plugin_process_and_removes_its_sockets(kubel
     assert [p.name for p in socket_dir.iterdir()] == ["kubelet.sock"]
     assert b"removing plugin sockets" in output
     await kubelet.wait_until(lambda: kubelet.resources["gpuslice.io/gpu-memory"].allocatable == 0)
+
+
+async def test_sigterm_removes_the_labels_the_plugin_published(kubelet, socket_dir, aiohttp_server, tmp_path):
+    from aiohttp import web
+    from test_labeller import NODE, OPERATOR_LABEL, FakeApiServer
+
+    fake = FakeApiServer()
+    app = web.Application()
+    app.router.add_patch("/api/v1/nodes/{name}", fake.patch_node)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{server.port}'}}}}]\n"
+        "users: [{name: fake, user: {token: fake}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuslice.deviceplugin.main", "--node-file", str(DEMO_NODE),
+        "--kubelet-dir", str(socket_dir), "--http-port", "0", "--node-name", NODE,
+        "--pod-resources-socket", str(kubelet.pod_resources_socket),
+        env={**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    free_units = "gpuslice.io/gpu.free-units"
+    try:
+        await kubelet.wait_for_resource("gpuslice.io/gpu-memory", 636, timeout=30)
+
+        async def labelled() -> None:
+            while free_units not in fake.labels:
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(labelled(), 30)
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, output.decode()
+    assert fake.labels == {OPERATOR_LABEL: "true"}, output.decode()

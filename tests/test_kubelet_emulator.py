@@ -153,7 +153,7 @@ async def test_pod_resources_lists_what_was_allocated_with_the_advertised_ids(ku
     assert got.pod_resources == pods["team", "train"]
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     free = [d for e in allocatable.devices if e.resource_name == MEMORY for d in e.device_ids]
-    assert len(free) == 636 and f"{H100_A}::0" in free
+    assert len(free) == 636 and f"{H100_A}::256Mi::0" in free
 
 
 @pytest.mark.parametrize(

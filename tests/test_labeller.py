@@ -100,7 +100,10 @@ class FakeApiServer:
     content_types: list[str] = dataclasses.field(default_factory=list)
     allocatable: dict[str, str] | None = None  # None: GET of the node and its pods is not served
     pods: list[dict] = dataclasses.field(default_factory=list)
-    pod_queries: list[str] = dataclasses.field(default_factory=list)
+    pod_queries: list[str] = dataclasses.field(default_factory=list)  # field selectors of lists and watches
+    pod_lists: int = 0
+    pod_watches: int = 0
+    pod_events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)  # sent to open watches
 
     async def get_node(self, request: web.Request) -> web.Response:
         if self.allocatable is None or request.match_info["name"] != NODE:
@@ -112,7 +115,20 @@ class FakeApiServer:
         if self.allocatable is None:
             return web.json_response({"kind": "Status", "code": 404}, status=404)
         self.pod_queries.append(request.query.get("fieldSelector", ""))
-        return web.json_response({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self.pods})
+        if request.query.get("watch") in ("true", "1"):
+            self.pod_watches += 1
+            stream = web.StreamResponse()
+            await stream.prepare(request)
+            while request.transport is not None and not request.transport.is_closing():
+                try:
+                    event = await asyncio.wait_for(self.pod_events.get(), 0.05)
+                except TimeoutError:
+                    continue
+                await stream.write(json.dumps(event).encode() + b"\n")
+            return stream
+        self.pod_lists += 1
+        metadata = {"resourceVersion": "1"}
+        return web.json_response({"apiVersion": "v1", "kind": "PodList", "metadata": metadata, "items": self.pods})
 
     async def patch_node(self, request: web.Request) -> web.Response:
         if request.match_info["name"] != NODE:
@@ -203,7 +219,7 @@ class Running:
 
 def units_of(node, gpu_index: int, count: int, start: int = 0) -> list[str]:
     gpu = node.memory_gpus[gpu_index].uuid
-    return [contract.unit_device_id(gpu, i) for i in range(start, start + count)]
+    return [contract.unit_device_id(gpu, i, contract.DEFAULT_UNIT_MIB) for i in range(start, start + count)]
 
 
 def per_gpu(node) -> int:
@@ -260,9 +276,10 @@ async def test_an_allocation_is_published_on_notify_without_waiting_for_the_poll
             lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1",
             "allocation after notify",
         )
-    # Only changed labels travel: the second patch holds no static label.
+    # Only changed labels travel, with the totals the free counts are read against.
     assert CONTRACT.label_gpu_product not in fake.patches[-1]
     assert fake.patches[-1][CONTRACT.label_free_units] == str(per_gpu(demo_node))
+    assert fake.patches[-1][CONTRACT.label_gpu_count] == "2"
 
 
 async def test_a_release_is_published_by_the_poll_alone(demo_node, kubelet_socket, api_server):
@@ -340,6 +357,45 @@ async def test_api_server_errors_are_retried_with_backoff_until_written(demo_nod
             lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2",
             "follows after recovery",
         )
+
+
+async def test_a_clean_exit_removes_every_published_label_in_one_patch(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    fake.labels["example.com/other"] = "kept"
+    kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 1, 100)}
+    instance = make(demo_node, kubelet_socket, api, usage=lambda: 70)
+    async with Running(instance):
+        await eventually(lambda: CONTRACT.label_placement_score in fake.labels, "labels written")
+    patches = len(fake.patches)
+    assert await instance.shutdown() is True
+    assert len(fake.patches) == patches + 1
+    assert set(fake.patches[-1].values()) == {None}
+    assert fake.labels == {OPERATOR_LABEL: "true", "example.com/other": "kept"}
+
+
+async def test_a_failed_removal_at_exit_is_reported_not_raised(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    instance = make(demo_node, kubelet_socket, api)
+    async with Running(instance):
+        await eventually(lambda: CONTRACT.label_free_units in fake.labels, "labels written")
+    fake.fail_next = 1
+    assert await instance.shutdown() is False
+    assert CONTRACT.label_free_units in fake.labels
+
+
+async def test_totals_removed_by_another_writer_come_back_with_the_next_free_count(
+    demo_node, kubelet_socket, api_server
+):
+    fake, api = api_server
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=3600))) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "initial labels")
+        # e.g. an old plugin pod's exit during a rolling update, after the new one wrote
+        del fake.labels[CONTRACT.label_gpu_count], fake.labels[CONTRACT.label_gpu_memory_mib]
+        kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 10)}
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "allocation written")
+    assert fake.labels[CONTRACT.label_gpu_count] == "2"
+    assert fake.labels[CONTRACT.label_gpu_memory_mib] == str(demo_node.memory_gpus[0].memory_mib)
 
 
 async def test_a_hung_api_server_times_out_and_the_write_is_retried(demo_node, kubelet_socket, api_server):
@@ -502,6 +558,23 @@ async def test_cpu_and_memory_headroom_of_the_node_are_published(demo_node, kube
         await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "26000", "headroom published")
     assert fake.labels[CONTRACT.label_free_memory_mib] == str(112 * 1024)
     assert fake.pod_queries[-1] == f"spec.nodeName={NODE}"
+
+
+async def test_the_nodes_pods_are_listed_once_then_followed_by_a_watch(demo_node, kubelet_socket, api_server):
+    fake, api = api_server
+    fake.allocatable = {"cpu": "32", "memory": "128Gi"}
+    fake.pods = [pod("Running", "6", "16Gi")]
+    async with Running(make(demo_node, kubelet_socket, api, settings=steering_settings(poll=0.02))):
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "26000", "headroom published")
+        started = pod("Running", "10", "16Gi")
+        started["metadata"] = {"uid": "new-pod", "namespace": "ns", "name": "new"}
+        await fake.pod_events.put({"type": "ADDED", "object": started})
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "16000", "new pod seen")
+        await fake.pod_events.put({"type": "DELETED", "object": started})
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "26000", "ended pod seen")
+    assert fake.pod_lists == 1  # many refreshes (a 20 ms poll), one list
+    assert fake.pod_watches >= 1
+    assert set(fake.pod_queries) == {f"spec.nodeName={NODE}"}
 
 
 async def test_without_a_readable_headroom_no_headroom_labels_are_published(demo_node, kubelet_socket, api_server):

@@ -205,7 +205,7 @@ async def node(demo_node, kubelet, api_server, tmp_path) -> Node:
     nvml.nvmlInit()
     proc = FakeProc(tmp_path / "proc")
     # pod-a/main holds 16 units (4096 MiB) of H100_A, pod-b/main 32 units of H100_A
-    units = [contract.unit_device_id(H100_A, i) for i in range(48)]
+    units = [contract.unit_device_id(H100_A, i, contract.DEFAULT_UNIT_MIB) for i in range(48)]
     kubelet.servicer.holdings = {
         ("team", "pod-a"): {"main": {NAMES.gpu_memory_resource: units[:16]}},
         ("team", "pod-b"): {"main": {NAMES.gpu_memory_resource: units[16:]}},

@@ -26,7 +26,7 @@ def nvml(demo_node) -> FakeNvml:
 
 
 def units(gpu: str, count: int, start: int = 0) -> tuple[str, ...]:
-    return tuple(contract.unit_device_id(gpu, i) for i in range(start, start + count))
+    return tuple(contract.unit_device_id(gpu, i, contract.DEFAULT_UNIT_MIB) for i in range(start, start + count))
 
 
 def holdings() -> list[podresources.ContainerDevices]:

@@ -169,7 +169,7 @@ def test_a_burst_of_replicas_ahead_of_the_labels_loses_no_replica(
             if not decision.admitted or decision.namespace != namespace or decision.released:
                 continue
             ids = decision.devices[GPU_MEMORY]
-            gpus = {contract_.parse_unit_device_id(i)[0] for i in ids}
+            gpus = {contract_.parse_unit_device_id(i).gpu_uuid for i in ids}
             assert len(ids) == int(0.6 * UNITS_PER_H100) and len(gpus) == 1, decision
             key = (agent.node, gpus.pop())
             held[key] = held.get(key, 0) + 1
@@ -212,7 +212,7 @@ def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_webhook_requeue
     for agent in gpu_nodes.values():
         for decision in agent.decisions.values():
             if decision.admitted and decision.namespace == namespace and not decision.released:
-                gpus |= {(agent.node, contract_.parse_unit_device_id(i)[0]) for i in decision.devices[GPU_MEMORY]}
+                gpus |= {(agent.node, contract_.parse_unit_device_id(i).gpu_uuid) for i in decision.devices[GPU_MEMORY]}
     assert len(gpus) == len(names)  # one per GPU
     for agent in gpu_nodes.values():
         assert not agent.errors, agent.errors

@@ -43,7 +43,7 @@ def _units(limit: int, name: str = "pod") -> dict[str, Any]:
 
 def _gpus(admitted: dict[str, Any], resource: str = GPU_MEMORY) -> set[str]:
     ids = admitted["containers"]["main"]["devices"][resource]
-    return {contract_.parse_unit_device_id(i)[0] for i in ids}
+    return {contract_.parse_unit_device_id(i).gpu_uuid for i in ids}
 
 
 def _env(admitted: dict[str, Any]) -> dict[str, str]:
