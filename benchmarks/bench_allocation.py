@@ -46,8 +46,17 @@ def percentile(values: list[float], q: float) -> float:
 def request_sizes(units_per_gpu: int) -> list[tuple[int, float]]:
     """(size, weight): mostly shares of one GPU, some whole GPUs."""
     return [
-        (1, 2), (4, 3), (8, 3), (16, 3), (32, 3), (64, 2), (128, 2),
-        (units_per_gpu // 4, 2), (units_per_gpu // 2, 2), (units_per_gpu, 1), (2 * units_per_gpu, 0.5),
+        (1, 2),
+        (4, 3),
+        (8, 3),
+        (16, 3),
+        (32, 3),
+        (64, 2),
+        (128, 2),
+        (units_per_gpu // 4, 2),
+        (units_per_gpu // 2, 2),
+        (units_per_gpu, 1),
+        (2 * units_per_gpu, 0.5),
     ]
 
 
@@ -65,8 +74,17 @@ async def bench(node_file: pathlib.Path, requests: int, seed: int, in_process: b
         await plugin.serve()
     else:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuslice.deviceplugin.main", "--node-file", str(node_file),
-            "--kubelet-dir", str(root), "--http-port", "0", "--log-level", "ERROR",
+            sys.executable,
+            "-m",
+            "gpuslice.deviceplugin.main",
+            "--node-file",
+            str(node_file),
+            "--kubelet-dir",
+            str(root),
+            "--http-port",
+            "0",
+            "--log-level",
+            "ERROR",
         )
         for _ in range(600):
             if plugin.socket_path.exists():
@@ -74,7 +92,7 @@ async def bench(node_file: pathlib.Path, requests: int, seed: int, in_process: b
             await asyncio.sleep(0.05)
     devices = devicemanager.ResourceDevices(resource.name, resource.device_ids)
     rng = random.Random(seed)
-    sizes, weights = zip(*request_sizes(units_per_gpu))
+    sizes, weights = zip(*request_sizes(units_per_gpu), strict=True)
     preferred_ms: list[float] = []
     allocate_ms: list[float] = []
     total_ms: list[float] = []
@@ -99,7 +117,9 @@ async def bench(node_file: pathlib.Path, requests: int, seed: int, in_process: b
                         continue
                 available, must = devices.preferred_request(size)
                 request = api_pb2.PreferredAllocationRequest()
-                request.container_requests.add(available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size)
+                request.container_requests.add(
+                    available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size
+                )
                 t0 = time.perf_counter()
                 answer = await stub.GetPreferredAllocation(request)
                 t1 = time.perf_counter()

@@ -107,7 +107,7 @@ class UnitDeviceId(NamedTuple):
 
     gpu_uuid: str
     unit_mib: int
-    index: int
+    unit: int  # the unit's number on its GPU (not `index`: that is tuple.index)
 
 
 def unit_device_id(gpu_uuid: str, index: int, unit_mib: int) -> str:

@@ -129,7 +129,9 @@ def run_helm(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Com
     with tempfile.TemporaryDirectory(prefix="gpuslice-helm-home-") as home:
         for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
             full_env.setdefault(var, home)
-        return subprocess.run([str(helm), *args], check=False, capture_output=True, text=True, env=full_env, timeout=120)
+        return subprocess.run(
+            [str(helm), *args], check=False, capture_output=True, text=True, env=full_env, timeout=120
+        )
 
 
 def values_file(values: Mapping[str, Any], directory: pathlib.Path) -> pathlib.Path:
@@ -151,7 +153,16 @@ def merged(base: Mapping[str, Any], *overrides: Mapping[str, Any]) -> dict[str, 
 
 
 def template_args(values: Mapping[str, Any], directory: pathlib.Path, *extra: str) -> list[str]:
-    return ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file(values, directory)), *extra]
+    return [
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "-f",
+        str(values_file(values, directory)),
+        *extra,
+    ]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -157,7 +157,9 @@ class FakeNvml:
 
     # --- test controls ------------------------------------------------------------------
 
-    def inject_xid(self, uuid: str, xid: int, *, gpu_instance: int = NOT_MIG_SPECIFIC, compute_instance: int = NOT_MIG_SPECIFIC) -> None:
+    def inject_xid(
+        self, uuid: str, xid: int, *, gpu_instance: int = NOT_MIG_SPECIFIC, compute_instance: int = NOT_MIG_SPECIFIC
+    ) -> None:
         """An XID critical error on GPU `uuid` (optionally on one MIG instance of it)."""
         gpu = self._by_uuid[uuid]
         event = types.SimpleNamespace(
@@ -249,7 +251,9 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         handle = self._check(handle)
-        return handle.info.model if isinstance(handle, _Gpu) else f"{handle.parent.info.model} MIG {handle.info.profile}"
+        return (
+            handle.info.model if isinstance(handle, _Gpu) else f"{handle.parent.info.model} MIG {handle.info.profile}"
+        )
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         return self._gpu(handle).info.index
@@ -318,9 +322,7 @@ class FakeNvml:
         if handle.process_error is not None:
             raise handle.process_error()
         samples = [
-            types.SimpleNamespace(
-                pid=p.pid, timeStamp=timestamp + 1, smUtil=p.sm_util, memUtil=0, encUtil=0, decUtil=0
-            )
+            types.SimpleNamespace(pid=p.pid, timeStamp=timestamp + 1, smUtil=p.sm_util, memUtil=0, encUtil=0, decUtil=0)
             for p in sorted(handle.processes.values(), key=lambda p: p.pid)
             if p.sm_util is not None
         ]
@@ -368,7 +370,7 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
         gpu = self._gpu(handle)
-        for name, constant, slices, profile_id, suffix in _GI_PROFILES:
+        for _name, constant, slices, profile_id, suffix in _GI_PROFILES:
             if constant == profile:
                 return types.SimpleNamespace(
                     id=profile_id,
@@ -413,7 +415,11 @@ class FakeNvml:
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         self._gpu(handle)
-        return self.nvmlEventTypeXidCriticalError | self.nvmlEventTypeDoubleBitEccError | self.nvmlEventTypeSingleBitEccError
+        return (
+            self.nvmlEventTypeXidCriticalError
+            | self.nvmlEventTypeDoubleBitEccError
+            | self.nvmlEventTypeSingleBitEccError
+        )
 
     def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: _EventSet) -> None:
         event_set.registered[self._gpu(handle).uuid] = mask

@@ -452,7 +452,13 @@ def test_webhook_configuration_is_safe_to_fail_closed(combination):
     (condition,) = hook["matchConditions"]
     assert all(f"'{name}'" in condition["expression"] for name in names)  # the contract's names, every one
     assert hook["rules"] == [
-        {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
     ]
     (expression,) = hook["namespaceSelector"]["matchExpressions"]
     assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
@@ -464,7 +470,9 @@ def test_webhook_configuration_is_safe_to_fail_closed(combination):
     (port,) = [p for p in svc["spec"]["ports"] if p["port"] == service["port"]]
     webhook_container = chartkit.container(manifests.one("Deployment", "webhook"))
     assert port["targetPort"] in {p["name"] for p in webhook_container["ports"]}
-    assert {p["containerPort"] for p in webhook_container["ports"]} == {int(chartkit.arg_value(webhook_container, "--port"))}
+    assert {p["containerPort"] for p in webhook_container["ports"]} == {
+        int(chartkit.arg_value(webhook_container, "--port"))
+    }
 
 
 # --- RBAC -------------------------------------------------------------------------------------------
@@ -502,7 +510,9 @@ def test_webhook_may_only_read_nodes_and_requeue_pods_and_the_plugin_only_label_
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete", "create"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
-    without = chartkit.render(chartkit.merged(chartkit.COMBINATIONS["defaults"], {"config": {"requeue": {"enabled": False}}}))
+    without = chartkit.render(
+        chartkit.merged(chartkit.COMBINATIONS["defaults"], {"config": {"requeue": {"enabled": False}}})
+    )
     assert rules_of(without, "webhook") == [read_nodes]
     assert rules_of(manifests, "device-plugin") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
@@ -534,7 +544,12 @@ def test_scheduler_binds_only_the_stock_scheduler_roles_and_its_own_lease():
     (role,) = manifests.all("Role", "scheduler")
     named = [r for r in role["rules"] if r.get("resourceNames")]
     assert named == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [election["resourceName"]], "verbs": ["get", "update"]}
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [election["resourceName"]],
+            "verbs": ["get", "update"],
+        }
     ]
 
 
@@ -559,10 +574,17 @@ def evaluate_policy(policy: dict[str, Any], request: dict[str, Any]) -> tuple[bo
     variables: dict[str, Any] = {}
     for variable in spec.get("variables", []):
         variables[variable["name"]] = cel_program(variable["expression"]).evaluate(
-            {**activation, "variables": celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})}
+            {
+                **activation,
+                "variables": celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()}),
+            }
         )
     activation["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
-    failed = [v.get("message", v.get("messageExpression", "")) for v in spec["validations"] if not cel_program(v["expression"]).evaluate(activation)]
+    failed = [
+        v.get("message", v.get("messageExpression", ""))
+        for v in spec["validations"]
+        if not cel_program(v["expression"]).evaluate(activation)
+    ]
     return True, failed
 
 
@@ -594,8 +616,12 @@ POLICY_METADATA = {
 
 
 @pytest.mark.parametrize("combination", ["defaults", "custom-prefix"])
-@pytest.mark.parametrize(("case", "changes", "spec", "claim", "allowed"), POLICY_CASES, ids=[c[0] for c in POLICY_CASES])
-def test_node_patch_policy_confines_the_plugin_to_its_own_nodes_prefixed_labels(combination, case, changes, spec, claim, allowed):
+@pytest.mark.parametrize(
+    ("case", "changes", "spec", "claim", "allowed"), POLICY_CASES, ids=[c[0] for c in POLICY_CASES]
+)
+def test_node_patch_policy_confines_the_plugin_to_its_own_nodes_prefixed_labels(
+    combination, case, changes, spec, claim, allowed
+):
     prefix = prefix_of(combination)
     manifests = rendered(combination)
     policy = manifests.one("ValidatingAdmissionPolicy")
@@ -624,7 +650,9 @@ def test_node_patch_policy_confines_the_plugin_to_its_own_nodes_prefixed_labels(
     assert matched
     assert (not failed) is allowed, failed
     # Anybody else's writes are not this policy's business.
-    other = admission_request("system:node:gpu-1", "gpu-1", {"metadata": {"labels": old_labels}}, {"metadata": {"labels": new_labels}}, claim)
+    other = admission_request(
+        "system:node:gpu-1", "gpu-1", {"metadata": {"labels": old_labels}}, {"metadata": {"labels": new_labels}}, claim
+    )
     assert evaluate_policy(policy, other) == (False, [])
 
 
@@ -700,7 +728,9 @@ def test_every_pod_runs_locked_down(combination):
 
 
 def test_device_plugin_is_privileged_only_when_asked_for_driver_root_without_a_runtime():
-    manifests = chartkit.render({"devicePlugin": {"runtimeClassName": "", "driverRoot": "/run/nvidia/driver", "privileged": True}})
+    manifests = chartkit.render(
+        {"devicePlugin": {"runtimeClassName": "", "driverRoot": "/run/nvidia/driver", "privileged": True}}
+    )
     daemonset = manifests.one("DaemonSet", "device-plugin")
     context = chartkit.container(daemonset)["securityContext"]
     # The API refuses privileged together with allowPrivilegeEscalation false.
@@ -1242,7 +1272,11 @@ def test_scheduler_runs_the_stock_image_of_the_cluster_version_on_its_configurat
 
 def test_no_scheduler_objects_unless_enabled():
     assert not rendered("defaults").all("Deployment", "scheduler")
-    assert not [o for o in rendered("defaults") if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "scheduler"]
+    assert not [
+        o
+        for o in rendered("defaults")
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "scheduler"
+    ]
 
 
 # --- metadata, notes ---------------------------------------------------------------------------------

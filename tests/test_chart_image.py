@@ -215,11 +215,16 @@ def test_the_image_runs_as_the_non_root_user_the_webhook_pod_expects():
 
 def test_the_build_context_keeps_what_pip_install_needs():
     ignored = [
-        line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
     ]
 
     def is_ignored(path: str) -> bool:
-        return any(fnmatch.fnmatch(path, pattern.lstrip("/")) or path.startswith(pattern.lstrip("/") + "/") for pattern in ignored)
+        return any(
+            fnmatch.fnmatch(path, pattern.lstrip("/")) or path.startswith(pattern.lstrip("/") + "/")
+            for pattern in ignored
+        )
 
     needed = ["pyproject.toml", "README.md", "proto/generate.py", "gpuslice/contract.py", "gpuslice/config.py"]
     needed += ["requirements/image.txt", "requirements/build.txt", "tools/build-image-venv.py"]

@@ -105,7 +105,13 @@ class FakeApiServer:
                         "apiVersion": "v1",
                         "groupVersion": group_version,
                         "resources": [
-                            {"name": name, "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": ["get", "list", "create", "update", "patch", "delete"]}
+                            {
+                                "name": name,
+                                "singularName": "",
+                                "namespaced": namespaced,
+                                "kind": kind,
+                                "verbs": ["get", "list", "create", "update", "patch", "delete"],
+                            }
                             for name, kind, namespaced in resources
                         ],
                     }
@@ -113,7 +119,14 @@ class FakeApiServer:
         if request.method == "GET" and path in self.objects:
             return web.json_response(self.objects[path])
         return web.json_response(
-            {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "details": {}},
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": "NotFound",
+                "code": 404,
+                "details": {},
+            },
             status=404,
         )
 
@@ -139,7 +152,12 @@ async def api_server(tmp_path: pathlib.Path):
                     "kind": "Config",
                     "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
                     "users": [{"name": "test", "user": {"token": "test"}}],
-                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "test", "namespace": chartkit.NAMESPACE}}],
+                    "contexts": [
+                        {
+                            "name": "fake",
+                            "context": {"cluster": "fake", "user": "test", "namespace": chartkit.NAMESPACE},
+                        }
+                    ],
                     "current-context": "fake",
                 }
             )
@@ -171,7 +189,13 @@ async def notes_against(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, values
 async def helm_against(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, args: list[str], *, ok: bool = True) -> str:
     """helm's stdout (or, with ok=False, its stderr after it failed) talking to the fake API server."""
     home = tmp_path / "helm-home"
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(home), "HELM_CONFIG_HOME": str(home), "HELM_DATA_HOME": str(home)}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "HELM_CACHE_HOME": str(home),
+        "HELM_CONFIG_HOME": str(home),
+        "HELM_DATA_HOME": str(home),
+    }
     process = await asyncio.create_subprocess_exec(
         str(chartkit.require_helm()), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
     )

@@ -18,7 +18,9 @@ def _leftovers() -> set[str]:
     }
 
 
-async def test_every_demo_pod_lands_on_a_gpu_with_its_memory_and_environment(demo_node: inventory.NodeInventory) -> None:
+async def test_every_demo_pod_lands_on_a_gpu_with_its_memory_and_environment(
+    demo_node: inventory.NodeInventory,
+) -> None:
     before = _leftovers()
     report = await demo.run_demo(config.Config(), demo_node)
     by_name = {p.name: p for p in report.pods}
@@ -66,7 +68,9 @@ def test_the_rendered_report_has_the_lines_a_person_looks_for(demo_node: invento
                 env={"NVIDIA_VISIBLE_DEVICES": "GPU-x"},
             ),
             demo.PodResult(name="default/b", asked="gpu-fraction=0.25", gpus=("GPU-x",), where="GPU 0 (H100)"),
-            demo.PodResult(name="default/typo", asked="gpu-fraction=1.5", denied="annotation gpu-fraction='1.5' is above 1"),
+            demo.PodResult(
+                name="default/typo", asked="gpu-fraction=1.5", denied="annotation gpu-fraction='1.5' is above 1"
+            ),
             demo.PodResult(name="default/etl", asked="no annotations", request="no GPU resource", node="demo-node"),
         ],
     )

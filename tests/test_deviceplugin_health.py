@@ -131,8 +131,11 @@ def test_an_event_naming_an_unknown_device_marks_the_whole_node(demo_node):
     state = health.HealthState()
     monitor = health.HealthMonitor(nvml, demo_node, config.HealthConfig(), state)
     event = types.SimpleNamespace(
-        device=object(), eventType=nvml.nvmlEventTypeXidCriticalError, eventData=79,
-        gpuInstanceId=fake_nvml.NOT_MIG_SPECIFIC, computeInstanceId=fake_nvml.NOT_MIG_SPECIFIC,
+        device=object(),
+        eventType=nvml.nvmlEventTypeXidCriticalError,
+        eventData=79,
+        gpuInstanceId=fake_nvml.NOT_MIG_SPECIFIC,
+        computeInstanceId=fake_nvml.NOT_MIG_SPECIFIC,
     )
     assert monitor.handle_event(event) == health.ALL
     assert state.is_unhealthy("GPU-anything")
@@ -145,10 +148,16 @@ def test_configured_ignored_xids_replace_the_defaults(demo_node):
     nvml.nvmlInit()
     state = health.HealthState()
     monitor = health.HealthMonitor(nvml, demo_node, config.HealthConfig(ignored_xids=(79,)), state)
-    event = lambda xid: types.SimpleNamespace(
-        device=nvml.nvmlDeviceGetHandleByUUID(H100_B), eventType=nvml.nvmlEventTypeXidCriticalError, eventData=xid,
-        gpuInstanceId=fake_nvml.NOT_MIG_SPECIFIC, computeInstanceId=fake_nvml.NOT_MIG_SPECIFIC,
-    )
+
+    def event(xid: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            device=nvml.nvmlDeviceGetHandleByUUID(H100_B),
+            eventType=nvml.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=fake_nvml.NOT_MIG_SPECIFIC,
+            computeInstanceId=fake_nvml.NOT_MIG_SPECIFIC,
+        )
+
     assert monitor.handle_event(event(79)) is None
     assert monitor.handle_event(event(13)) == H100_B
     assert state.reasons[H100_B] == "XID 13"

@@ -33,7 +33,12 @@ async def test_every_resource_registers_with_the_fields_kubelet_expects(kubelet,
     async with plugins(demo_node, socket_dir):
         await kubelet.wait_until(lambda: len(kubelet.registrations) == 4)
         fields = {
-            r.resource_name: (r.version, r.endpoint, r.options.get_preferred_allocation_available, r.options.pre_start_required)
+            r.resource_name: (
+                r.version,
+                r.endpoint,
+                r.options.get_preferred_allocation_available,
+                r.options.pre_start_required,
+            )
             for r in kubelet.registrations
         }
         assert fields == {name: ("v1beta1", sock, True, False) for name, sock in DEMO_RESOURCES.items()}
@@ -192,12 +197,17 @@ class RecordingNodeApi:
 async def test_with_a_node_name_the_plugin_keeps_its_steering_labels_current(kubelet, socket_dir, demo_node):
     settings = config.load(environ={}, overrides={"steering.labelMinIntervalSeconds": 0.01})
     options = main.Options(
-        kubelet_dir=str(socket_dir), http_port=0, poll_interval=0.05, node_name="node-a",
+        kubelet_dir=str(socket_dir),
+        http_port=0,
+        poll_interval=0.05,
+        node_name="node-a",
         pod_resources_socket=str(kubelet.pod_resources_socket),
     )
     api = RecordingNodeApi()
     stop = asyncio.Event()
-    task = asyncio.create_task(main.run(settings, options, demo_node, stop=stop, node_api=api), name="plugin-under-test")
+    task = asyncio.create_task(
+        main.run(settings, options, demo_node, stop=stop, node_api=api), name="plugin-under-test"
+    )
     free_units = "gpuslice.io/gpu.free-units"
     try:
         await kubelet.wait_for_resource("gpuslice.io/gpu-memory", 636)
@@ -249,7 +259,10 @@ def test_the_installed_command_exits_2_on_a_configuration_file_error(tmp_path):
     settings.write_text("version: v1\nmemoryUnitMb: 512\n")
     result = subprocess.run(
         [*PLUGIN, "--config", str(settings), "--node-file", str(DEMO_NODE), "--kubelet-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 2
     assert "memoryUnitMb: unknown key (did you mean memoryUnitMiB?)" in result.stderr
@@ -262,8 +275,10 @@ def test_the_installed_command_exits_2_on_a_configuration_file_error(tmp_path):
         ("gpus: [{uuid: GPU-1, model: X, index: 0}]", "missing required key 'memoryMiB'"),
         ("gpus: {}", "must be a mapping with a list under 'gpus'"),
         ("gpus: [", "is not valid YAML"),
-        ("gpus: [{uuid: GPU-1, model: X, index: 0, memoryMiB: 10, mig: [{uuid: M, profile: huge, memoryMiB: 1}]}]",
-         "profile 'huge' is not a MIG profile"),
+        (
+            "gpus: [{uuid: GPU-1, model: X, index: 0, memoryMiB: 10, mig: [{uuid: M, profile: huge, memoryMiB: 1}]}]",
+            "profile 'huge' is not a MIG profile",
+        ),
     ],
     ids=["missing-key", "not-a-list", "bad-yaml", "bad-profile"],
 )
@@ -278,10 +293,21 @@ def test_a_malformed_node_file_is_named_and_exits_2(text, message, tmp_path, cap
 
 async def test_sigterm_stops_a_real_plugin_process_and_removes_its_sockets(kubelet, socket_dir):
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuslice.deviceplugin.main", "--node-file", str(DEMO_NODE),
-        "--kubelet-dir", str(socket_dir), "--http-port", "0", "--node-name", "node-a",
-        "--pod-resources-socket", str(kubelet.pod_resources_socket),  # labeller reads it; no API server: writes fail
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-m",
+        "gpuslice.deviceplugin.main",
+        "--node-file",
+        str(DEMO_NODE),
+        "--kubelet-dir",
+        str(socket_dir),
+        "--http-port",
+        "0",
+        "--node-name",
+        "node-a",
+        "--pod-resources-socket",
+        str(kubelet.pod_resources_socket),  # labeller reads it; no API server: writes fail
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     try:
         await kubelet.wait_until(lambda: len(kubelet.registrations) == 4, timeout=30)
@@ -315,11 +341,22 @@ async def test_sigterm_removes_the_labels_the_plugin_published(kubelet, socket_d
         "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
     )
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuslice.deviceplugin.main", "--node-file", str(DEMO_NODE),
-        "--kubelet-dir", str(socket_dir), "--http-port", "0", "--node-name", NODE,
-        "--pod-resources-socket", str(kubelet.pod_resources_socket),
+        sys.executable,
+        "-m",
+        "gpuslice.deviceplugin.main",
+        "--node-file",
+        str(DEMO_NODE),
+        "--kubelet-dir",
+        str(socket_dir),
+        "--http-port",
+        "0",
+        "--node-name",
+        NODE,
+        "--pod-resources-socket",
+        str(kubelet.pod_resources_socket),
         env={**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     free_units = "gpuslice.io/gpu.free-units"
     try:

@@ -73,7 +73,9 @@ async def serve_and_register(plugin, socket_dir, resource="example.com/thing", v
     ],
     ids=["bad-version", "not-extended", "native-domain", "requests-prefix", "nothing-serving"],
 )
-async def test_register_is_refused_as_kubelet_refuses_it(kubelet, socket_dir, version, resource, endpoint, message, monkeypatch):
+async def test_register_is_refused_as_kubelet_refuses_it(
+    kubelet, socket_dir, version, resource, endpoint, message, monkeypatch
+):
     monkeypatch.setattr(sim_kubelet, "_DIAL_TIMEOUT_S", 0.2)
     async with grpc.aio.insecure_channel(f"unix://{socket_dir / 'kubelet.sock'}") as channel:
         with pytest.raises(grpc.aio.AioRpcError) as failure:

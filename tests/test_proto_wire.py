@@ -20,7 +20,10 @@ T = pytest.importorskip("google.protobuf.descriptor").FieldDescriptor
         (dp.RegisterRequest, {"version": 1, "endpoint": 2, "resource_name": 3, "options": 4}),
         (dp.Device, {"ID": 1, "health": 2, "topology": 3}),
         (dp.NUMANode, {"ID": 1}),
-        (dp.ContainerPreferredAllocationRequest, {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3}),
+        (
+            dp.ContainerPreferredAllocationRequest,
+            {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3},
+        ),
         (dp.ContainerPreferredAllocationResponse, {"deviceIDs": 1}),
         (dp.ContainerAllocateRequest, {"devices_ids": 1}),
         (dp.PreStartContainerRequest, {"devices_ids": 1}),
@@ -54,20 +57,26 @@ def test_grpc_paths_use_kubelets_proto_packages():
     assert dp.DESCRIPTOR.package == "v1beta1" and pr.DESCRIPTOR.package == "v1"
     plugin = dp.DESCRIPTOR.services_by_name["DevicePlugin"]
     assert [m.name for m in plugin.methods] == [
-        "GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer",
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
     ]
     assert plugin.methods_by_name["ListAndWatch"].server_streaming
     assert plugin.full_name == "v1beta1.DevicePlugin"
     assert dp.DESCRIPTOR.services_by_name["Registration"].full_name == "v1beta1.Registration"
     assert [m.name for m in pr.DESCRIPTOR.services_by_name["PodResourcesLister"].methods] == [
-        "List", "GetAllocatableResources", "Get",
+        "List",
+        "GetAllocatableResources",
+        "Get",
     ]
 
 
 def test_a_kubelet_encoded_register_request_decodes():
     # Bytes as kubelet's Go protobuf encodes RegisterRequest{Version:"v1beta1", Endpoint:"x.sock",
     # ResourceName:"a.io/b", Options:{GetPreferredAllocationAvailable:true}}.
-    wire = b"\n\x07v1beta1\x12\x06x.sock\x1a\x06a.io/b\"\x02\x10\x01"
+    wire = b'\n\x07v1beta1\x12\x06x.sock\x1a\x06a.io/b"\x02\x10\x01'
     req = dp.RegisterRequest.FromString(wire)
     assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", "x.sock", "a.io/b")
     assert req.options.get_preferred_allocation_available and not req.options.pre_start_required

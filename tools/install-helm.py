@@ -56,7 +56,9 @@ def installed_version(helm: pathlib.Path) -> str | None:
     if not helm.is_file() or not os.access(helm, os.X_OK):
         return None
     try:
-        result = subprocess.run([str(helm), "version", "--short"], check=False, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [str(helm), "version", "--short"], check=False, capture_output=True, text=True, timeout=30
+        )
     except OSError:
         return None
     if result.returncode != 0:
