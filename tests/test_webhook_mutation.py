@@ -500,6 +500,18 @@ def test_without_a_container_name_the_share_goes_to_the_container_with_the_place
     assert units_of(patched, 1)["limits"] == {GPU_MEMORY: "8"}
 
 
+def test_a_placeholder_on_an_init_container_puts_the_share_there() -> None:
+    pod = deployment_pod(
+        {"gpu-fraction": "0.25"},
+        initContainers=[container("warmup", limits={"nvidia.com/gpu": "1"})],
+        containers=[container("serve", requests={"cpu": "1"})],
+    )
+    _, patched = convert(pod)
+    init = patched["spec"]["initContainers"][0]["resources"]["limits"]
+    assert "nvidia.com/gpu" not in init and int(init[GPU_MEMORY]) > 0
+    assert GPU_MEMORY not in (patched["spec"]["containers"][0].get("resources") or {}).get("limits", {})
+
+
 def test_reinvocation_after_another_webhook_put_a_sidecar_first_adds_nothing() -> None:
     _, once = convert(deployment_pod({"gpu-memory": "2000"}))
     once["spec"]["containers"].insert(0, container("sidecar", requests={"cpu": "100m"}))

@@ -372,15 +372,16 @@ def _build_patch(
 
 
 def _find_container(spec: Mapping[str, Any], name: str | None) -> tuple[str, int, Mapping[str, Any]]:
-    """The container the share goes to: the one the annotation names; else the first regular
-    container carrying KAI's nvidia.com/gpu placeholder; else the first regular container. Going by
-    the placeholder, not the position, keeps the share on the GPU container when another webhook
-    inserts a sidecar in front of it."""
+    """The container the share goes to: the one the annotation names; else the first container
+    carrying KAI's nvidia.com/gpu placeholder (regular containers first, then init containers);
+    else the first regular container. Going by the placeholder, not the position, keeps the share on
+    the GPU container when another webhook inserts a sidecar in front of it."""
     if name is None:
-        regular = [entry for entry in _containers(spec) if entry[0] == "containers"]
+        every = list(_containers(spec))  # regular containers first
+        regular = [entry for entry in every if entry[0] == "containers"]
         if not regular:
             raise _Denied("the pod has no containers to give the GPU share to")
-        for entry in regular:
+        for entry in every:
             if _nvidia_gpus(entry[2]) is not None:
                 return entry
         return regular[0]
