@@ -171,7 +171,9 @@ class Config:
     webhook: WebhookConfig = WebhookConfig()
     # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
     default_gpu_memory_mib: int = 81920
-    convert_whole_gpus: bool = False
+    # On by default: on nodes gpuslice serves nothing else advertises nvidia.com/gpu, so a plain
+    # `nvidia.com/gpu: N` pod would otherwise stay Pending. Off where NVIDIA's plugin serves other nodes.
+    convert_whole_gpus: bool = True
     ignored_namespaces: tuple[str, ...] = ("kube-system",)
     # Webhook: schedulerName set on converted pods ("" leaves it; "gpuslice-binpack" with the chart's profile).
     scheduler_name: str = ""

@@ -69,7 +69,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "binpack-scheduler": {"scheduler": {"enabled": True}},
     "mps": {"config": {"mps": {"enabled": True}}},
-    "whole-gpu-conversion": {"config": {"convertWholeGpus": True}},
+    "no-whole-gpu-conversion": {"config": {"convertWholeGpus": False}},
     "cdi-cri": {"config": {"deviceListStrategy": "cdi-cri"}},
     "service-monitor": {"serviceMonitor": {"enabled": True}},
     "driver-root": {"devicePlugin": {"runtimeClassName": "", "driverRoot": "/run/nvidia/driver"}},

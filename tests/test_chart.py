@@ -317,7 +317,7 @@ def pod(
 
 
 MATCH_CASES = [
-    # (id, pod, sent by default, sent with convertWholeGpus)
+    # (id, pod, sent without convertWholeGpus, sent with it (the default))
     ("kai-gpu-fraction", pod({"gpu-fraction": "0.5"}), True, True),
     ("kai-gpu-memory", pod({"gpu-memory": "2000"}), True, True),
     ("kai-num-devices", pod({"gpu-fraction-num-devices": "2", "gpu-fraction": "0.5"}), True, True),
@@ -331,7 +331,11 @@ MATCH_CASES = [
 ]
 
 
-@pytest.mark.parametrize("combination", ["defaults", "whole-gpu-conversion", "custom-prefix"])
+def converts_whole_gpus(combination: str) -> bool:
+    return bool(chartkit.COMBINATIONS[combination].get("config", {}).get("convertWholeGpus", True))
+
+
+@pytest.mark.parametrize("combination", ["defaults", "no-whole-gpu-conversion", "custom-prefix"])
 @pytest.mark.parametrize(("case", "obj", "by_default", "when_converting"), MATCH_CASES, ids=[c[0] for c in MATCH_CASES])
 def test_match_conditions_send_only_pods_that_ask_for_gpuslice(combination, case, obj, by_default, when_converting):
     prefix = prefix_of(combination)
@@ -339,7 +343,7 @@ def test_match_conditions_send_only_pods_that_ask_for_gpuslice(combination, case
     hook = webhook_configuration(rendered(combination))
     (condition,) = hook["matchConditions"]
     program = cel_program(condition["expression"])
-    expected = when_converting if combination == "whole-gpu-conversion" else by_default
+    expected = when_converting if converts_whole_gpus(combination) else by_default
     assert bool(program.evaluate({"object": celpy.json_to_cel(obj)})) is expected
 
 
@@ -376,7 +380,7 @@ CPU_POD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("combination", ["defaults", "whole-gpu-conversion", "custom-prefix"])
+@pytest.mark.parametrize("combination", ["defaults", "no-whole-gpu-conversion", "custom-prefix"])
 @pytest.mark.parametrize(("case", "obj", "expected"), CPU_POD_CASES, ids=[c[0] for c in CPU_POD_CASES])
 def test_cpu_pods_entry_sends_only_pods_that_ask_for_no_device_and_never_one_the_first_entry_sends(
     combination, case, obj, expected
@@ -392,7 +396,7 @@ def test_cpu_pods_entry_sends_only_pods_that_ask_for_no_device_and_never_one_the
     keys = (*contract.KAI_ANNOTATIONS, f"{prefix}/isolation")
     annotated = any(k in obj["metadata"].get("annotations", {}) for k in keys)
     whole_gpu = "nvidia.com/gpu" in json.dumps(obj["spec"])
-    assert sent_for_gpuslice is (annotated or (whole_gpu and combination == "whole-gpu-conversion"))
+    assert sent_for_gpuslice is (annotated or (whole_gpu and converts_whole_gpus(combination)))
 
 
 @pytest.mark.parametrize("combination", COMBINATION_IDS)
@@ -1098,7 +1102,7 @@ def test_both_components_read_the_same_configmap_which_validates(combination, tm
     values = chartkit.COMBINATIONS[combination]
     assert settings.resource_prefix == prefix_of(combination)
     assert settings.mps.enabled is values.get("config", {}).get("mps", {}).get("enabled", False)
-    assert settings.convert_whole_gpus is values.get("config", {}).get("convertWholeGpus", False)
+    assert settings.convert_whole_gpus is values.get("config", {}).get("convertWholeGpus", True)
     scheduler_on = values.get("scheduler", {}).get("enabled", False)
     assert settings.scheduler_name == ("gpuslice-binpack" if scheduler_on else "")
 
@@ -1316,10 +1320,10 @@ def test_notes_tell_how_to_annotate_a_pod_and_check_the_result(tmp_path):
     [
         {},
         {"config": {"steering": {"cpuPods": False}}},
-        {"config": {"convertWholeGpus": True}},
+        {"config": {"convertWholeGpus": False}},
         {"webhook": {"excludeNamespaces": ["batch"]}},
     ],
-    ids=["defaults", "cpu-pods-off", "whole-gpu-conversion", "excluded-namespace"],
+    ids=["defaults", "cpu-pods-off", "no-whole-gpu-conversion", "excluded-namespace"],
 )
 def test_notes_say_exactly_which_pods_each_webhook_entry_intercepts_and_how_to_stop_it(values, tmp_path):
     notes = " ".join(install_notes(values, tmp_path).split())  # one line: the text wraps anywhere
@@ -1330,7 +1334,9 @@ def test_notes_say_exactly_which_pods_each_webhook_entry_intercepts_and_how_to_s
         assert f"{hook['name']} (failurePolicy {hook['failurePolicy']}" in notes, name
     for annotation in (*contract.KAI_ANNOTATIONS, c.isolation_annotation):
         assert annotation in notes
-    assert ("requesting nvidia.com/gpu" in notes) is bool(values.get("config", {}).get("convertWholeGpus"))
+    converting = bool(values.get("config", {}).get("convertWholeGpus", True))
+    assert ("requesting nvidia.com/gpu in any container" in notes) is converting
+    assert ("WARNING: config.convertWholeGpus is off" in notes) is not converting
     (excluded,) = entries["pods"]["namespaceSelector"]["matchExpressions"]
     assert f"never in {', '.join(excluded['values'])})" in notes
     if "cpu-pods" in entries:

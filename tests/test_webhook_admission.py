@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from typing import Any
 
@@ -85,7 +86,8 @@ def test_a_denied_pod_gets_allowed_false_and_the_reason_without_a_patch() -> Non
 
 
 def test_a_pod_without_annotations_is_allowed_without_a_patch() -> None:
-    result = answer(review(pod()))
+    raw = json.dumps(review(pod())).encode()
+    result = admission.review(raw, settings=dataclasses.replace(SETTINGS, convert_whole_gpus=False), cluster=view())
     assert result.response["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
     assert result.result == admission.RESULT_UNCHANGED
 

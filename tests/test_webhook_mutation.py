@@ -441,9 +441,11 @@ def test_whole_gpus_are_converted_when_asked_and_pinned_to_a_class_with_enough_g
     assert decision(patched)["gpus"] == 4
 
 
-def test_whole_gpus_are_left_alone_unless_convert_whole_gpus_is_on() -> None:
+def test_whole_gpus_are_converted_by_default_and_left_alone_with_convert_whole_gpus_off() -> None:
     pod = deployment_pod(containers=[container(limits={"nvidia.com/gpu": "2"})])
-    assert mutation.mutate(pod, settings=SETTINGS, cluster=make_view()) == mutation.Outcome(allowed=True)
+    assert mutation.mutate(pod, settings=SETTINGS, cluster=make_view()).kind == mutation.KIND_WHOLE_GPUS
+    off = dataclasses.replace(SETTINGS, convert_whole_gpus=False)
+    assert mutation.mutate(pod, settings=off, cluster=make_view()) == mutation.Outcome(allowed=True)
 
 
 def test_a_custom_prefix_and_unit_size_name_every_resource_and_annotation() -> None:
@@ -471,7 +473,9 @@ def test_a_custom_prefix_and_unit_size_name_every_resource_and_annotation() -> N
     ids=["no-annotations", "other-annotations", "container-name-only"],
 )
 def test_pods_without_gpu_annotations_are_allowed_without_a_patch(pod: dict[str, Any]) -> None:
-    no_cpu_steering = dataclasses.replace(SETTINGS, steering=dataclasses.replace(SETTINGS.steering, cpu_pods=False))
+    no_cpu_steering = dataclasses.replace(
+        SETTINGS, steering=dataclasses.replace(SETTINGS.steering, cpu_pods=False), convert_whole_gpus=False
+    )
     assert mutation.mutate(pod, settings=no_cpu_steering, cluster=make_view()) == mutation.Outcome(allowed=True)
 
 
@@ -579,7 +583,10 @@ _OWN_PREFERENCE = {
 @pytest.mark.parametrize(
     ("pod", "settings"),
     [
-        (deployment_pod(containers=[container(limits={"nvidia.com/gpu": "1"})]), SETTINGS),
+        (
+            deployment_pod(containers=[container(limits={"nvidia.com/gpu": "1"})]),
+            dataclasses.replace(SETTINGS, convert_whole_gpus=False),
+        ),
         (deployment_pod(containers=[container(limits={"amd.com/gpu": "1"})]), SETTINGS),
         (cpu_pod(initContainers=[container("load", limits={"nvidia.com/mig-1g.10gb": "1"})]), SETTINGS),
         (deployment_pod({"gpu-fraction-container-name": "main"}, containers=[container()]), SETTINGS),
