@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds, or finds already built, the real Kubernetes components the e2e tests run: kube-apiserver, etcd,
-# kube-scheduler, kube-controller-manager, dmharness (kubelet's device manager) and draharness (kubelet's DRA manager). Binaries are cached
-# outside the clone, under $GPUSLICE_K8S_CACHE (default ~/.cache/gpuslice-k8s), keyed by the Go version,
-# go.mod, go.sum and our mains, so a fresh clone on the same machine builds nothing. Progress goes to stderr; the last line on stdout is the
-# directory holding the binaries.
+# kube-scheduler, kube-controller-manager, dmharness (kubelet's device manager) and draharness (kubelet's DRA
+# manager and plugin manager). Binaries are cached outside the clone, under $GPUSLICE_K8S_CACHE (default
+# ~/.cache/gpuslice-k8s), keyed by the Go version, go.mod, go.sum and our mains, so a fresh clone on the same
+# machine builds nothing. Progress goes to stderr; the last line on stdout is the directory holding the binaries.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 export GOTOOLCHAIN=local GOFLAGS=-modcacherw CGO_ENABLED=0
