@@ -100,10 +100,8 @@ class DraHarness:
             return exc.code, json.loads(exc.read() or b"null")
 
     def driver_registered(self, driver: str) -> bool:
+        """Kubelet's DRA manager knows a plugin of `driver` (it may be disconnected)."""
         return self._request("GET", f"/driver?name={driver}")[0] == 200
-
-    def wait_registered(self, driver: str) -> None:
-        k8skit.wait_for(f"DRA driver {driver} to register", lambda: self.driver_registered(driver), timeout=30)
 
     def prepare(self, pod: Mapping[str, Any]) -> tuple[int, Any]:
         """Kubelet prepares a bound pod's claims: (200, CDI devices per container and claim) or (409, error)."""

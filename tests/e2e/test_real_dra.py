@@ -1,8 +1,17 @@
-"""DRA mode on the real control plane: the real kube-apiserver validates and stores our ResourceSlices,
-DeviceClasses and claim templates; the real kube-scheduler's DRA allocator places webhook-built capacity
-requests on our devices (shares never exceed a GPU, a share never spans GPUs, a pod that fits nowhere
-waits); and the DRA plugin prepares the claims as the real scheduler allocated them, read through the
-real API. No kubelet runs: NodePrepareResources is called by the test as kubelet's DRA manager would.
+"""DRA mode on the real control plane and kubelet's real DRA manager.
+
+The real kube-apiserver validates and stores our ResourceSlices, DeviceClasses and claim templates;
+the real kube-scheduler's DRA allocator places webhook-built capacity requests on our devices
+(shares never exceed a GPU, a share never spans GPUs, a pod that fits nowhere waits). On the node,
+draharness runs kubelet's own DRA manager and plugin manager (e2e/k8s/cmd/draharness): our plugin,
+a gpuslice-dra-plugin process, registers through the plugins_registry directory and is called over
+real gRPC on its unix socket with the claims the real scheduler allocated and reserved for the pod;
+the tests check the CDI devices kubelet would hand the runtime, the CDI spec files and the share's
+environment, unpreparing, and that a restarted plugin keeps the claims it prepared (its checkpoint).
+
+No container runtime runs: the CDI specs are read by the test, not injected into a container. The
+old emulated path (the test calling the Preparer as kubelet would) is gone: everything it covered
+is covered through the real manager.
 """
 
 from __future__ import annotations
@@ -126,6 +135,7 @@ class DraNode:
             return self.metrics_page("/readyz")[0] == 200
 
         k8skit.wait_for("the DRA plugin to be registered and published", ready, timeout=60)
+        assert self.harness.driver_registered(CONTRACT.dra_driver)
 
     def stop_plugin(self) -> None:
         if self.plugin is not None:

@@ -4,6 +4,12 @@
 // calls them over real gRPC. It reads ResourceClaims from the real API server through a kubeconfig. A small
 // loopback HTTP API prepares a pod's claims (what kubelet does before it starts the pod's containers) and
 // unprepares them (after the pod has terminated).
+//
+// Everything used is exported in k8s.io/kubernetes v1.37.2 (pinned in go.mod), so no go:linkname is needed:
+// dra.NewManager and the Manager's Start, PrepareResources, UnprepareResources, GetResources,
+// GetContainerClaimInfos and GetWatcherHandler, and pluginmanager.NewPluginManager. The harness differs from
+// kubelet in what feeds the manager: the active pods are the ones prepared through the API and not yet
+// unprepared (kubelet's pod manager), and the credentials are the kubeconfig's (kubelet's node identity).
 package main
 
 import (
