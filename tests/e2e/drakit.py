@@ -84,6 +84,11 @@ class DraHarness:
             self.plane.stop_process(self.process)
             self.process = None
 
+    def restart(self) -> None:
+        """Kubelet restarts: same directories, the DRA manager starts again from its checkpoint."""
+        self.stop()
+        self.start()
+
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
@@ -140,5 +145,11 @@ def start_dra_plugin(
             "--log-level=DEBUG",
             *extra_args,
         ],
-        env={"PYTHONUNBUFFERED": "1", "KUBECONFIG": plane.admin_kubeconfig, "GPUSLICE_DRA_ENABLED": "true"},
+        env={
+            "PYTHONUNBUFFERED": "1",
+            "KUBECONFIG": plane.admin_kubeconfig,
+            "GPUSLICE_DRA_ENABLED": "true",
+            # Repairs slices someone deleted (kubelet wipes them when it starts) within seconds, not minutes.
+            "GPUSLICE_DRA_SLICE_RESYNC_SECONDS": "2",
+        },
     )

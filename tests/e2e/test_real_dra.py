@@ -290,6 +290,45 @@ def test_a_restarted_plugin_keeps_the_claims_kubelet_prepared(
     assert dra_node.prepared_claims() == 2
 
 
+def test_after_a_kubelet_restart_the_plugin_is_registered_again_and_republishes_its_slices(
+    admin, core, namespace, resource_api, device_classes, dra_node
+):
+    create_shares(admin, core, resource_api, namespace, dra_node.name, 2)
+    for i in range(2):
+        k8skit.bound_node(core, namespace, f"share-{i}", timeout=90)
+    pods = [read_json(resource_api, core, "pod", namespace, f"share-{i}") for i in range(2)]
+    uids = [read_json(resource_api, core, "claim", namespace, f"share-{i}")["metadata"]["uid"] for i in range(2)]
+    prepared = []
+    for pod in pods:
+        status, body = dra_node.harness.prepare(pod)
+        assert status == 200, body
+        prepared.append(body["containers"])
+
+    # Kubelet restarts; the plugin keeps running. The new kubelet deletes the node's ResourceSlices (none of its
+    # drivers has registered yet), finds our registration socket and registers the plugin again.
+    dra_node.harness.restart()
+    assert dra_node.harness.driver_registered(CONTRACT.dra_driver)
+    wanted = slices.comparable(slices.build_slices(nodefile.load(DEMO_NODE), CONTRACT, dra_node.name))
+
+    def republished() -> bool:
+        stored = json.loads(
+            resource_api.list_resource_slice(
+                field_selector=f"spec.nodeName={dra_node.name}", _preload_content=False
+            ).data
+        )["items"]
+        return bool(stored) and slices.comparable(stored) == wanted
+
+    k8skit.wait_for("the plugin to publish its slices again", republished, timeout=30)
+
+    # The restarted manager still knows what it prepared (its own checkpoint) and goes on calling our plugin.
+    status, body = dra_node.harness.prepare(pods[1])
+    assert status == 200 and body["containers"] == prepared[1], body
+    status, body = dra_node.harness.unprepare(pods[0])
+    assert status == 204, body
+    assert not dra_node.spec_file(uids[0]).exists() and dra_node.spec_file(uids[1]).exists()
+    assert dra_node.prepared_claims() == 1
+
+
 def test_the_real_allocator_gives_mig_requests_a_device_of_their_profile(
     admin, core, nodes, namespace, resource_api, device_classes
 ):

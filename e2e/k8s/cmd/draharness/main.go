@@ -9,7 +9,7 @@
 // dra.NewManager and the Manager's Start, PrepareResources, UnprepareResources, GetResources,
 // GetContainerClaimInfos and GetWatcherHandler, and pluginmanager.NewPluginManager. The harness differs from
 // kubelet in what feeds the manager: the active pods are the ones prepared through the API and not yet
-// unprepared (kubelet's pod manager), and the credentials are the kubeconfig's (kubelet's node identity).
+// unprepared, kept in a file across restarts (kubelet's pod manager), and the credentials are the kubeconfig's (kubelet's node identity).
 package main
 
 import (
@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -49,10 +50,45 @@ func (allReady) AddSource(string) {}
 func (allReady) AllReady() bool   { return true }
 
 type harness struct {
-	opMu   sync.Mutex // kubelet's pod workers prepare and unprepare one pod at a time per pod; one at a time here
-	podsMu sync.RWMutex
-	pods   map[types.UID]*v1.Pod // prepared pods: the manager's reconcile loop unprepares claims of any other pod
-	dm     *dra.Manager
+	opMu      sync.Mutex // kubelet's pod workers prepare and unprepare one pod at a time per pod; one at a time here
+	podsMu    sync.RWMutex
+	pods      map[types.UID]*v1.Pod // prepared pods: the manager's reconcile loop unprepares claims of any other pod
+	dm        *dra.Manager
+	stateFile string
+}
+
+// saveState writes the prepared pods atomically: a restarted harness knows them before its manager starts, as
+// kubelet knows its pods from the API server after a restart (else the reconcile loop would unprepare them).
+func (h *harness) saveState() error {
+	pods := h.activePods()
+	sort.Slice(pods, func(i, j int) bool { return pods[i].UID < pods[j].UID })
+	data, err := json.Marshal(pods)
+	if err != nil {
+		return err
+	}
+	tmp := h.stateFile + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, h.stateFile)
+}
+
+func (h *harness) loadState() error {
+	data, err := os.ReadFile(h.stateFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var pods []*v1.Pod
+	if err := json.Unmarshal(data, &pods); err != nil {
+		return fmt.Errorf("%s: %w", h.stateFile, err)
+	}
+	for _, pod := range pods {
+		h.setPod(pod, true)
+	}
+	return nil
 }
 
 func (h *harness) activePods() []*v1.Pod {
@@ -162,6 +198,10 @@ func (h *harness) prepare(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	elapsed := time.Since(started)
+	if err := h.saveState(); err != nil {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		return
+	}
 	out, err := h.describe(pod)
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
@@ -186,6 +226,10 @@ func (h *harness) unprepare(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.setPod(pod, false)
+	if err := h.saveState(); err != nil {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -232,7 +276,7 @@ func run() error {
 	nodeName := flag.String("node-name", "", "the node this harness is the kubelet of (must exist)")
 	registryDir := flag.String("plugins-registry-dir", "/var/lib/kubelet/plugins_registry",
 		"where DRA drivers put their registration sockets (kubelet's plugins_registry)")
-	stateDir := flag.String("state-dir", "", "the DRA manager's checkpoint directory")
+	stateDir := flag.String("state-dir", "", "the DRA manager's checkpoint directory, and the prepared pods")
 	listen := flag.String("listen", "127.0.0.1:0", "loopback address of the test API")
 	wipeTimeout := flag.Duration("startup-wipe-timeout", 30*time.Second,
 		"how long to wait for kubelet's startup wipe of the node's ResourceSlices")
@@ -270,7 +314,10 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("creating the DRA manager: %w", err)
 	}
-	h := &harness{pods: map[types.UID]*v1.Pod{}, dm: dm}
+	h := &harness{pods: map[types.UID]*v1.Pod{}, dm: dm, stateFile: filepath.Join(*stateDir, "harness-pods.json")}
+	if err := h.loadState(); err != nil {
+		return fmt.Errorf("reading the prepared pods: %w", err)
+	}
 	getNode := func(ctx context.Context) (*v1.Node, error) {
 		return client.CoreV1().Nodes().Get(ctx, *nodeName, metav1.GetOptions{})
 	}
