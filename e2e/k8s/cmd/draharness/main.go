@@ -233,7 +233,8 @@ func (h *harness) unprepare(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// GET /driver?name=...: 200 when a plugin of the driver has registered and its gRPC connection is up.
+// GET /driver?name=...: 200 when the manager knows a plugin of the driver (it may be disconnected: GetPlugin then
+// returns the newest one).
 func (h *harness) driver(w http.ResponseWriter, r *http.Request) {
 	plugins, ok := h.dm.GetWatcherHandler().(*draplugin.DRAPluginManager)
 	if !ok {
@@ -272,7 +273,7 @@ func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { ret
 
 func run() error {
 	klog.InitFlags(nil)
-	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API server (the node's credentials)")
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API server (kubelet would use the node's credentials)")
 	nodeName := flag.String("node-name", "", "the node this harness is the kubelet of (must exist)")
 	registryDir := flag.String("plugins-registry-dir", "/var/lib/kubelet/plugins_registry",
 		"where DRA drivers put their registration sockets (kubelet's plugins_registry)")
