@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds, or finds already built, the real Kubernetes components the e2e tests run: kube-apiserver, etcd,
-# kube-scheduler, kube-controller-manager and dmharness (kubelet's device manager). Binaries are cached
-# outside the clone, under $GPUSLICE_K8S_CACHE (default ~/.cache/gpuslice-k8s), keyed by the Go version,
-# go.mod, go.sum and our mains, so a fresh clone on the same machine builds nothing. Progress goes to stderr; the last line on stdout is the
-# directory holding the binaries.
+# kube-scheduler, kube-controller-manager, dmharness (kubelet's device manager) and draharness (kubelet's DRA
+# manager and plugin manager). Binaries are cached outside the clone, under $GPUSLICE_K8S_CACHE (default
+# ~/.cache/gpuslice-k8s), keyed by the Go version, go.mod, go.sum and our mains, so a fresh clone on the same
+# machine builds nothing. Progress goes to stderr; the last line on stdout is the directory holding the binaries.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 export GOTOOLCHAIN=local GOFLAGS=-modcacherw CGO_ENABLED=0
@@ -15,7 +15,7 @@ KEY=$( { go version; cat "$HERE/go.mod" "$HERE/go.sum" "$0"; find "$HERE/cmd" -n
        | sha256sum | cut -c1-16)
 CACHE=${GPUSLICE_K8S_CACHE:-$HOME/.cache/gpuslice-k8s}
 OUT=$CACHE/$KEY
-BINARIES=(kube-apiserver kube-scheduler kube-controller-manager etcd dmharness)
+BINARIES=(kube-apiserver kube-scheduler kube-controller-manager etcd dmharness draharness)
 
 complete() { for b in "${BINARIES[@]}"; do [ -x "$OUT/$b" ] || return 1; done; }
 if complete; then
@@ -39,7 +39,8 @@ LDFLAGS="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.i
  -X k8s.io/component-base/version.gitMinor=$MINOR -X k8s.io/component-base/version.gitTreeState=clean"
 rm -rf "$OUT.tmp"; mkdir -p "$OUT.tmp"
 ( cd "$HERE" && go mod download && go build -trimpath -ldflags "$LDFLAGS" -o "$OUT.tmp/" \
-    ./cmd/kube-apiserver ./cmd/kube-scheduler ./cmd/kube-controller-manager ./cmd/etcd ./cmd/dmharness ) >&2
+    ./cmd/kube-apiserver ./cmd/kube-scheduler ./cmd/kube-controller-manager ./cmd/etcd ./cmd/dmharness \
+    ./cmd/draharness ) >&2
 echo "$K8S_VERSION" > "$OUT.tmp/VERSION"
 rm -rf "$OUT"; mv "$OUT.tmp" "$OUT"
 say "built in $(( $(date +%s) - start )) s: $(du -sh "$OUT" | cut -f1) of binaries in $OUT"

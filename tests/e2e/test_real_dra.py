@@ -1,28 +1,42 @@
-"""DRA mode on the real control plane: the real kube-apiserver validates and stores our ResourceSlices,
-DeviceClasses and claim templates; the real kube-scheduler's DRA allocator places webhook-built capacity
-requests on our devices (shares never exceed a GPU, a share never spans GPUs, a pod that fits nowhere
-waits); and the DRA plugin prepares the claims as the real scheduler allocated them, read through the
-real API. No kubelet runs: NodePrepareResources is called by the test as kubelet's DRA manager would.
+"""DRA mode on the real control plane and kubelet's real DRA manager.
+
+The real kube-apiserver validates and stores our ResourceSlices, DeviceClasses and claim templates;
+the real kube-scheduler's DRA allocator places webhook-built capacity requests on our devices
+(shares never exceed a GPU, a share never spans GPUs, a pod that fits nowhere waits). On the node,
+draharness runs kubelet's own DRA manager and plugin manager (e2e/k8s/cmd/draharness): our plugin,
+a gpuslice-dra-plugin process, registers through the plugins_registry directory and is called over
+real gRPC on its unix socket with the claims the real scheduler allocated and reserved for the pod;
+the tests check the CDI devices kubelet would hand the runtime, the CDI spec files and the share's
+environment, unpreparing, and that a restarted plugin keeps the claims it prepared (its checkpoint).
+
+No container runtime runs: the CDI specs are read by the test, not injected into a container. The
+old emulated path (the test calling the Preparer as kubelet would) is gone: everything it covered
+is covered through the real manager.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pathlib
 import shutil
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import chartkit
+import drakit
 import k8skit
 import kubernetes
 import pytest
 
 from gpuslice import config
 from gpuslice.deviceplugin import nodefile
-from gpuslice.dra import checkpoint, kube, preparer, publisher, slices
+from gpuslice.dra import cdi, kube, publisher, slices
+from gpuslice.sim import controlplane
 from gpuslice.webhook import claim_templates, dra_claims
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
@@ -92,25 +106,104 @@ def test_the_api_server_stores_our_slices_unchanged(admin, core, nodes, namespac
     assert stored[0]["metadata"]["ownerReferences"][0]["name"] == name
 
 
-def test_the_real_allocator_packs_webhook_shares_per_gpu_and_the_plugin_prepares_them(
-    admin, core, nodes, namespace, resource_api, device_classes, scratch
-):
-    node_name = f"{namespace}-n"
-    core.create_node(k8skit.node_object(node_name))
-    nodes.append(node_name)
-    publish(admin, node_name)
+@dataclasses.dataclass
+class DraNode:
+    """A Node with kubelet's real DRA manager (draharness) and our DRA plugin registered with it."""
 
-    # The webhook's template for 20 GiB shares, created as the webhook creates it.
+    plane: controlplane.ControlPlane
+    name: str
+    harness: drakit.DraHarness
+    cdi_dir: pathlib.Path
+    state_dir: pathlib.Path
+    http_port: int
+    plugin: Any = None
+
+    def start_plugin(self) -> None:
+        self.plugin = drakit.start_dra_plugin(
+            self.plane,
+            self.harness,
+            DEMO_NODE,
+            cdi_dir=self.cdi_dir,
+            state_dir=self.state_dir,
+            http_port=self.http_port,
+        )
+
+        # Ready: kubelet's plugin manager has registered it (NotifyRegistrationStatus) and its slices are published.
+        def ready() -> bool:
+            if self.plugin.popen.poll() is not None:
+                raise AssertionError(f"the DRA plugin exited ({self.plugin.popen.returncode}):\n{self.plugin.tail()}")
+            return self.metrics_page("/readyz")[0] == 200
+
+        k8skit.wait_for("the DRA plugin to be registered and published", ready, timeout=60)
+        assert self.harness.driver_registered(CONTRACT.dra_driver)
+
+    def stop_plugin(self) -> None:
+        if self.plugin is not None:
+            self.plane.stop_process(self.plugin)
+            self.plugin = None
+
+    def metrics_page(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=10) as answer:  # noqa: S310
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError:
+            return 0, ""
+
+    def prepared_claims(self) -> float:
+        """The plugin's own gauge of the claims it holds prepared (its checkpoint)."""
+        status, text = self.metrics_page("/metrics")
+        assert status == 200, text
+        (line,) = [line for line in text.splitlines() if line.startswith("gpuslice_dra_prepared_claims ")]
+        return float(line.split()[1])
+
+    def spec_file(self, claim_uid: str) -> pathlib.Path:
+        return self.cdi_dir / cdi.spec_file_name(CONTRACT, claim_uid)
+
+
+@pytest.fixture
+def dra_node(cluster, core, nodes, namespace, scratch) -> Iterator[DraNode]:
+    name = f"{namespace}-n"
+    core.create_node(k8skit.node_object(name))
+    nodes.append(name)
+    # The harness first: kubelet wipes the node's ResourceSlices when it starts, before any driver registers.
+    harness = drakit.DraHarness(cluster, name).start()
+    node = DraNode(cluster, name, harness, scratch / "cdi", scratch / "plugin-state", k8skit.free_port())
+    try:
+        node.start_plugin()
+        yield node
+    finally:
+        node.stop_plugin()
+        harness.close()
+
+
+def read_json(resource_api: Any, core: Any, kind: str, namespace: str, name: str) -> dict[str, Any]:
+    if kind == "pod":
+        raw = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    else:
+        raw = resource_api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+    return dict(json.loads(raw.data))
+
+
+def create_shares(admin, core, resource_api, namespace: str, node_name: str, count: int) -> None:
+    """`count` pods, each with a claim made from the webhook's template for 20 GiB shares."""
     need = dra_claims.Need(kind="gpu-memory", containers=(dra_claims.ContainerNeed("containers", 0, memory_mib=20480),))
     template = dra_claims.build(k8skit.pod_object("x"), need, SETTINGS).template
     templates = claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(admin))
     asyncio.run(templates.ensure(namespace, template))
     assert resource_api.read_namespaced_resource_claim_template(template["metadata"]["name"], namespace)
-
-    # 81408 MiB of whole units per H100: three 20 GiB shares each, six on the node, the seventh waits.
-    for i in range(7):
+    for i in range(count):
         resource_api.create_namespaced_resource_claim(namespace, claim_from(template, f"share-{i}"))
         core.create_namespaced_pod(namespace, pod_with_claim(f"share-{i}", f"share-{i}", node_name))
+
+
+def test_the_real_allocator_packs_webhook_shares_per_gpu_and_kubelets_dra_manager_prepares_them(
+    admin, core, namespace, resource_api, device_classes, dra_node
+):
+    node_name = dra_node.name
+    # 81408 MiB of whole units per H100: three 20 GiB shares each, six on the node, the seventh waits.
+    create_shares(admin, core, resource_api, namespace, node_name, 7)
     bound = [k8skit.bound_node(core, namespace, f"share-{i}", timeout=90) for i in range(6)]
     assert set(bound) == {node_name}
     assert "cannot allocate all claims" in k8skit.scheduling_failure(core, namespace, "share-6", timeout=90)
@@ -118,9 +211,7 @@ def test_the_real_allocator_packs_webhook_shares_per_gpu_and_the_plugin_prepares
     per_gpu: dict[str, int] = {}
     claims = []
     for i in range(6):
-        claim = json.loads(
-            resource_api.read_namespaced_resource_claim(f"share-{i}", namespace, _preload_content=False).data
-        )
+        claim = read_json(resource_api, core, "claim", namespace, f"share-{i}")
         (result,) = claim["status"]["allocation"]["devices"]["results"]  # one device: a share never spans GPUs
         assert result["driver"] == CONTRACT.dra_driver and result["pool"] == node_name
         assert result["consumedCapacity"] == {"memory": "20Gi"} and result.get("shareID")
@@ -128,21 +219,114 @@ def test_the_real_allocator_packs_webhook_shares_per_gpu_and_the_plugin_prepares
         claims.append(claim)
     assert per_gpu == {"gpu-0": 61440, "gpu-1": 61440}
 
-    # NodePrepareResources for every claim, as kubelet's DRA manager names them.
-    plugin = preparer.Preparer(
-        node=nodefile.load(DEMO_NODE),
-        settings=SETTINGS,
-        pool=node_name,
-        api=kube.KubernetesApi(admin),
-        state=checkpoint.Checkpoint(scratch / "checkpoint.json", CONTRACT.dra_driver),
-        cdi_dir=scratch / "cdi",
-    )
-    plugin.recover()
-    refs = [preparer.ClaimRef(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in claims]
-    results = asyncio.run(plugin.prepare(refs))
-    assert all(r.error == "" for r in results.values()), results
-    spec = json.loads(next((scratch / "cdi").glob("*.json")).read_text())
-    assert "GPUSLICE_MEMORY_LIMIT_MIB=20480" in spec["devices"][0]["containerEdits"]["env"]
+    # Kubelet's DRA manager prepares each bound pod: it reads the claim, checks it is reserved for the pod and
+    # calls our NodePrepareResources over gRPC on the socket our plugin registered.
+    pods = [read_json(resource_api, core, "pod", namespace, f"share-{i}") for i in range(6)]
+    for pod, claim in zip(pods, claims, strict=True):
+        status, body = dra_node.harness.prepare(pod)
+        assert status == 200, body
+        uid = claim["metadata"]["uid"]
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        cdi_id = f"{CONTRACT.dra_cdi_kind}={cdi.device_name(uid, result['request'])}"
+        assert body["containers"]["main"] == [cdi_id]  # what kubelet hands the container runtime
+        (prepared,) = body["claims"][claim["metadata"]["name"]]
+        assert (prepared["driver"], prepared["pool"], prepared["device"]) == (
+            CONTRACT.dra_driver,
+            node_name,
+            result["device"],
+        )
+        assert prepared["shareID"] == result["shareID"] and prepared["requests"] == [result["request"]]
+        # The runtime would read this file: the share's device with the environment of a 20 GiB share.
+        spec = json.loads(dra_node.spec_file(uid).read_text())
+        (device,) = spec["devices"]
+        assert f"{spec['kind']}={device['name']}" == cdi_id
+        env = device["containerEdits"]["env"]
+        assert "GPUSLICE_MEMORY_LIMIT_MIB=20480" in env
+        gpu = next(g for g in nodefile.load(DEMO_NODE).gpus if g.index == int(result["device"].split("-")[1]))
+        assert f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}" in env
+    assert dra_node.prepared_claims() == 6
+
+    # The pod the scheduler could not place has no allocated claim: kubelet's manager refuses it, our plugin is
+    # never asked.
+    status, body = dra_node.harness.prepare(read_json(resource_api, core, "pod", namespace, "share-6"))
+    assert status == 409 and "share-6" in body["error"], body
+    assert dra_node.prepared_claims() == 6
+
+    # The first pod terminates: kubelet unprepares its claim, our plugin removes its CDI spec; the rest stay.
+    status, body = dra_node.harness.unprepare(pods[0])
+    assert status == 204, body
+    assert not dra_node.spec_file(claims[0]["metadata"]["uid"]).exists()
+    assert all(dra_node.spec_file(c["metadata"]["uid"]).exists() for c in claims[1:])
+    assert dra_node.prepared_claims() == 5
+
+
+def test_a_restarted_plugin_keeps_the_claims_kubelet_prepared(
+    admin, core, namespace, resource_api, device_classes, dra_node
+):
+    create_shares(admin, core, resource_api, namespace, dra_node.name, 3)
+    for i in range(3):
+        k8skit.bound_node(core, namespace, f"share-{i}", timeout=90)
+    pods = [read_json(resource_api, core, "pod", namespace, f"share-{i}") for i in range(3)]
+    uids = [read_json(resource_api, core, "claim", namespace, f"share-{i}")["metadata"]["uid"] for i in range(3)]
+    for pod in pods[:2]:
+        status, body = dra_node.harness.prepare(pod)
+        assert status == 200, body
+
+    # The plugin restarts (an upgrade, a crash): kubelet's plugin manager sees the registration socket go and come
+    # back, and registers the new process; the claims it prepared before are still its own (the checkpoint).
+    dra_node.stop_plugin()
+    dra_node.start_plugin()
+    assert dra_node.prepared_claims() == 2
+
+    # Kubelet goes on with the new process: a new pod is prepared, and unpreparing a claim prepared before the
+    # restart removes its CDI spec, which only a plugin that remembers the claim can do.
+    status, body = dra_node.harness.prepare(pods[2])
+    assert status == 200, body
+    assert dra_node.spec_file(uids[2]).exists()
+    status, body = dra_node.harness.unprepare(pods[0])
+    assert status == 204, body
+    assert not dra_node.spec_file(uids[0]).exists()
+    assert dra_node.spec_file(uids[1]).exists()
+    assert dra_node.prepared_claims() == 2
+
+
+def test_after_a_kubelet_restart_the_plugin_is_registered_again_and_republishes_its_slices(
+    admin, core, namespace, resource_api, device_classes, dra_node
+):
+    create_shares(admin, core, resource_api, namespace, dra_node.name, 2)
+    for i in range(2):
+        k8skit.bound_node(core, namespace, f"share-{i}", timeout=90)
+    pods = [read_json(resource_api, core, "pod", namespace, f"share-{i}") for i in range(2)]
+    uids = [read_json(resource_api, core, "claim", namespace, f"share-{i}")["metadata"]["uid"] for i in range(2)]
+    prepared = []
+    for pod in pods:
+        status, body = dra_node.harness.prepare(pod)
+        assert status == 200, body
+        prepared.append(body["containers"])
+
+    # Kubelet restarts; the plugin keeps running. The new kubelet deletes the node's ResourceSlices (none of its
+    # drivers has registered yet), finds our registration socket and registers the plugin again.
+    dra_node.harness.restart()
+    assert dra_node.harness.driver_registered(CONTRACT.dra_driver)
+    wanted = slices.comparable(slices.build_slices(nodefile.load(DEMO_NODE), CONTRACT, dra_node.name))
+
+    def republished() -> bool:
+        stored = json.loads(
+            resource_api.list_resource_slice(
+                field_selector=f"spec.nodeName={dra_node.name}", _preload_content=False
+            ).data
+        )["items"]
+        return bool(stored) and slices.comparable(stored) == wanted
+
+    k8skit.wait_for("the plugin to publish its slices again", republished, timeout=30)
+
+    # The restarted manager still knows what it prepared (its own checkpoint) and goes on calling our plugin.
+    status, body = dra_node.harness.prepare(pods[1])
+    assert status == 200 and body["containers"] == prepared[1], body
+    status, body = dra_node.harness.unprepare(pods[0])
+    assert status == 204, body
+    assert not dra_node.spec_file(uids[0]).exists() and dra_node.spec_file(uids[1]).exists()
+    assert dra_node.prepared_claims() == 1
 
 
 def test_the_real_allocator_gives_mig_requests_a_device_of_their_profile(
