@@ -55,7 +55,7 @@ __all__ = [
     "free_port",
 ]
 
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "dmharness")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "dmharness", "draharness")
 BIN_ENV = "GPUSLICE_K8S_BIN"
 SERVICE_CIDR = "10.0.0.0/24"  # the API server needs one; nothing is ever routed to it
 # The workload controllers a user's manifests rely on, quota status, namespace deletion and garbage

@@ -373,6 +373,8 @@ CPU_POD_CASES = [
     ("kai-gpu-memory", pod({"gpu-memory": "2000"}), False),
     ("isolation-annotation", pod({"{prefix}/isolation": "mig"}), False),
     ("whole-gpu-limit", pod(limits={"nvidia.com/gpu": "1"}), False),
+    # what the first entry made of a whole-GPU pod, as the API server shows it to the next entry
+    ("converted-whole-gpu", pod({"{prefix}/decision": "{}"}, limits={"{prefix}/gpu-memory": "318"}), False),
     ("whole-gpu-in-init-container", pod(init_limits={"nvidia.com/gpu": "1"}), False),
     ("daemonset-owned", pod(limits={"cpu": "100m"}, owner="DaemonSet"), False),
     ("daemonset-owned-whole-gpu", pod(limits={"nvidia.com/gpu": "1"}, owner="DaemonSet"), False),
@@ -420,7 +422,7 @@ def test_cpu_pods_entry_fails_open_and_calls_the_same_service_as_the_first_entry
         ]
     }
     conditions = {c["name"] for c in cpu_pods["matchConditions"]}
-    assert conditions == {"no-gpuslice-annotations", "asks-for-no-gpu", "not-a-daemonset-pod"}
+    assert conditions == {"no-gpuslice-annotations", "asks-for-no-gpu", "not-converted", "not-a-daemonset-pod"}
     names = [*contract.KAI_ANNOTATIONS, contract.Contract(prefix=prefix).isolation_annotation]
     (annotations,) = [c for c in cpu_pods["matchConditions"] if c["name"] == "no-gpuslice-annotations"]
     assert all(f"'{name}'" in annotations["expression"] for name in names)

@@ -147,15 +147,18 @@ def test_a_pod_without_a_gpu_gets_only_a_preference_and_one_that_opts_out_is_not
         k8skit.pod_object("opted-out", requests={"cpu": "1"}, labels={CONTRACT.label_pod_cpu_steering: "off"}),
     )
     assert opted_out.spec.affinity is None
-    # A DaemonSet's pod and a pod asking for a whole GPU (convertWholeGpus off) match neither entry.
-    whole = core.create_namespaced_pod(namespace, k8skit.pod_object("whole-gpu", limits={NVIDIA_GPU: 1}))
-    assert _limits(whole) == {NVIDIA_GPU: "1"}
+    # A DaemonSet's pod asking for no GPU matches neither entry.
     daemon = k8skit.pod_object("daemon-pod", requests={"cpu": "1"})
     daemon["metadata"]["ownerReferences"] = [
         {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "0b7e6c6e-0000-4000-8000-000000000001"}
     ]
     assert core.create_namespaced_pod(namespace, daemon).spec.affinity is None
     assert release.admissions() == before + 1, "the API server's matchConditions should have sent none of these"
+
+    # A plain whole-GPU pod is sent and converted (convertWholeGpus, on by default).
+    whole = core.create_namespaced_pod(namespace, k8skit.pod_object("whole-gpu", limits={NVIDIA_GPU: 1}))
+    assert NVIDIA_GPU not in _limits(whole) and int(_limits(whole)[GPU_MEMORY]) > 0
+    assert release.admissions() == before + 2
 
 
 def test_the_webhook_is_never_asked_about_pods_in_kube_system(release: Any, core: kubernetes.client.CoreV1Api) -> None:
