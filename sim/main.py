@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice import config
-from gpuslice.sim import replay, trace
+from gpuslice.sim import placements, replay, trace
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args"]
 
@@ -87,6 +87,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--paper-dir", metavar="DIR", help="FGD paper results (default: fgd-paper-results beside the trace)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw allocation ratio against arrived demand (matplotlib)")
+    parser.add_argument(
+        "--placements",
+        metavar="FILE",
+        help="write one JSON line per pod (outcome, node, GPUs and units granted, requested milli) to FILE; "
+        "python -m gpuslice.sim.placements FILE recomputes the figures from it",
+    )
     config.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.demand <= 0:
@@ -342,24 +348,40 @@ def _replay_all(
     chosen: Sequence[replay.Configuration],
     delay: replay.LabelDelay,
     jobs: int | None,
+    *,
+    record: bool = False,
 ) -> list[list[replay.Result]]:
     """results[configuration][seed], in that order. A replay depends only on its seed's arrivals and
     tie-break generator, so worker processes change the time taken, not the results."""
     tasks = [(c, seed) for c in chosen for seed in arrivals]
     workers = min(jobs if jobs is not None else (os.cpu_count() or 1), len(tasks))
     if workers == 1:
-        flat = [replay.replay(nodes, arrivals[seed], c, seed=seed, label_delay=delay) for c, seed in tasks]
+        flat = [
+            replay.replay(nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record) for c, seed in tasks
+        ]
     else:
         pool = futures.ProcessPoolExecutor(max_workers=workers)
         try:
             pending = [
-                pool.submit(replay.replay, nodes, arrivals[seed], c, seed=seed, label_delay=delay) for c, seed in tasks
+                pool.submit(replay.replay, nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record)
+                for c, seed in tasks
             ]
             flat = [f.result() for f in pending]  # re-raises a worker's TraceError / ConfigError here
         finally:
             pool.shutdown(cancel_futures=True)  # after an error, start none of the rest
     per_configuration = len(arrivals)
     return [flat[i : i + per_configuration] for i in range(0, len(flat), per_configuration)]
+
+
+def _write_placements(
+    path: str, seeds: Sequence[int], pods_file: str, results: Sequence[Sequence[replay.Result]]
+) -> None:
+    runs = ((rs[0].name, seed, pods_file, r) for rs in results for seed, r in zip(seeds, rs, strict=True))
+    try:
+        with pathlib.Path(path).open("w", encoding="utf-8") as handle:
+            placements.write(handle, runs)
+    except OSError as exc:
+        raise trace.TraceError(f"--placements {path}: {exc.strerror or exc}") from None
 
 
 # --- entry point -------------------------------------------------------------------------
@@ -384,7 +406,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     chosen = replay.configurations(
         settings, percentage_of_nodes_to_score=args.percentage_of_nodes_to_score, binpack_strategy=args.binpack_strategy
     )
-    results = _replay_all(nodes, arrivals, [chosen[name] for name in args.config_names], delay, args.jobs)
+    results = _replay_all(
+        nodes, arrivals, [chosen[name] for name in args.config_names], delay, args.jobs, record=bool(args.placements)
+    )
+    if args.placements:
+        _write_placements(args.placements, seeds, pods_file.name, results)
     paper_dir = pathlib.Path(args.paper_dir) if args.paper_dir else (nodes_file.parent.parent / "fgd-paper-results")
     paper = paper_figures(paper_dir, pods_file.stem, with_curves=bool(args.plot))
     single = len(seeds) == 1
