@@ -357,7 +357,8 @@ def _replay_all(
     workers = min(jobs if jobs is not None else (os.cpu_count() or 1), len(tasks))
     if workers == 1:
         flat = [
-            replay.replay(nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record) for c, seed in tasks
+            replay.replay(nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record)
+            for c, seed in tasks
         ]
     else:
         pool = futures.ProcessPoolExecutor(max_workers=workers)

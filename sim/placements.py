@@ -72,9 +72,9 @@ class Figures:
 
     @property
     def matches(self) -> bool:
-        return math.isclose(self.gpu_allocation_ratio, self.reported_gpu_allocation_ratio, abs_tol=1e-9) and math.isclose(
-            self.requested_allocation_ratio, self.reported_requested_allocation_ratio, abs_tol=1e-9
-        )
+        granted = math.isclose(self.gpu_allocation_ratio, self.reported_gpu_allocation_ratio, abs_tol=1e-9)
+        asked = math.isclose(self.requested_allocation_ratio, self.reported_requested_allocation_ratio, abs_tol=1e-9)
+        return granted and asked
 
 
 def recompute(text_lines: Iterable[str]) -> list[Figures]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,12 @@ TINY = pathlib.Path(__file__).parent / "data" / "trace"
 TINY_ARGS = ["--nodes", str(TINY / "tiny_nodes.csv"), "--pods", str(TINY / "tiny_pods.csv")]
 
 
-def _run(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[dict, list[dict], pathlib.Path]:
+Rows = list[dict[str, Any]]
+
+
+def _run(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], *flags: str
+) -> tuple[dict[str, Any], Rows, pathlib.Path]:
     target = tmp_path / "placements.jsonl"
     assert sim_main.main([*TINY_ARGS, "--json", "--placements", str(target), *flags]) == 0
     document = json.loads(capsys.readouterr().out)
@@ -26,7 +32,8 @@ def test_every_arrival_gets_one_line_with_its_outcome_node_and_grant(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     document, rows, _ = _run(tmp_path, capsys, "--seed", "3")
-    assert [r["configuration"] for r in rows if r["record"] == "run"] == ["whole-gpu", "gpuslice-default", "gpuslice-binpack"]
+    runs = [r["configuration"] for r in rows if r["record"] == "run"]
+    assert runs == ["whole-gpu", "gpuslice-default", "gpuslice-binpack"]
     for entry in document["configurations"]:
         pods = [r for r in rows if r["record"] == "pod" and r["configuration"] == entry["name"]]
         assert len(pods) == document["arrivals"]
