@@ -188,7 +188,8 @@ _ALLOC = (
 )
 _REQUESTED = (
     "requested = sum of gpu_milli of placed pods / (GPUs x 1000), the FGD paper's accounting "
-    "(a gpu-fraction pod is granted floor(fraction x units), so it holds less than it asked for)"
+    "(a gpu-fraction pod is granted floor(fraction x units), so it holds less than it asked for; "
+    "with whole-gpu a sharing pod holds a whole GPU, so there alloc counts GPUs handed out)"
 )
 _ADMISSION = "admission = passed the scheduler, refused by kubelet."
 _RANGE_WIDTH = 16  # the min–max column of the multi-seed report; the paper's rows leave it blank
