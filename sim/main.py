@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice import config
-from gpuslice.sim import replay, trace
+from gpuslice.sim import placements, replay, trace
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args"]
 
@@ -87,6 +87,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--paper-dir", metavar="DIR", help="FGD paper results (default: fgd-paper-results beside the trace)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw allocation ratio against arrived demand (matplotlib)")
+    parser.add_argument(
+        "--placements",
+        metavar="FILE",
+        help="write one JSON line per pod (outcome, node, GPUs and units granted, requested milli) to FILE; "
+        "python -m gpuslice.sim.placements FILE recomputes the figures from it",
+    )
     config.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.demand <= 0:
@@ -160,22 +166,31 @@ def _text_report(
         "",
         (
             f"{'configuration':<20}{'alloc@100%':>11}{'alloc@130%':>11}{'unalloc GPUs':>13}{'fragmented':>11}"
-            f"{'failed':>8}{'admission':>10}{'denied':>8}{'runtime':>9}"
+            f"{'failed':>8}{'admission':>10}{'denied':>8}{'runtime':>9}{'requested@130%':>15}"
         ),
     ]
     for r in results:
         lines.append(
             f"{r.name:<20}{r.at_demand(100):>11.2%}{r.gpu_allocation_ratio:>11.2%}{r.unallocated_gpus:>13.0f}"
             f"{r.fragmented_gpus:>11.0f}{r.failed_pods:>8}{r.admission_failures:>10}{r.denied_pods:>8}{r.runtime_s:>8.1f}s"
+            f"{r.requested_allocation_ratio:>15.2%}"
         )
     lines += _paper_lines(paper, gap=0)
     for r in results:
         lines += _admission_lines(r.name, [r])
-    lines += ["", f"{_ALLOC}; fragmented = unallocated share on GPUs that hold a pod; {_ADMISSION}"]
+    lines += ["", f"{_ALLOC}; {_REQUESTED}; fragmented = unallocated share on GPUs that hold a pod; {_ADMISSION}"]
     return "\n".join(lines)
 
 
-_ALLOC = "alloc = sum of gpu_milli of placed pods / (GPUs x 1000) when that share of demand has arrived"
+_ALLOC = (
+    "alloc = GPU memory kubelet granted (units x unit size / the GPU's memory, at most 1 per GPU) / GPUs, "
+    "when that share of demand has arrived"
+)
+_REQUESTED = (
+    "requested = sum of gpu_milli of placed pods / (GPUs x 1000), the FGD paper's accounting "
+    "(a gpu-fraction pod is granted floor(fraction x units), so it holds less than it asked for; "
+    "with whole-gpu a sharing pod holds a whole GPU, so there alloc counts GPUs handed out)"
+)
 _ADMISSION = "admission = passed the scheduler, refused by kubelet."
 _RANGE_WIDTH = 16  # the min–max column of the multi-seed report; the paper's rows leave it blank
 
@@ -194,7 +209,7 @@ def _seeds_report(
         "",
         (
             f"{'configuration':<20}{'alloc@100%':>11}{'alloc@130%':>11}{'min–max@130%':>{_RANGE_WIDTH}}"
-            f"{'unalloc GPUs':>13}{'failed':>8}{'admission':>10}{'denied':>8}{'cpu':>9}"
+            f"{'unalloc GPUs':>13}{'failed':>8}{'admission':>10}{'denied':>8}{'cpu':>9}{'requested@130%':>15}"
         ),
     ]
     for c in document["configurations"]:
@@ -202,14 +217,14 @@ def _seeds_report(
         lines.append(
             f"{c['name']:<20}{c['at_demand_100']:>11.2%}{c['gpu_allocation_ratio']:>11.2%}{spread:>{_RANGE_WIDTH}}"
             f"{c['unallocated_gpus']:>13.0f}{c['failed_pods']:>8.1f}{c['admission_failures']:>10}"
-            f"{c['denied_pods']:>8}{c['cpu_s']:>8.1f}s"
+            f"{c['denied_pods']:>8}{c['cpu_s']:>8.1f}s{c['requested_allocation_ratio']:>15.2%}"
         )
     lines += _paper_lines(paper, gap=_RANGE_WIDTH)
     for c, per_seed in zip(document["configurations"], results, strict=True):
         lines += _admission_lines(c["name"], per_seed)
     lines += [
         "",
-        f"{_ALLOC}; {_ADMISSION}",
+        f"{_ALLOC}; {_REQUESTED}; {_ADMISSION}",
         (
             "alloc, unalloc GPUs and failed are means over the seeds, like the paper's; min–max = lowest and highest "
             "seed; admission and denied = totals over all seeds; cpu = total CPU time of the replays."
@@ -289,6 +304,11 @@ def _aggregate(seeds: Sequence[int], results: Sequence[replay.Result]) -> dict[s
         "gpu_allocation_ratio_max": round(max(ratios), 6),
         "gpu_allocation_ratio_stdev": round(statistics.stdev(ratios), 6),
         "at_demand_100": round(statistics.fmean(r.at_demand(100) for r in results), 6),
+        "requested_allocation_ratio": round(statistics.fmean(r.requested_allocation_ratio for r in results), 6),
+        "requested_allocation_ratio_min": round(min(r.requested_allocation_ratio for r in results), 6),
+        "requested_allocation_ratio_max": round(max(r.requested_allocation_ratio for r in results), 6),
+        "requested_at_demand_100": round(statistics.fmean(r.at_demand(100, requested=True) for r in results), 6),
+        "gpus_over_requested": round(statistics.fmean(r.gpus_over_requested for r in results), 3),
         "failed_pods": round(statistics.fmean(r.failed_pods for r in results), 3),
         "admission_failures": sum(r.admission_failures for r in results),
         "denied_pods": sum(r.denied_pods for r in results),
@@ -302,9 +322,14 @@ def _aggregate(seeds: Sequence[int], results: Sequence[replay.Result]) -> dict[s
 
 
 def _seed_entry(seed: int, result: replay.Result) -> dict[str, Any]:
-    """One seed's figures; its curve is left out to keep the document small (the mean curve stays)."""
-    entry = {"seed": seed, **result.to_json(), "at_demand_100": round(result.at_demand(100), 6)}
-    del entry["allocation_curve"]
+    """One seed's figures; its curves are left out to keep the document small (the mean curve stays)."""
+    entry = {
+        "seed": seed,
+        **result.to_json(),
+        "at_demand_100": round(result.at_demand(100), 6),
+        "requested_at_demand_100": round(result.at_demand(100, requested=True), 6),
+    }
+    del entry["allocation_curve"], entry["requested_allocation_curve"]
     return entry
 
 
@@ -324,24 +349,41 @@ def _replay_all(
     chosen: Sequence[replay.Configuration],
     delay: replay.LabelDelay,
     jobs: int | None,
+    *,
+    record: bool = False,
 ) -> list[list[replay.Result]]:
     """results[configuration][seed], in that order. A replay depends only on its seed's arrivals and
     tie-break generator, so worker processes change the time taken, not the results."""
     tasks = [(c, seed) for c in chosen for seed in arrivals]
     workers = min(jobs if jobs is not None else (os.cpu_count() or 1), len(tasks))
     if workers == 1:
-        flat = [replay.replay(nodes, arrivals[seed], c, seed=seed, label_delay=delay) for c, seed in tasks]
+        flat = [
+            replay.replay(nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record)
+            for c, seed in tasks
+        ]
     else:
         pool = futures.ProcessPoolExecutor(max_workers=workers)
         try:
             pending = [
-                pool.submit(replay.replay, nodes, arrivals[seed], c, seed=seed, label_delay=delay) for c, seed in tasks
+                pool.submit(replay.replay, nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record)
+                for c, seed in tasks
             ]
             flat = [f.result() for f in pending]  # re-raises a worker's TraceError / ConfigError here
         finally:
             pool.shutdown(cancel_futures=True)  # after an error, start none of the rest
     per_configuration = len(arrivals)
     return [flat[i : i + per_configuration] for i in range(0, len(flat), per_configuration)]
+
+
+def _write_placements(
+    path: str, seeds: Sequence[int], pods_file: str, results: Sequence[Sequence[replay.Result]]
+) -> None:
+    runs = ((rs[0].name, seed, pods_file, r) for rs in results for seed, r in zip(seeds, rs, strict=True))
+    try:
+        with pathlib.Path(path).open("w", encoding="utf-8") as handle:
+            placements.write(handle, runs)
+    except OSError as exc:
+        raise trace.TraceError(f"--placements {path}: {exc.strerror or exc}") from None
 
 
 # --- entry point -------------------------------------------------------------------------
@@ -366,7 +408,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     chosen = replay.configurations(
         settings, percentage_of_nodes_to_score=args.percentage_of_nodes_to_score, binpack_strategy=args.binpack_strategy
     )
-    results = _replay_all(nodes, arrivals, [chosen[name] for name in args.config_names], delay, args.jobs)
+    results = _replay_all(
+        nodes, arrivals, [chosen[name] for name in args.config_names], delay, args.jobs, record=bool(args.placements)
+    )
+    if args.placements:
+        _write_placements(args.placements, seeds, pods_file.name, results)
     paper_dir = pathlib.Path(args.paper_dir) if args.paper_dir else (nodes_file.parent.parent / "fgd-paper-results")
     paper = paper_figures(paper_dir, pods_file.stem, with_curves=bool(args.plot))
     single = len(seeds) == 1

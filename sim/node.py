@@ -9,6 +9,7 @@ May import gpuslice.contract, gpuslice.deviceplugin (allocation, inventory, labe
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -16,11 +17,31 @@ from gpuslice import contract as contract_
 from gpuslice.deviceplugin import allocation, inventory, labels
 from gpuslice.sim import devicemanager
 
-__all__ = ["AdmissionFailure", "Grant", "SimNode"]
+__all__ = ["AdmissionFailure", "GpuShare", "Grant", "SimNode"]
 
 
 class AdmissionFailure(Exception):
     """The pod passed the scheduler but kubelet refused it (devicesToAllocate or Allocate failed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuShare:
+    """What one grant holds of one physical GPU, in the plugin's own units: enough to recompute
+    the granted share (units x unit_mib / gpu_memory_mib) without knowing the device-ID format."""
+
+    uuid: str  # the physical GPU (a MIG device's parent)
+    units: int  # devices of this grant on that GPU
+    total_units: int  # devices of that kind the GPU has in all
+    unit_mib: int  # GPU memory per device (a whole nvidia.com/gpu device: the GPU's memory)
+    gpu_memory_mib: int
+
+    @property
+    def share(self) -> float:
+        """Share of the GPU's memory granted, 0..1."""
+        return min(1.0, self.units * self.unit_mib / self.gpu_memory_mib) if self.gpu_memory_mib else 0.0
+
+    def to_json(self) -> dict[str, int | str]:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +51,7 @@ class Grant:
     device_ids: tuple[str, ...]
     gpu_uuids: tuple[str, ...]
     memory_mib: int  # per GPU (or MIG device); 0 for whole nvidia.com/gpu devices
+    shares: tuple[GpuShare, ...] = ()  # per physical GPU
 
 
 class SimNode:
@@ -50,6 +72,11 @@ class SimNode:
         self.units_in_use: dict[str, int] = {}  # GPU UUID -> memory units held
         self.whole_in_use: set[str] = set()  # GPU UUIDs held as nvidia.com/gpu devices
         self.mig_in_use: set[str] = set()
+        self._gpu_mib = {g.uuid: g.memory_mib for g in node.gpus}
+        self._slices_on = collections.Counter(
+            (contract.mig_resource(m.profile), m.parent_uuid) for m in node.mig_devices()
+        )
+        self.granted_share: dict[str, float] = {}  # GPU UUID -> share of its memory granted, 0..1
 
     # --- what the node advertises -------------------------------------------------------
 
@@ -115,6 +142,18 @@ class SimNode:
             self._account(grant, +1)
         return grants
 
+    def credit(self, grants: Sequence[Grant]) -> float:
+        """GPUs' worth of memory these admitted grants hold, counted per GPU and never past a
+        whole GPU: what the allocation ratio credits the pod with."""
+        added = 0.0
+        for grant in grants:
+            for share in grant.shares:
+                before = self.granted_share.get(share.uuid, 0.0)
+                after = min(1.0, before + share.share)
+                self.granted_share[share.uuid] = after
+                added += after - before
+        return added
+
     def _allocate(
         self, devices: devicemanager.ResourceDevices, container: str, resource: str, size: int
     ) -> Grant:
@@ -123,15 +162,25 @@ class SimNode:
             preferred = self.memory.preferred(available, must_include, size)
             chosen = devices.choose(size, preferred)
             memory = self.memory.grant(chosen, unhealthy=devices.unhealthy)
-            return Grant(container, resource, tuple(chosen), memory.gpu_uuids, memory.memory_mib)
+            shares = tuple(
+                GpuShare(uuid, memory.units, self.memory.units_of_gpu[uuid], self.memory.unit_mib, self._gpu_mib[uuid])
+                for uuid in memory.gpu_uuids
+            )
+            return Grant(container, resource, tuple(chosen), memory.gpu_uuids, memory.memory_mib, shares)
         if resource in self.mig:
             slices = self.mig[resource]
             chosen = devices.choose(size, slices.preferred(available, must_include, size))
             mig = slices.grant(chosen, unhealthy=devices.unhealthy)
-            return Grant(container, resource, tuple(chosen), mig.mig_uuids, mig.memory_mib)
+            per_parent = collections.Counter(slices.devices[d].parent_uuid for d in chosen)
+            shares = tuple(
+                GpuShare(parent, n, self._slices_on[(resource, parent)], mig.memory_mib, self._gpu_mib[parent])
+                for parent, n in per_parent.items()
+            )
+            return Grant(container, resource, tuple(chosen), mig.mig_uuids, mig.memory_mib, shares)
         # NVIDIA's plugin for whole GPUs: any free GPUs do, kubelet's own choice stands.
         chosen = devices.choose(size, ())
-        return Grant(container, resource, tuple(chosen), tuple(chosen), 0)
+        shares = tuple(GpuShare(uuid, 1, 1, self._gpu_mib[uuid], self._gpu_mib[uuid]) for uuid in chosen)
+        return Grant(container, resource, tuple(chosen), tuple(chosen), 0, shares)
 
     def _account(self, grant: Grant, sign: int) -> None:
         if grant.resource == self.contract.gpu_memory_resource and self.memory is not None:

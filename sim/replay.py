@@ -91,24 +91,38 @@ class Result:
     failed_pods: int  # no feasible node (FailedScheduling)
     admission_failures: int  # scheduled, then refused by kubelet (Allocate / device manager)
     denied_pods: int  # refused by the webhook
+    # Granted: GPU memory kubelet handed out (units x unit size / the GPU's memory, per GPU, at most
+    # one GPU each), over the GPUs. The headline: a gpu-fraction pod gets floor(f x units), less than f.
     gpu_allocation_ratio: float  # 0..1 at the end of the replay
     allocation_curve: list[float]  # one value per percent of arrived GPU demand, 0..demand*100
+    # Requested: sum of the placed pods' gpu_milli / (GPUs x 1000), the FGD paper's accounting; a GPU
+    # can hold more than 1000 requested milli when its pods' units were rounded down.
+    requested_allocation_ratio: float
+    requested_allocation_curve: list[float]
+    gpus_over_requested: int  # GPUs holding more than 1000 requested milli
     total_gpus: int
-    unallocated_gpus: float  # GPUs minus allocated GPU milli / 1000 (the paper's figure)
+    unallocated_gpus: float  # GPUs minus granted GPUs (the paper's figure, counted as granted)
     fragmented_gpus: float  # unallocated share on GPUs that hold at least one pod
     idle_gpus: int  # GPUs with no pod at all
     runtime_s: float  # wall clock
     cpu_s: float  # process CPU time: steadier than wall clock on a shared machine
     failure_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
     admission_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+    placements: list[dict[str, Any]] | None = dataclasses.field(default=None, repr=False)  # per pod, when asked
 
-    def at_demand(self, percent: int) -> float:
-        return self.allocation_curve[min(percent, len(self.allocation_curve) - 1)]
+    def at_demand(self, percent: int, *, requested: bool = False) -> float:
+        curve = self.requested_allocation_curve if requested else self.allocation_curve
+        return curve[min(percent, len(curve) - 1)]
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """The figures, without the per-pod placements (those go to --placements)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "placements"}
+        out["failure_reasons"] = dict(self.failure_reasons)
+        out["admission_reasons"] = dict(self.admission_reasons)
         out["gpu_allocation_ratio"] = round(self.gpu_allocation_ratio, 6)
         out["allocation_curve"] = [round(v, 6) for v in self.allocation_curve]
+        out["requested_allocation_ratio"] = round(self.requested_allocation_ratio, 6)
+        out["requested_allocation_curve"] = [round(v, 6) for v in self.requested_allocation_curve]
         out["unallocated_gpus"] = round(self.unallocated_gpus, 3)
         out["fragmented_gpus"] = round(self.fragmented_gpus, 3)
         out["runtime_s"] = round(self.runtime_s, 3)
@@ -174,8 +188,10 @@ def replay(
     seed: int,
     label_delay: LabelDelay = LabelDelay(),
     gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
+    placements: bool = False,
 ) -> Result:
-    """Place `arrivals` in order on `nodes` under `configuration`; pods never leave, nothing is retried."""
+    """Place `arrivals` in order on `nodes` under `configuration`; pods never leave, nothing is retried.
+    `placements`: also record every pod's outcome and grant (Result.placements)."""
     started = time.perf_counter()
     started_cpu = time.process_time()
     settings = configuration.settings
@@ -201,11 +217,15 @@ def replay(
     pipe = _LabelPipe(label_delay)
 
     capacity = gpu_capacity_milli(nodes)
-    allocated = 0
+    granted = 0.0  # GPUs' worth of memory granted (SimNode.credit)
+    requested = 0  # gpu_milli of the placed pods
     arrived = 0
     binds = 0
     arrived_after = np.zeros(len(arrivals), dtype=np.int64)
-    allocated_after = np.zeros(len(arrivals), dtype=np.int64)
+    granted_after = np.zeros(len(arrivals), dtype=np.float64)
+    requested_after = np.zeros(len(arrivals), dtype=np.int64)
+    requested_on: collections.Counter[tuple[int, str]] = collections.Counter()  # (node, GPU) -> milli
+    records: list[dict[str, Any]] | None = [] if placements else None
     failed = admission = denied = 0
     failure_reasons: collections.Counter[str] = collections.Counter()
     admission_reasons: collections.Counter[str] = collections.Counter()
@@ -217,30 +237,43 @@ def replay(
             view.update_node(state.names[index], labels)
         arrived += pod.gpu_demand_milli
         arrived_after[i] = arrived
-        manifest = _pod_for(pod, configuration, view)
+        granted_after[i] = granted
+        requested_after[i] = requested
+        manifest, denial = _pod_for(pod, configuration, view)
         if manifest is None:
             denied += 1
-            allocated_after[i] = allocated
+            if records is not None:
+                records.append(_record(pod, "denied", message=denial))
             continue
         request = scheduler.read_pod(manifest)
         decision = sched.schedule(request)
         if decision.node is None:
             failed += 1
             failure_reasons[decision.message] += 1
-            allocated_after[i] = allocated
+            if records is not None:
+                records.append(_record(pod, "unschedulable", message=decision.message))
             continue
         target = sim_nodes[decision.node]
         try:
-            target.admit(f"default/{pod.name}", request.container_devices)
+            grants = target.admit(f"default/{pod.name}", request.container_devices)
         except node_.AdmissionFailure as exc:
             admission += 1
             admission_reasons[_reason_kind(str(exc))] += 1
-            allocated_after[i] = allocated
+            if records is not None:
+                records.append(_record(pod, "refused", node=target.name, message=f"kubelet: {exc}"))
             continue
         state.bind(decision.node, request)
         binds += 1
-        allocated += pod.gpu_demand_milli
-        allocated_after[i] = allocated
+        credit = target.credit(grants)
+        granted += credit
+        requested += pod.gpu_demand_milli
+        granted_after[i] = granted
+        requested_after[i] = requested
+        shares = [share for grant in grants for share in grant.shares]
+        for share in shares:
+            requested_on[(decision.node, share.uuid)] += pod.gpu_milli
+        if records is not None:
+            records.append(_record(pod, "placed", node=target.name, shares=shares, granted_gpus=credit))
         if steering and target.node.gpus:
             # Every bind changes the node's CPU and memory headroom, GPU pods also its free units.
             headroom = state.headroom(decision.node)
@@ -259,33 +292,63 @@ def replay(
         failed_pods=failed,
         admission_failures=admission,
         denied_pods=denied,
-        gpu_allocation_ratio=allocated / capacity if capacity else 0.0,
-        allocation_curve=_curve(arrived_after, allocated_after, capacity),
+        gpu_allocation_ratio=granted / total_gpus if total_gpus else 0.0,
+        allocation_curve=_curve(arrived_after, granted_after * 1000, capacity),
+        requested_allocation_ratio=requested / capacity if capacity else 0.0,
+        requested_allocation_curve=_curve(arrived_after, requested_after, capacity),
+        gpus_over_requested=sum(1 for milli in requested_on.values() if milli > 1000),
         total_gpus=total_gpus,
-        unallocated_gpus=total_gpus - allocated / 1000,
-        fragmented_gpus=gpus_in_use - allocated / 1000,
+        unallocated_gpus=total_gpus - granted,
+        fragmented_gpus=gpus_in_use - granted,
         idle_gpus=total_gpus - gpus_in_use,
         runtime_s=time.perf_counter() - started,
         cpu_s=time.process_time() - started_cpu,
         failure_reasons=dict(failure_reasons.most_common(5)),
         admission_reasons=dict(admission_reasons.most_common(5)),
+        placements=records,
     )
 
 
-def _pod_for(pod: trace.TracePod, configuration: Configuration, view: cluster_.ClusterView) -> dict[str, Any] | None:
-    """The pod the scheduler sees: the webhook's patch applied (gpuslice) or the stock request."""
+def _record(
+    pod: trace.TracePod,
+    outcome: str,
+    *,
+    node: str | None = None,
+    shares: Sequence[node_.GpuShare] = (),
+    granted_gpus: float = 0.0,
+    message: str = "",
+) -> dict[str, Any]:
+    """One pod's line of --placements: enough to recompute every figure without the simulator."""
+    return {
+        "pod": pod.name,
+        "outcome": outcome,  # placed | unschedulable | refused (by kubelet) | denied (by the webhook)
+        "node": node,
+        "num_gpu": pod.num_gpu,
+        "gpu_milli": pod.gpu_milli,
+        "requested_milli": pod.gpu_demand_milli,
+        "gpus": [share.to_json() for share in shares],
+        "granted_gpus": round(granted_gpus, 9),
+        "message": message,
+    }
+
+
+def _pod_for(
+    pod: trace.TracePod, configuration: Configuration, view: cluster_.ClusterView
+) -> tuple[dict[str, Any] | None, str]:
+    """The pod the scheduler sees: the webhook's patch applied (gpuslice) or the stock request;
+    (None, the webhook's message) when the webhook denies it."""
     contract = configuration.settings.contract
     if not configuration.sharing:
-        return trace.user_pod(pod, contract, whole_gpus_only=True)
+        return trace.user_pod(pod, contract, whole_gpus_only=True), ""
     manifest = trace.user_pod(pod, contract)
     outcome = mutation.mutate(manifest, settings=configuration.settings, cluster=view)
     if not outcome.allowed:
-        return None
+        return None, f"webhook: {outcome.message}"
     if not outcome.patch:
-        return manifest
+        return manifest, ""
     # The manifest is ours and fresh: patch it in place (a deep copy per pod costs more than the rest).
     patched: dict[str, Any] = jsonpatch.apply_patch(manifest, outcome.patch, in_place=True)
-    return patched
+    return patched, ""
 
 
 def _reason_kind(message: str) -> str:
@@ -298,7 +361,8 @@ def _reason_kind(message: str) -> str:
 
 
 def _curve(arrived_after: np.ndarray, allocated_after: np.ndarray, capacity: int) -> list[float]:
-    """Allocation ratio at each whole percent of arrived GPU demand (state when demand first reaches it)."""
+    """Allocation ratio at each whole percent of arrived GPU demand (state when demand first reaches it);
+    `allocated_after`: milli allocated after each arrival (granted or requested)."""
     if capacity <= 0 or len(arrived_after) == 0:
         return []
     last = int(np.floor(arrived_after[-1] * 100 / capacity + 1e-9))

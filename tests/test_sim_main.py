@@ -46,6 +46,21 @@ def test_the_text_report_names_every_configuration(capsys: pytest.CaptureFixture
         assert name in out
 
 
+def test_the_reports_label_the_granted_headline_and_the_requested_second_figure(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    document = _json_run(capsys, "--configs", "gpuslice-default")
+    entry = document["configurations"][0]
+    # Fractions are granted floor(f x units): the pods hold less than they asked for.
+    assert entry["gpu_allocation_ratio"] < entry["requested_allocation_ratio"]
+    assert sim_main.main([*TINY_ARGS, "--configs", "gpuslice-default"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("gpuslice-default"))
+    assert row.split()[2] == f"{entry['gpu_allocation_ratio']:.2%}"
+    assert row.split()[-1] == f"{entry['requested_allocation_ratio']:.2%}"
+    assert "alloc = GPU memory kubelet granted" in out and "requested = sum of gpu_milli" in out
+
+
 def test_a_missing_trace_directory_is_a_clear_error(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert sim_main.main(["--trace-dir", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
@@ -114,8 +129,9 @@ def test_each_seed_of_a_multi_seed_run_equals_a_single_run_with_that_seed(capsys
             assert per_seed["gpu_allocation_ratio"] == alone["gpu_allocation_ratio"]
             assert per_seed["at_demand_100"] == alone["allocation_curve"][100]
             # Everything else too: the per-seed entry is the single run's, less its curve.
-            own = {k: v for k, v in per_seed.items() if k not in ("seed", "at_demand_100")}
-            curveless = {k: v for k, v in alone.items() if k != "allocation_curve"}
+            assert per_seed["requested_at_demand_100"] == alone["requested_allocation_curve"][100]
+            own = {k: v for k, v in per_seed.items() if k not in ("seed", "at_demand_100", "requested_at_demand_100")}
+            curveless = {k: v for k, v in alone.items() if k not in ("allocation_curve", "requested_allocation_curve")}
             assert _without_timings(own) == _without_timings(curveless)
 
 
@@ -139,6 +155,12 @@ def test_a_multi_seed_run_reports_the_mean_spread_and_totals(capsys: pytest.Capt
         assert len(entry["allocation_curve"]) >= 131
         assert entry["allocation_curve"][100] == pytest.approx(entry["at_demand_100"], abs=1e-6)
         assert all("allocation_curve" not in s for s in per_seed)
+        requested = [s["requested_allocation_ratio"] for s in per_seed]
+        assert entry["requested_allocation_ratio"] == pytest.approx(statistics.fmean(requested), abs=1e-6)
+        assert entry["requested_allocation_ratio_max"] == max(requested)
+        assert entry["requested_at_demand_100"] == pytest.approx(
+            statistics.fmean(s["requested_at_demand_100"] for s in per_seed), abs=1e-6
+        )
 
 
 def test_the_number_of_jobs_does_not_change_the_results(capsys: pytest.CaptureFixture[str]) -> None:

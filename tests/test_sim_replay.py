@@ -90,13 +90,63 @@ def test_the_allocation_curve_has_one_point_per_percent_and_ends_at_the_final_ra
     assert 0 < result.gpu_allocation_ratio <= 1
 
 
-def test_the_allocation_ratio_counts_the_share_asked_for_not_the_units_granted() -> None:
-    # 0.46 of a T4 is 28 units of 256 MiB (0.467 of the GPU); the ratio counts 460 milli.
+def test_the_allocation_ratio_counts_the_units_granted_and_keeps_the_share_asked_for() -> None:
+    # 0.46 of a T4 (60 units of 256 MiB) is floor(27.6) = 27 units, 0.45 of the GPU: that is what
+    # the pod holds, so the headline credits 0.45; the 460 milli asked for is the second figure.
     result = replay.replay([_t4_node()], [_share("a", 460)], _config("gpuslice-default"), seed=0)
     assert result.placed_pods == 1
-    assert result.gpu_allocation_ratio == pytest.approx(460 / 2000)
-    assert result.fragmented_gpus == pytest.approx(1 - 0.46)
+    assert result.gpu_allocation_ratio == pytest.approx(27 / 60 / 2)
+    assert result.requested_allocation_ratio == pytest.approx(460 / 2000)
+    assert result.allocation_curve[-1] == pytest.approx(27 / 60 / 2)
+    assert result.requested_allocation_curve[-1] == pytest.approx(460 / 2000)
+    assert result.fragmented_gpus == pytest.approx(1 - 27 / 60)
+    assert result.unallocated_gpus == pytest.approx(2 - 27 / 60)
     assert result.idle_gpus == 1
+
+
+def test_half_of_a_gpu_with_an_odd_number_of_units_is_credited_the_units_rounded_down() -> None:
+    # A 15,616 MiB GPU has 61 units: gpu-fraction 0.5 is granted floor(30.5) = 30 of them.
+    memory = {**trace.GPU_MEMORY_MIB, "T4": 61 * 256}
+    node = dataclasses.replace(_t4_node(), gpus=1)
+    result = replay.replay([node], [_share("a", 500)], _config("gpuslice-default"), seed=0, gpu_memory_mib=memory)
+    assert result.placed_pods == 1
+    assert result.gpu_allocation_ratio == pytest.approx(30 / 61)
+    assert result.requested_allocation_ratio == pytest.approx(0.5)
+
+
+def test_no_gpu_is_credited_more_than_a_whole_gpu_though_its_pods_asked_for_more() -> None:
+    # 0.34 of 60 units is 20 units: three such pods fill the GPU exactly while asking for 1,020 milli.
+    node = dataclasses.replace(_t4_node(), gpus=1)
+    pods = [_share(name, 340) for name in "abc"]
+    result = replay.replay([node], pods, _config("gpuslice-default"), seed=0)
+    assert result.placed_pods == 3
+    assert result.gpu_allocation_ratio == pytest.approx(1.0)
+    assert max(result.allocation_curve) <= 1.0
+    assert result.requested_allocation_ratio == pytest.approx(1.02)
+    assert result.gpus_over_requested == 1
+    assert result.unallocated_gpus == pytest.approx(0.0)
+
+
+def test_whole_gpu_credits_the_whole_gpu_a_sharing_pod_holds() -> None:
+    # Stock Kubernetes gives a 0.3 pod a whole nvidia.com/gpu: granted one GPU, asked for 300 milli.
+    result = replay.replay([_t4_node()], [_share("a", 300)], _config("whole-gpu"), seed=0)
+    assert result.gpu_allocation_ratio == pytest.approx(0.5)
+    assert result.requested_allocation_ratio == pytest.approx(0.15)
+    assert result.fragmented_gpus == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("name", replay.CONFIGURATION_NAMES)
+def test_no_gpu_is_credited_above_a_whole_gpu_on_the_tiny_trace(name: str) -> None:
+    arrivals = replay.workload(PODS, replay.gpu_capacity_milli(NODES), 1.3, np.random.default_rng(4))
+    result = replay.replay(NODES, arrivals, _config(name), seed=4, placements=True)
+    assert result.placements is not None
+    per_gpu: dict[str, float] = {}
+    for record in result.placements:
+        for share in record["gpus"]:
+            key = f"{record['node']}/{share['uuid']}"
+            per_gpu[key] = per_gpu.get(key, 0.0) + share["units"] * share["unit_mib"] / share["gpu_memory_mib"]
+    assert per_gpu and max(per_gpu.values()) <= 1.0 + 1e-9
+    assert result.gpu_allocation_ratio <= 1.0
 
 
 # --- the real conversion and allocation ----------------------------------------------------
@@ -147,9 +197,12 @@ def test_whole_gpu_gives_every_sharing_pod_a_gpu_of_its_own() -> None:
     whole = replay.replay([_t4_node()], pods, _config("whole-gpu"), seed=0)
     shared = replay.replay([_t4_node()], pods, _config("gpuslice-binpack"), seed=0)
     assert (whole.placed_pods, whole.failed_pods) == (2, 1)
-    assert whole.gpu_allocation_ratio == pytest.approx(500 / 2000)
+    # Granted: both GPUs are handed out whole; asked for: half a GPU.
+    assert whole.gpu_allocation_ratio == pytest.approx(1.0)
+    assert whole.requested_allocation_ratio == pytest.approx(500 / 2000)
     assert (shared.placed_pods, shared.idle_gpus) == (3, 1)
-    assert shared.gpu_allocation_ratio == pytest.approx(750 / 2000)
+    assert shared.gpu_allocation_ratio == pytest.approx(3 * 15 / 60 / 2)  # 0.25 of 60 units is 15
+    assert shared.requested_allocation_ratio == pytest.approx(750 / 2000)
 
 
 def test_without_steering_binpack_fills_one_node_where_the_default_profile_spreads() -> None:
