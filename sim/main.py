@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice import config
-from gpuslice.sim import replay, trace
+from gpuslice.sim import kube_replay, replay, trace
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args"]
 
@@ -87,6 +87,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--paper-dir", metavar="DIR", help="FGD paper results (default: fgd-paper-results beside the trace)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw allocation ratio against arrived demand (matplotlib)")
+    kube_replay.add_arguments(parser)
     config.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.demand <= 0:
@@ -392,6 +393,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scheduler == "kube":
+        return kube_replay.main(args, os.environ)
     try:
         document = run(args, os.environ)
     except (trace.TraceError, config.ConfigError) as exc:
