@@ -155,7 +155,8 @@ def settings_document(settings: config.Config) -> dict[str, Any]:
 @dataclasses.dataclass
 class KubeResult:
     kube: replay.Result  # the run on the real control plane, in the model's terms
-    model: replay.Result  # the Python model on the same arrivals and seed
+    model: replay.Result  # the Python model on the same arrivals and seed, labels seen at once
+    model_paced: replay.Result | None  # the model with the labeller's rate limit at the run's pace
     arrival: str
     kubernetes: str  # version
     setup_s: float  # control plane, nodes and webhook up
@@ -174,6 +175,8 @@ class KubeResult:
             "kube": self.kube.to_json(),
             "model": self.model.to_json(),
             "difference_points": round(self.difference_points, 3),
+            "model_paced": self.model_paced.to_json() if self.model_paced else None,
+            "pod_interval_s": round(self.kube.runtime_s / max(1, self.kube.pods), 6),
             "setup_s": round(self.setup_s, 1),
             "unaccounted": self.unaccounted,
             "label_writes": self.label_writes,
@@ -190,6 +193,7 @@ class _Outcomes:
         self.denied: set[str] = set()
         self.unschedulable: dict[str, str] = {}  # pod key -> the scheduler's message
         self.created: set[str] = set()
+        self.written: set[str] = set()  # bound pods whose kubelet status the watch has shown
         self.errors: list[str] = []
         self.last_change = time.monotonic()
         self._waiters: dict[str, asyncio.Future[None]] = {}
@@ -198,9 +202,13 @@ class _Outcomes:
     def settled(self, key: str) -> bool:
         return key in self.denied or key in self.fleet.decisions or key in self.unschedulable
 
+    def seen(self, key: str) -> bool:
+        """Settled as the scheduler sees it: a refused pod frees its room only once it is Failed."""
+        return key in self.denied or key in self.written or key in self.unschedulable
+
     def waiter(self, key: str) -> asyncio.Future[None]:
         future = asyncio.get_running_loop().create_future()
-        if self.settled(key):
+        if self.seen(key):
             future.set_result(None)
         else:
             self._waiters[key] = future
@@ -213,13 +221,16 @@ class _Outcomes:
             future.set_result(None)
 
     def _on_decision(self, decision: kube_nodes.Decision) -> None:
-        self._wake(decision.pod)
+        self.last_change = time.monotonic()
 
     def on_event(self, kind: str, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         if (pod.get("spec") or {}).get("nodeName"):
-            return  # bound: the fleet decides
+            if (pod.get("status") or {}).get("phase") in ("Running", "Failed") and key not in self.written:
+                self.written.add(key)
+                self._wake(key)
+            return
         for condition in (pod.get("status") or {}).get("conditions") or ():
             if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
                 if key not in self.unschedulable:
@@ -520,7 +531,16 @@ def replay_on_kube(
         )
     finally:
         plane.stop()
-    return KubeResult(kube, model, str(arrival), version, setup, unaccounted, writes, errors)
+    paced = None
+    settings = configuration.settings
+    if configuration.sharing and settings.steering.enabled and arrivals:
+        pace = replay.LabelDelay(
+            pod_interval_seconds=kube.runtime_s / len(arrivals),
+            min_interval_seconds=settings.steering.label_min_interval_seconds,
+            webhook_first=arrival.mode == "burst",
+        )
+        paced = replay.replay(nodes, arrivals, configuration, seed=seed, label_delay=pace, gpu_memory_mib=gpu_memory_mib)
+    return KubeResult(kube, model, paced, str(arrival), version, setup, unaccounted, writes, errors)
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -619,7 +639,10 @@ def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]])
         f"{'placed':>8}{'unsched':>8}{'refused':>8}{'denied':>7}{'wall':>9}",
     ]
     for seed, run in runs:
-        for label, r in (("kube", run.kube), ("model", run.model)):
+        rows = [("kube", run.kube), ("model", run.model)]
+        if run.model_paced is not None:
+            rows.append(("paced", run.model_paced))
+        for label, r in rows:
             lines.append(
                 f"{r.name:<18}{seed:>5} {label:<6}{r.pods:>7}{r.at_demand(100):>11.2%}{r.gpu_allocation_ratio:>10.2%}"
                 f"{r.placed_pods:>8}{r.failed_pods:>8}{r.admission_failures:>8}{r.denied_pods:>7}{r.runtime_s:>8.1f}s"
@@ -637,6 +660,9 @@ def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]])
     lines += [
         "",
         "unsched = the scheduler found no node (PodScheduled False); refused = bound, then refused by the node's "
-        "kubelet (UnexpectedAdmissionError); wall = first create to last outcome (model: its run time).",
+        "kubelet (UnexpectedAdmissionError); wall = first create to last outcome (model: its run time);",
+        "model = labels seen at once; paced = the model with each node's labels written at most once per "
+        "steering.labelMinIntervalSeconds, pods arriving at the kube run's pace (wall / pods); burst: every",
+        "pod passes the webhook before the first is scheduled.",
     ]
     return "\n".join(lines)

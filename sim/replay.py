@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,11 +77,20 @@ def configurations(
 class LabelDelay:
     """How late a node's new labels reach the webhook and the scheduler after a bind: once at least
     `binds` further binds and `seconds` of simulated time (pods arrive `pod_interval_seconds` apart)
-    have passed. Zero and zero: at once."""
+    have passed. Zero and zero: at once.
+
+    `min_interval_seconds` > 0 adds the labeller's rate limit (deviceplugin/labeller.py): a node's
+    labels are written at most once per interval; a change inside the interval waits for its end,
+    and what is written then is the node's latest state.
+
+    `webhook_first`: every pod passes the webhook before the first is scheduled, as when all are
+    created at once (a burst): the webhook sees only the labels the nodes had at the start."""
 
     binds: int = 0
     seconds: float = 0.0
     pod_interval_seconds: float = 1.0
+    min_interval_seconds: float = 0.0
+    webhook_first: bool = False
 
 
 @dataclasses.dataclass
@@ -154,11 +164,27 @@ class _LabelPipe:
     def __init__(self, delay: LabelDelay) -> None:
         self.delay = delay
         self.pending: collections.deque[tuple[int, float, int, dict[str, str]]] = collections.deque()
+        self.next_write: dict[int, float] = {}  # rate limit: when a node's next write may go out
+        self.held: dict[int, dict[str, str]] = {}  # node -> latest labels waiting for that moment
+        self.slots: list[tuple[float, int]] = []  # heap of (moment, node) for the held labels
 
     def publish(self, binds: int, now: float, node: int, labels: dict[str, str]) -> None:
+        interval = self.delay.min_interval_seconds
+        if interval > 0:
+            slot = self.next_write.get(node, float("-inf"))
+            if now + 1e-9 < slot:
+                if node not in self.held:
+                    heapq.heappush(self.slots, (slot, node))
+                self.held[node] = labels
+                return
+            self.next_write[node] = now + interval
         self.pending.append((binds + self.delay.binds, now + self.delay.seconds, node, labels))
 
     def due(self, binds: int, now: float) -> list[tuple[int, dict[str, str]]]:
+        while self.slots and self.slots[0][0] <= now + 1e-9:
+            slot, node = heapq.heappop(self.slots)
+            self.next_write[node] = slot + self.delay.min_interval_seconds
+            self.pending.append((binds + self.delay.binds, slot + self.delay.seconds, node, self.held.pop(node)))
         out = []
         while self.pending and self.pending[0][0] <= binds and self.pending[0][1] <= now + 1e-9:
             _, _, node, labels = self.pending.popleft()
@@ -210,6 +236,7 @@ def replay(
     failure_reasons: collections.Counter[str] = collections.Counter()
     admission_reasons: collections.Counter[str] = collections.Counter()
 
+    admitted = [_pod_for(pod, configuration, view) for pod in arrivals] if label_delay.webhook_first else None
     for i, pod in enumerate(arrivals):
         now = i * label_delay.pod_interval_seconds
         for index, labels in pipe.due(binds, now):
@@ -217,7 +244,7 @@ def replay(
             view.update_node(state.names[index], labels)
         arrived += pod.gpu_demand_milli
         arrived_after[i] = arrived
-        manifest = _pod_for(pod, configuration, view)
+        manifest = admitted[i] if admitted is not None else _pod_for(pod, configuration, view)
         if manifest is None:
             denied += 1
             allocated_after[i] = allocated
