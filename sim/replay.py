@@ -83,14 +83,15 @@ class LabelDelay:
     labels are written at most once per interval; a change inside the interval waits for its end,
     and what is written then is the node's latest state.
 
-    `webhook_first`: every pod passes the webhook before the first is scheduled, as when all are
-    created at once (a burst): the webhook sees only the labels the nodes had at the start."""
+    `webhook_interval_seconds`: pods pass the webhook this far apart, ahead of the scheduler, as
+    when they are created faster than they are scheduled (a burst); 0: all before the first is
+    scheduled, with the labels the nodes had at the start. None: each right before its scheduling."""
 
     binds: int = 0
     seconds: float = 0.0
     pod_interval_seconds: float = 1.0
     min_interval_seconds: float = 0.0
-    webhook_first: bool = False
+    webhook_interval_seconds: float | None = None
 
 
 @dataclasses.dataclass
@@ -236,15 +237,24 @@ def replay(
     failure_reasons: collections.Counter[str] = collections.Counter()
     admission_reasons: collections.Counter[str] = collections.Counter()
 
-    admitted = [_pod_for(pod, configuration, view) for pod in arrivals] if label_delay.webhook_first else None
+    ahead = label_delay.webhook_interval_seconds
+    if ahead is not None:
+        ahead = min(ahead, label_delay.pod_interval_seconds)  # a pod is created before it is scheduled
+    admitted: list[dict[str, Any] | None] = []
     for i, pod in enumerate(arrivals):
         now = i * label_delay.pod_interval_seconds
+        # The webhook's conversions due by now, each with the labels out at its own moment.
+        while ahead is not None and len(admitted) < len(arrivals) and len(admitted) * ahead <= now + 1e-9:
+            for index, labels in pipe.due(binds, len(admitted) * ahead):
+                state.set_labels(index, labels)
+                view.update_node(state.names[index], labels)
+            admitted.append(_pod_for(arrivals[len(admitted)], configuration, view))
         for index, labels in pipe.due(binds, now):
             state.set_labels(index, labels)
             view.update_node(state.names[index], labels)
         arrived += pod.gpu_demand_milli
         arrived_after[i] = arrived
-        manifest = admitted[i] if admitted is not None else _pod_for(pod, configuration, view)
+        manifest = admitted[i] if ahead is not None else _pod_for(pod, configuration, view)
         if manifest is None:
             denied += 1
             allocated_after[i] = allocated

@@ -148,7 +148,7 @@ def test_in_a_burst_the_webhook_pins_every_pod_to_the_class_that_was_free_at_the
     pods = [trace.TracePod(f"whole-{i}", 1000, 1024, 1, 1000) for i in range(4)]
     one_by_one = replay.replay(nodes, pods, _config("gpuslice-default"), seed=0)
     burst = replay.replay(
-        nodes, pods, _config("gpuslice-default"), seed=0, label_delay=replay.LabelDelay(webhook_first=True)
+        nodes, pods, _config("gpuslice-default"), seed=0, label_delay=replay.LabelDelay(webhook_interval_seconds=0)
     )
     assert (one_by_one.placed_pods, one_by_one.failed_pods) == (4, 0)
     assert (burst.placed_pods, burst.failed_pods, burst.idle_gpus) == (2, 2, 2)
