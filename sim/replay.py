@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,6 +93,8 @@ class LabelDelay:
     pod_interval_seconds: float = 1.0
     min_interval_seconds: float = 0.0
     webhook_interval_seconds: float | None = None
+    scheduled_at: tuple[float, ...] | None = None
+    converted_at: tuple[float, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -237,24 +240,29 @@ def replay(
     failure_reasons: collections.Counter[str] = collections.Counter()
     admission_reasons: collections.Counter[str] = collections.Counter()
 
-    ahead = label_delay.webhook_interval_seconds
-    if ahead is not None:
-        ahead = min(ahead, label_delay.pod_interval_seconds)  # a pod is created before it is scheduled
-    admitted: list[dict[str, Any] | None] = []
+    scheduled_at, converted_at = _moments(label_delay, len(arrivals))
+    # Conversions in the order the webhook saw them, each with the labels out at its own moment.
+    conversion_order = sorted(range(len(arrivals)), key=converted_at.__getitem__) if converted_at else []
+    converted: dict[int, dict[str, Any] | None] = {}
+    next_conversion = 0
     for i, pod in enumerate(arrivals):
-        now = i * label_delay.pod_interval_seconds
-        # The webhook's conversions due by now, each with the labels out at its own moment.
-        while ahead is not None and len(admitted) < len(arrivals) and len(admitted) * ahead <= now + 1e-9:
-            for index, labels in pipe.due(binds, len(admitted) * ahead):
+        now = scheduled_at[i]
+        # Every conversion due by now happens before this pod's bind changes any label.
+        while converted_at and next_conversion < len(arrivals):
+            j = conversion_order[next_conversion]
+            if converted_at[j] > now + 1e-9 and i in converted:
+                break
+            next_conversion += 1
+            for index, labels in pipe.due(binds, min(converted_at[j], now)):
                 state.set_labels(index, labels)
                 view.update_node(state.names[index], labels)
-            admitted.append(_pod_for(arrivals[len(admitted)], configuration, view))
+            converted[j] = _pod_for(arrivals[j], configuration, view)
         for index, labels in pipe.due(binds, now):
             state.set_labels(index, labels)
             view.update_node(state.names[index], labels)
         arrived += pod.gpu_demand_milli
         arrived_after[i] = arrived
-        manifest = admitted[i] if ahead is not None else _pod_for(pod, configuration, view)
+        manifest = converted.pop(i) if converted_at else _pod_for(pod, configuration, view)
         if manifest is None:
             denied += 1
             allocated_after[i] = allocated
@@ -307,6 +315,24 @@ def replay(
         failure_reasons=dict(failure_reasons.most_common(5)),
         admission_reasons=dict(admission_reasons.most_common(5)),
     )
+
+
+def _moments(delay: LabelDelay, count: int) -> tuple[list[float], list[float] | None]:
+    """(scheduling moment per arrival, nondecreasing; conversion moment per arrival or None: right
+    before its scheduling)."""
+    if delay.scheduled_at is not None:
+        if len(delay.scheduled_at) != count:
+            raise ValueError(f"scheduled_at has {len(delay.scheduled_at)} moments for {count} arrivals")
+        scheduled = list(itertools.accumulate(delay.scheduled_at, max))
+    else:
+        scheduled = [i * delay.pod_interval_seconds for i in range(count)]
+    if delay.converted_at is not None:
+        if len(delay.converted_at) != count:
+            raise ValueError(f"converted_at has {len(delay.converted_at)} moments for {count} arrivals")
+        return scheduled, [min(c, s) for c, s in zip(delay.converted_at, scheduled)]
+    if delay.webhook_interval_seconds is not None:
+        return scheduled, [min(i * delay.webhook_interval_seconds, s) for i, s in enumerate(scheduled)]
+    return scheduled, None
 
 
 def _pod_for(pod: trace.TracePod, configuration: Configuration, view: cluster_.ClusterView) -> dict[str, Any] | None:

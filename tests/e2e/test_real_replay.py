@@ -25,6 +25,9 @@ SEED = 42
 # generator: on 24 nodes one pod is about half a point of capacity, and different early choices move
 # a few of them (on 300 trace nodes the two agree within 0.1 point: docs/simulator.md).
 TOLERANCE_POINTS = 4.0
+# With steering each run also depends on when the labels land (they race the next pod); the paced
+# model replays the run's own moments, but not the webhook's watch latency or the scheduler's retries.
+PACED_TOLERANCE_POINTS = 8.0
 
 
 def _input() -> tuple[list[trace.TraceNode], list[trace.TracePod]]:
@@ -99,7 +102,7 @@ def test_one_pod_at_a_time_packs_as_the_model_with_the_labellers_rate_limit(tmp_
     assert result.label_writes > 0  # the labellers wrote to the real API server
     assert result.model_paced is not None
     gap = 100 * (result.kube.gpu_allocation_ratio - result.model_paced.gpu_allocation_ratio)
-    assert abs(gap) <= TOLERANCE_POINTS, (
+    assert abs(gap) <= PACED_TOLERANCE_POINTS, (
         f"kube {result.kube.gpu_allocation_ratio:.2%} vs paced model {result.model_paced.gpu_allocation_ratio:.2%}"
     )
 
