@@ -164,6 +164,7 @@ class KubeResult:
     unaccounted: list[str]  # pods with no outcome (must be empty)
     label_writes: int
     errors: list[str]
+    diagnosis: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def difference_points(self) -> float:
@@ -183,6 +184,7 @@ class KubeResult:
             "unaccounted": self.unaccounted,
             "label_writes": self.label_writes,
             "errors": self.errors[:20],
+            "diagnosis": self.diagnosis,
         }
 
 
@@ -194,6 +196,7 @@ class _Outcomes:
         self.fleet = fleet
         self.denied: set[str] = set()
         self.unschedulable: dict[str, str] = {}  # pod key -> the scheduler's message
+        self.pinned: dict[str, str] = {}  # unschedulable pod -> the GPU memory classes its affinity requires
         self.created: set[str] = set()
         self.written: set[str] = set()  # bound pods whose kubelet status the watch has shown
         self.created_at: dict[str, float] = {}  # when the create was answered (the webhook had it)
@@ -241,7 +244,34 @@ class _Outcomes:
             if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
                 if key not in self.unschedulable:
                     self.unschedulable[key] = str(condition.get("message") or condition.get("reason") or "")
+                    self.pinned[key] = _required_classes(pod, self.fleet.contract.label_gpu_memory_mib)
                     self._wake(key)
+
+
+def _required_classes(pod: Mapping[str, Any], key: str) -> str:
+    """The GPU memory classes (MiB) a pod's required node affinity allows, "" when it names none."""
+    required = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    values = set()
+    for term in required.get("nodeSelectorTerms") or ():
+        for expression in term.get("matchExpressions") or ():
+            if expression.get("key") == key and expression.get("operator") == "In":
+                values.update(expression.get("values") or ())
+    return ",".join(sorted(values, key=int)) if all(v.isdigit() for v in values) else ",".join(sorted(values))
+
+
+def _diagnosis(outcomes: _Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[str, int]]:
+    """Where a run lost GPUs: unschedulable pods by the GPU class their affinity pins them to, and
+    GPUs left without any pod by class (MiB)."""
+    idle: collections.Counter[str] = collections.Counter()
+    for sim in fleet.sims.values():
+        for gpu in sim.node.memory_gpus:
+            if not sim.units_in_use.get(gpu.uuid) and gpu.uuid not in sim.whole_in_use:
+                idle[str(gpu.memory_mib)] += 1
+    placed = set(k for k, d in fleet.decisions.items() if d.admitted)
+    pinned = collections.Counter(v or "none" for k, v in outcomes.pinned.items() if k not in placed and k not in fleet.decisions)
+    return {"unschedulable_by_class": dict(pinned.most_common()), "idle_gpus_by_class": dict(idle.most_common())}
 
 
 async def _create(api: kube_api.Api, manifest: dict[str, Any], outcomes: _Outcomes) -> None:
@@ -464,7 +494,16 @@ async def _drive(
     gpu_memory_mib: Mapping[str, int],
     started: float,
     settle_limit: float,
-) -> tuple[replay.Result, float, float, list[str], int, list[str], tuple[tuple[float, ...], tuple[float, ...]]]:
+) -> tuple[
+    replay.Result,
+    float,
+    float,
+    list[str],
+    int,
+    list[str],
+    tuple[tuple[float, ...], tuple[float, ...]],
+    dict[str, dict[str, int]],
+]:
     settings = configuration.settings
     contract = settings.contract
     async with kube_api.Api(plane.server, plane.admin_token, plane.ca_file) as api:
@@ -511,7 +550,8 @@ async def _drive(
             tuple(outcomes.first_outcome_at.get(k, end) - t0 for k in keys),
             tuple(outcomes.created_at.get(k, end) - t0 for k in keys),
         )
-        return result, setup, created - t0, unaccounted, fleet.label_writes, errors, moments
+        diagnosis = _diagnosis(outcomes, fleet)
+        return result, setup, created - t0, unaccounted, fleet.label_writes, errors, moments, diagnosis
 
 
 def replay_on_kube(
@@ -540,7 +580,7 @@ def replay_on_kube(
             burst=2 * SCHEDULER_QPS,
         )
         version = plane.version()
-        kube, setup, arrivals_s, unaccounted, writes, errors, (scheduled_at, converted_at) = asyncio.run(
+        kube, setup, arrivals_s, unaccounted, writes, errors, (scheduled_at, converted_at), diagnosis = asyncio.run(
             _drive(plane, nodes, arrivals, configuration, arrival, gaps, gpu_memory_mib, started, settle_limit)
         )
     finally:
@@ -554,7 +594,7 @@ def replay_on_kube(
             converted_at=converted_at,
         )
         paced = replay.replay(nodes, arrivals, configuration, seed=seed, label_delay=pace, gpu_memory_mib=gpu_memory_mib)
-    return KubeResult(kube, model, paced, str(arrival), version, setup, arrivals_s, unaccounted, writes, errors)
+    return KubeResult(kube, model, paced, str(arrival), version, setup, arrivals_s, unaccounted, writes, errors, diagnosis)
 
 
 # --- command line ----------------------------------------------------------------------------
