@@ -101,7 +101,9 @@ class Api:
         """(event type, object) from `resource_version` on, until the server ends the watch. A
         410 Gone (the version is too old) raises ApiError with status 410: list again."""
         query = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true", **(params or {})}
-        async with self.session.get(self.server + path, params=query, timeout=aiohttp.ClientTimeout(total=None)) as response:
+        async with self.session.get(
+            self.server + path, params=query, timeout=aiohttp.ClientTimeout(total=None)
+        ) as response:
             if response.status >= 400:
                 raise ApiError("WATCH", path, response.status, _decode(await response.read()))
             reader = response.content

@@ -138,7 +138,9 @@ class Fleet:
             "status": {
                 "capacity": resources,
                 "allocatable": resources,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "gpuslice-sim"}],
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "gpuslice-sim"}
+                ],
             },
         }
 

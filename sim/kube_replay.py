@@ -99,7 +99,7 @@ def trace_gaps(pods_file: str | os.PathLike[str]) -> list[float]:
         times = sorted(float(r["creation_time"] or 0) for r in rows)
     except ValueError as exc:
         raise trace.TraceError(f"{pods_file}: creation_time: {exc}") from None
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     return gaps or [0.0]
 
 
@@ -125,7 +125,9 @@ def scheduler_configuration(profile: scheduler.Profile) -> dict[str, Any]:
             "resources": [{"name": r, "weight": w} for r, w in profile.resources],
         }
         if profile.strategy == "RequestedToCapacityRatio":
-            strategy["requestedToCapacityRatio"] = {"shape": [{"utilization": 0, "score": 0}, {"utilization": 100, "score": 10}]}
+            strategy["requestedToCapacityRatio"] = {
+                "shape": [{"utilization": 0, "score": 0}, {"utilization": 100, "score": 10}]
+            }
         entry["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {"scoringStrategy": strategy}}]
         # The model scores every pod with the one profile; the webhook names this one only on the
         # pods it converts, so the others (CPU-only pods) get a default-scheduler scored the same way.
@@ -253,7 +255,7 @@ def _required_classes(pod: Mapping[str, Any], key: str) -> str:
     required = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     ) or {}
-    values = set()
+    values: set[str] = set()
     for term in required.get("nodeSelectorTerms") or ():
         for expression in term.get("matchExpressions") or ():
             if expression.get("key") == key and expression.get("operator") == "In":
@@ -270,7 +272,9 @@ def _diagnosis(outcomes: _Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[s
             if not sim.units_in_use.get(gpu.uuid) and gpu.uuid not in sim.whole_in_use:
                 idle[str(gpu.memory_mib)] += 1
     placed = set(k for k, d in fleet.decisions.items() if d.admitted)
-    pinned = collections.Counter(v or "none" for k, v in outcomes.pinned.items() if k not in placed and k not in fleet.decisions)
+    pinned = collections.Counter(
+        v or "none" for k, v in outcomes.pinned.items() if k not in placed and k not in fleet.decisions
+    )
     return {"unschedulable_by_class": dict(pinned.most_common()), "idle_gpus_by_class": dict(idle.most_common())}
 
 
@@ -326,7 +330,7 @@ async def _arrive(
         for i in range(len(manifests)):
             offsets[i] = elapsed / arrival.factor
             elapsed += gaps[i % len(gaps)]
-    await asyncio.gather(*(one(m, at) for m, at in zip(manifests, offsets)))
+    await asyncio.gather(*(one(m, at) for m, at in zip(manifests, offsets, strict=True)))
 
 
 async def _until_settled(keys: Sequence[str], outcomes: _Outcomes, fleet: kube_nodes.Fleet, limit: float) -> None:
@@ -341,9 +345,7 @@ async def _until_settled(keys: Sequence[str], outcomes: _Outcomes, fleet: kube_n
         await asyncio.sleep(0.2)
 
 
-def _start_webhook(
-    plane: controlplane.ControlPlane, settings: config.Config
-) -> tuple[Any, int, bytes]:
+def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) -> tuple[Any, int, bytes]:
     """The webhook process with a serving certificate from the plane's CA; (process, port, CA PEM)."""
     directory = plane.workdir / "webhook"
     directory.mkdir(exist_ok=True)
@@ -395,7 +397,10 @@ def _webhook_configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
                 "failurePolicy": "Fail",
                 "reinvocationPolicy": "Never",
                 "matchPolicy": "Equivalent",
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate", "caBundle": base64.b64encode(ca_pem).decode()},
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/mutate",
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
                 "rules": [
                     {
                         "operations": ["CREATE"],
@@ -406,7 +411,9 @@ def _webhook_configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
                     }
                 ],
                 "namespaceSelector": {
-                    "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": [NAMESPACE]}]
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [NAMESPACE]}
+                    ]
                 },
             }
         ],
@@ -514,7 +521,8 @@ async def _drive(
         if configuration.sharing:
             _, port, ca_pem = await asyncio.to_thread(_start_webhook, plane, settings)
             await api.create(
-                "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", _webhook_configuration(port, ca_pem)
+                "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                _webhook_configuration(port, ca_pem),
             )
             probe = trace.user_pod(trace.TracePod("gpuslice-sim-probe", 0, 0, 1, 500), contract, namespace=NAMESPACE)
             await _webhook_in_effect(api, probe)
@@ -525,7 +533,8 @@ async def _drive(
         await fleet.start()
         setup = time.monotonic() - started
         manifests = [
-            trace.user_pod(p, contract, namespace=NAMESPACE, whole_gpus_only=not configuration.sharing) for p in arrivals
+            trace.user_pod(p, contract, namespace=NAMESPACE, whole_gpus_only=not configuration.sharing)
+            for p in arrivals
         ]
         keys = [f"{NAMESPACE}/{p.name}" for p in arrivals]
         t0 = time.monotonic()
@@ -593,8 +602,12 @@ def replay_on_kube(
             scheduled_at=scheduled_at,
             converted_at=converted_at,
         )
-        paced = replay.replay(nodes, arrivals, configuration, seed=seed, label_delay=pace, gpu_memory_mib=gpu_memory_mib)
-    return KubeResult(kube, model, paced, str(arrival), version, setup, arrivals_s, unaccounted, writes, errors, diagnosis)
+        paced = replay.replay(
+            nodes, arrivals, configuration, seed=seed, label_delay=pace, gpu_memory_mib=gpu_memory_mib
+        )
+    return KubeResult(
+        kube, model, paced, str(arrival), version, setup, arrivals_s, unaccounted, writes, errors, diagnosis
+    )
 
 
 # --- command line ----------------------------------------------------------------------------

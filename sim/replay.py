@@ -329,7 +329,7 @@ def _moments(delay: LabelDelay, count: int) -> tuple[list[float], list[float] | 
     if delay.converted_at is not None:
         if len(delay.converted_at) != count:
             raise ValueError(f"converted_at has {len(delay.converted_at)} moments for {count} arrivals")
-        return scheduled, [min(c, s) for c, s in zip(delay.converted_at, scheduled)]
+        return scheduled, [min(c, s) for c, s in zip(delay.converted_at, scheduled, strict=True)]
     if delay.webhook_interval_seconds is not None:
         return scheduled, [min(i * delay.webhook_interval_seconds, s) for i, s in enumerate(scheduled)]
     return scheduled, None

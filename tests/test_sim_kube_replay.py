@@ -70,7 +70,9 @@ def test_the_webhooks_config_file_reads_back_as_the_same_settings(tmp_path: path
 
 def test_trace_gaps_are_the_sorted_creation_times_differences(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "pods.csv"
-    path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time\na,1,1,0,0,30\nb,1,1,0,0,0\nc,1,1,0,0,10\n")
+    path.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time\na,1,1,0,0,30\nb,1,1,0,0,0\nc,1,1,0,0,10\n"
+    )
     assert kube_replay.trace_gaps(path) == [10.0, 20.0]
     path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,0,0\n")
     with pytest.raises(trace.TraceError, match="creation_time"):

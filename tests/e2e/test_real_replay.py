@@ -33,9 +33,7 @@ PACED_TOLERANCE_POINTS = 8.0
 def _input() -> tuple[list[trace.TraceNode], list[trace.TracePod]]:
     rng = np.random.default_rng(7)
     kinds = [("T4", 1), ("T4", 2), ("P100", 2), ("V100M16", 8), ("V100M32", 8), ("G2", 8), ("A10", 1)]
-    nodes = [
-        trace.TraceNode(f"node-{i:02d}", 96000, 393216, gpus, model) for i, (model, gpus) in enumerate(kinds * 3)
-    ]
+    nodes = [trace.TraceNode(f"node-{i:02d}", 96000, 393216, gpus, model) for i, (model, gpus) in enumerate(kinds * 3)]
     nodes += [trace.TraceNode(f"cpu-{i}", 64000, 262144, 0, "") for i in range(3)]
     pods = []
     for i in range(300):
