@@ -223,6 +223,11 @@ class _Outcomes:
             self._waiters[key] = future
         return future
 
+    def deny(self, key: str) -> None:
+        """The create was refused: the pod never reaches the scheduler."""
+        self.denied.add(key)
+        self._wake(key)
+
     def _wake(self, key: str) -> None:
         self.last_change = time.monotonic()
         self.first_outcome_at.setdefault(key, self.last_change)
@@ -285,13 +290,9 @@ async def _create(api: kube_api.Api, manifest: dict[str, Any], outcomes: _Outcom
         outcomes.created_at[key] = time.monotonic()
     except kube_api.ApiError as exc:
         outcomes.created_at[key] = time.monotonic()
-        if "denied the request" in exc.message:
-            outcomes.denied.add(key)
-            outcomes._wake(key)
-            return
-        outcomes.errors.append(f"create {key}: {exc}")
-        outcomes.denied.add(key)  # never reached the scheduler: counted, and named in errors
-        outcomes._wake(key)
+        if "denied the request" not in exc.message:  # not the webhook's answer: named in the errors
+            outcomes.errors.append(f"create {key}: {exc}")
+        outcomes.deny(key)
         return
     outcomes.created.add(key)
 
