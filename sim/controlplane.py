@@ -428,10 +428,13 @@ class ControlPlane:
         profiles: Sequence[Mapping[str, Any]] = ({"schedulerName": "default-scheduler"},),
         configuration: Mapping[str, Any] | None = None,
         kubeconfig: str | None = None,
+        qps: int = 200,
+        burst: int = 400,
     ) -> _Process:
         """A kube-scheduler process: `configuration` (a KubeSchedulerConfiguration, e.g. the chart's) or a
         plain one running `profiles`; its client is `kubeconfig` (default: the system:kube-scheduler
-        user). Leader election is turned off: a restarted scheduler must not wait for an old lease."""
+        user) limited to `qps`/`burst` requests. Leader election is turned off: a restarted scheduler
+        must not wait for an old lease."""
         kubeconfig = kubeconfig or self.write_kubeconfig("kube-scheduler", token=self._scheduler_token)
         configuration = dict(
             configuration
@@ -441,7 +444,7 @@ class ControlPlane:
                 "profiles": list(profiles),
             }
         )
-        configuration["clientConnection"] = {"kubeconfig": kubeconfig, "qps": 200, "burst": 400}
+        configuration["clientConnection"] = {"kubeconfig": kubeconfig, "qps": qps, "burst": burst}
         configuration["leaderElection"] = {"leaderElect": False}
         config_file = self.workdir / f"{name}.yaml"
         config_file.write_text(yaml.safe_dump(configuration))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice import config
-from gpuslice.sim import placements, replay, trace
+from gpuslice.sim import kube_replay, placements, replay, trace
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args"]
 
@@ -93,6 +93,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="write one JSON line per pod (outcome, node, GPUs and units granted, requested milli) to FILE; "
         "python -m gpuslice.sim.placements FILE recomputes the figures from it",
     )
+    kube_replay.add_arguments(parser)
     config.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.demand <= 0:
@@ -438,6 +439,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scheduler == "kube":
+        return kube_replay.main(args, os.environ)
     try:
         document = run(args, os.environ)
     except (trace.TraceError, config.ConfigError) as exc:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,11 +78,23 @@ def configurations(
 class LabelDelay:
     """How late a node's new labels reach the webhook and the scheduler after a bind: once at least
     `binds` further binds and `seconds` of simulated time (pods arrive `pod_interval_seconds` apart)
-    have passed. Zero and zero: at once."""
+    have passed. Zero and zero: at once.
+
+    `min_interval_seconds` > 0 adds the labeller's rate limit (deviceplugin/labeller.py): a node's
+    labels are written at most once per interval; a change inside the interval waits for its end,
+    and what is written then is the node's latest state.
+
+    `webhook_interval_seconds`: pods pass the webhook this far apart, ahead of the scheduler, as
+    when they are created faster than they are scheduled (a burst); 0: all before the first is
+    scheduled, with the labels the nodes had at the start. None: each right before its scheduling."""
 
     binds: int = 0
     seconds: float = 0.0
     pod_interval_seconds: float = 1.0
+    min_interval_seconds: float = 0.0
+    webhook_interval_seconds: float | None = None
+    scheduled_at: tuple[float, ...] | None = None
+    converted_at: tuple[float, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -168,11 +182,27 @@ class _LabelPipe:
     def __init__(self, delay: LabelDelay) -> None:
         self.delay = delay
         self.pending: collections.deque[tuple[int, float, int, dict[str, str]]] = collections.deque()
+        self.next_write: dict[int, float] = {}  # rate limit: when a node's next write may go out
+        self.held: dict[int, dict[str, str]] = {}  # node -> latest labels waiting for that moment
+        self.slots: list[tuple[float, int]] = []  # heap of (moment, node) for the held labels
 
     def publish(self, binds: int, now: float, node: int, labels: dict[str, str]) -> None:
+        interval = self.delay.min_interval_seconds
+        if interval > 0:
+            slot = self.next_write.get(node, float("-inf"))
+            if now + 1e-9 < slot:
+                if node not in self.held:
+                    heapq.heappush(self.slots, (slot, node))
+                self.held[node] = labels
+                return
+            self.next_write[node] = now + interval
         self.pending.append((binds + self.delay.binds, now + self.delay.seconds, node, labels))
 
     def due(self, binds: int, now: float) -> list[tuple[int, dict[str, str]]]:
+        while self.slots and self.slots[0][0] <= now + 1e-9:
+            slot, node = heapq.heappop(self.slots)
+            self.next_write[node] = slot + self.delay.min_interval_seconds
+            self.pending.append((binds + self.delay.binds, slot + self.delay.seconds, node, self.held.pop(node)))
         out = []
         while self.pending and self.pending[0][0] <= binds and self.pending[0][1] <= now + 1e-9:
             _, _, node, labels = self.pending.popleft()
@@ -230,8 +260,23 @@ def replay(
     failure_reasons: collections.Counter[str] = collections.Counter()
     admission_reasons: collections.Counter[str] = collections.Counter()
 
+    scheduled_at, converted_at = _moments(label_delay, len(arrivals))
+    # Conversions in the order the webhook saw them, each with the labels out at its own moment.
+    conversion_order = sorted(range(len(arrivals)), key=converted_at.__getitem__) if converted_at else []
+    converted: dict[int, tuple[dict[str, Any] | None, str]] = {}
+    next_conversion = 0
     for i, pod in enumerate(arrivals):
-        now = i * label_delay.pod_interval_seconds
+        now = scheduled_at[i]
+        # Every conversion due by now happens before this pod's bind changes any label.
+        while converted_at and next_conversion < len(arrivals):
+            j = conversion_order[next_conversion]
+            if converted_at[j] > now + 1e-9 and i in converted:
+                break
+            next_conversion += 1
+            for index, labels in pipe.due(binds, min(converted_at[j], now)):
+                state.set_labels(index, labels)
+                view.update_node(state.names[index], labels)
+            converted[j] = _pod_for(arrivals[j], configuration, view)
         for index, labels in pipe.due(binds, now):
             state.set_labels(index, labels)
             view.update_node(state.names[index], labels)
@@ -239,7 +284,7 @@ def replay(
         arrived_after[i] = arrived
         granted_after[i] = granted
         requested_after[i] = requested
-        manifest, denial = _pod_for(pod, configuration, view)
+        manifest, denial = converted.pop(i) if converted_at else _pod_for(pod, configuration, view)
         if manifest is None:
             denied += 1
             if records is not None:
@@ -330,6 +375,24 @@ def _record(
         "granted_gpus": round(granted_gpus, 9),
         "message": message,
     }
+
+
+def _moments(delay: LabelDelay, count: int) -> tuple[list[float], list[float] | None]:
+    """(scheduling moment per arrival, nondecreasing; conversion moment per arrival or None: right
+    before its scheduling)."""
+    if delay.scheduled_at is not None:
+        if len(delay.scheduled_at) != count:
+            raise ValueError(f"scheduled_at has {len(delay.scheduled_at)} moments for {count} arrivals")
+        scheduled = list(itertools.accumulate(delay.scheduled_at, max))
+    else:
+        scheduled = [i * delay.pod_interval_seconds for i in range(count)]
+    if delay.converted_at is not None:
+        if len(delay.converted_at) != count:
+            raise ValueError(f"converted_at has {len(delay.converted_at)} moments for {count} arrivals")
+        return scheduled, [min(c, s) for c, s in zip(delay.converted_at, scheduled, strict=True)]
+    if delay.webhook_interval_seconds is not None:
+        return scheduled, [min(i * delay.webhook_interval_seconds, s) for i, s in enumerate(scheduled)]
+    return scheduled, None
 
 
 def _pod_for(

@@ -1,0 +1,744 @@
+"""The packing replay through the real control plane (`gpuslice-sim --scheduler kube`).
+
+Per run: etcd, kube-apiserver and kube-scheduler from the built components (sim/controlplane.py),
+the trace's nodes as Node objects with kubelet and the device plugin played by sim/kube_nodes.py,
+our webhook as its own process called by the API server over HTTPS (a MutatingWebhookConfiguration
+with a url), then the arrivals created through the API server in one of three modes:
+
+- `sequential`: one pod at a time; the next is created once this one is bound (and admitted or
+  refused by its node) or the scheduler has marked it unschedulable;
+- `burst`: all at once (as many creates in flight as the client allows), as the FGD protocol in
+  effect is: the scheduler sees a queue, node labels lag behind;
+- `compressed:<factor>`: the trace's own inter-arrival gaps (its creation_time column, in arrival
+  order, cycled for resampled pods) divided by `factor`.
+
+The same seed's arrivals also go through the Python model (sim/replay.py) and both sets of figures
+are reported side by side.
+
+May import aiohttp (through sim.kube_api), PyYAML, numpy, gpuslice.config and the other
+gpuslice.sim modules; the webhook runs as `python -m gpuslice.webhook.main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import csv
+import dataclasses
+import json
+import operator
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import yaml
+
+from gpuslice import config
+from gpuslice.sim import controlplane, kube_api, kube_nodes, replay, scheduler, trace
+
+__all__ = [
+    "Arrival",
+    "KubeResult",
+    "add_arguments",
+    "main",
+    "parse_arrival",
+    "replay_on_kube",
+    "sample_nodes",
+    "scheduler_configuration",
+    "trace_gaps",
+]
+
+NAMESPACE = "default"
+WEBHOOK_NAME = "gpuslice-sim"
+SCHEDULER_QPS = 5000  # kube-scheduler's own default of 50 would bound a burst at 25 binds a second
+CREATE_CONCURRENCY = 32  # pod creates in flight in burst and compressed modes
+QUIET_SECONDS = 3.0  # burst/compressed: done once every pod is accounted for and nothing moved this long
+POD_TIMEOUT = 120.0  # sequential: longest wait for one pod's outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrival:
+    mode: str  # sequential, burst, compressed
+    factor: float = 1.0  # compressed: trace seconds per replay second
+
+    def __str__(self) -> str:
+        return f"compressed:{self.factor:g}" if self.mode == "compressed" else self.mode
+
+
+def parse_arrival(text: str) -> Arrival:
+    """`sequential`, `burst` or `compressed:<factor>` (factor > 0)."""
+    if text in ("sequential", "burst"):
+        return Arrival(text)
+    if text.startswith("compressed:"):
+        raw = text.split(":", 1)[1]
+        try:
+            factor = float(raw)
+        except ValueError:
+            factor = 0.0
+        if factor > 0:
+            return Arrival("compressed", factor)
+        raise ValueError(f"--arrival compressed:<factor> needs a factor greater than 0, got {raw!r}")
+    raise ValueError(f"--arrival must be sequential, burst or compressed:<factor>, got {text!r}")
+
+
+def trace_gaps(pods_file: str | os.PathLike[str]) -> list[float]:
+    """Seconds between consecutive pod creations of the trace (its creation_time column, sorted)."""
+    with open(pods_file, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows or "creation_time" not in rows[0]:
+        raise trace.TraceError(f"{pods_file}: no creation_time column, needed by --arrival compressed")
+    try:
+        times = sorted(float(r["creation_time"] or 0) for r in rows)
+    except ValueError as exc:
+        raise trace.TraceError(f"{pods_file}: creation_time: {exc}") from None
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    return gaps or [0.0]
+
+
+def sample_nodes(nodes: Sequence[trace.TraceNode], count: int | None) -> list[trace.TraceNode]:
+    """`count` of the nodes, evenly spaced through the list (so the GPU model mix stays); all without."""
+    if count is None or count >= len(nodes):
+        return list(nodes)
+    if count < 1:
+        raise ValueError(f"--node-sample must be at least 1, got {count}")
+    picks = np.linspace(0, len(nodes) - 1, count).round().astype(int)
+    return [nodes[i] for i in sorted(set(picks.tolist()))]
+
+
+def scheduler_configuration(profile: scheduler.Profile) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration the model's profile stands for."""
+    entry: dict[str, Any] = {"schedulerName": profile.name}
+    if profile.percentage_of_nodes_to_score:
+        entry["percentageOfNodesToScore"] = profile.percentage_of_nodes_to_score
+    profiles = [entry]
+    if profile.name != "default-scheduler":
+        strategy: dict[str, Any] = {
+            "type": profile.strategy,
+            "resources": [{"name": r, "weight": w} for r, w in profile.resources],
+        }
+        if profile.strategy == "RequestedToCapacityRatio":
+            strategy["requestedToCapacityRatio"] = {
+                "shape": [{"utilization": 0, "score": 0}, {"utilization": 100, "score": 10}]
+            }
+        entry["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {"scoringStrategy": strategy}}]
+        # The model scores every pod with the one profile; the webhook names this one only on the
+        # pods it converts, so the others (CPU-only pods) get a default-scheduler scored the same way.
+        profiles.append({**entry, "schedulerName": "default-scheduler"})
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": profiles,
+    }
+
+
+def settings_document(settings: config.Config) -> dict[str, Any]:
+    """The Config as a config.yaml document (docs/configuration.md), for the webhook process."""
+    document: dict[str, Any] = {}
+    for field in config.FIELDS:
+        value = operator.attrgetter(field.attr)(settings)
+        if isinstance(value, tuple):
+            value = list(value)
+        head, _, tail = field.path.partition(".")
+        if tail:
+            document.setdefault(head, {})[tail] = value
+        else:
+            document[head] = value
+    return document
+
+
+@dataclasses.dataclass
+class KubeResult:
+    kube: replay.Result  # the run on the real control plane, in the model's terms
+    model: replay.Result  # the Python model on the same arrivals and seed, labels seen at once
+    model_paced: replay.Result | None  # the model with the labeller's rate limit at the run's pace
+    arrival: str
+    kubernetes: str  # version
+    setup_s: float  # control plane, nodes and webhook up
+    arrivals_s: float  # first create sent to last create answered
+    unaccounted: list[str]  # pods with no outcome (must be empty)
+    label_writes: int
+    errors: list[str]
+    diagnosis: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def difference_points(self) -> float:
+        return 100 * (self.kube.gpu_allocation_ratio - self.model.gpu_allocation_ratio)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "arrival": self.arrival,
+            "kubernetes": self.kubernetes,
+            "kube": self.kube.to_json(),
+            "model": self.model.to_json(),
+            "difference_points": round(self.difference_points, 3),
+            "model_paced": self.model_paced.to_json() if self.model_paced else None,
+            "pod_interval_s": round(self.kube.runtime_s / max(1, self.kube.pods), 6),
+            "setup_s": round(self.setup_s, 1),
+            "arrivals_s": round(self.arrivals_s, 1),
+            "unaccounted": self.unaccounted,
+            "label_writes": self.label_writes,
+            "errors": self.errors[:20],
+            "diagnosis": self.diagnosis,
+        }
+
+
+class _Outcomes:
+    """Every arrival's fate as the API server shows it: denied at create, bound and then admitted or
+    refused by its node, or marked unschedulable by the scheduler (PodScheduled False)."""
+
+    def __init__(self, fleet: kube_nodes.Fleet) -> None:
+        self.fleet = fleet
+        self.denied: set[str] = set()
+        self.unschedulable: dict[str, str] = {}  # pod key -> the scheduler's message
+        self.pinned: dict[str, str] = {}  # unschedulable pod -> the GPU memory classes its affinity requires
+        self.created: set[str] = set()
+        self.written: set[str] = set()  # bound pods whose kubelet status the watch has shown
+        self.created_at: dict[str, float] = {}  # when the create was answered (the webhook had it)
+        self.first_outcome_at: dict[str, float] = {}  # first bound or marked unschedulable (or denied)
+        self.errors: list[str] = []
+        self.last_change = time.monotonic()
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        fleet.listeners.append(self._on_decision)
+
+    def settled(self, key: str) -> bool:
+        return key in self.denied or key in self.fleet.decisions or key in self.unschedulable
+
+    def seen(self, key: str) -> bool:
+        """Settled as the scheduler sees it: a refused pod frees its room only once it is Failed."""
+        return key in self.denied or key in self.written or key in self.unschedulable
+
+    def waiter(self, key: str) -> asyncio.Future[None]:
+        future = asyncio.get_running_loop().create_future()
+        if self.seen(key):
+            future.set_result(None)
+        else:
+            self._waiters[key] = future
+        return future
+
+    def deny(self, key: str) -> None:
+        """The create was refused: the pod never reaches the scheduler."""
+        self.denied.add(key)
+        self._wake(key)
+
+    def _wake(self, key: str) -> None:
+        self.last_change = time.monotonic()
+        self.first_outcome_at.setdefault(key, self.last_change)
+        future = self._waiters.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def _on_decision(self, decision: kube_nodes.Decision) -> None:
+        self.last_change = time.monotonic()
+        self.first_outcome_at.setdefault(decision.pod, self.last_change)
+
+    def on_event(self, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        if (pod.get("spec") or {}).get("nodeName"):
+            if (pod.get("status") or {}).get("phase") in ("Running", "Failed") and key not in self.written:
+                self.written.add(key)
+                self._wake(key)
+            return
+        for condition in (pod.get("status") or {}).get("conditions") or ():
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                if key not in self.unschedulable:
+                    self.unschedulable[key] = str(condition.get("message") or condition.get("reason") or "")
+                    self.pinned[key] = _required_classes(pod, self.fleet.contract.label_gpu_memory_mib)
+                    self._wake(key)
+
+
+def _required_classes(pod: Mapping[str, Any], key: str) -> str:
+    """The GPU memory classes (MiB) a pod's required node affinity allows, "" when it names none."""
+    required = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    values: set[str] = set()
+    for term in required.get("nodeSelectorTerms") or ():
+        for expression in term.get("matchExpressions") or ():
+            if expression.get("key") == key and expression.get("operator") == "In":
+                values.update(expression.get("values") or ())
+    return ",".join(sorted(values, key=int)) if all(v.isdigit() for v in values) else ",".join(sorted(values))
+
+
+def _diagnosis(outcomes: _Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[str, int]]:
+    """Where a run lost GPUs: unschedulable pods by the GPU class their affinity pins them to, and
+    GPUs left without any pod by class (MiB)."""
+    idle: collections.Counter[str] = collections.Counter()
+    for sim in fleet.sims.values():
+        for gpu in sim.node.memory_gpus:
+            if not sim.units_in_use.get(gpu.uuid) and gpu.uuid not in sim.whole_in_use:
+                idle[str(gpu.memory_mib)] += 1
+    placed = set(k for k, d in fleet.decisions.items() if d.admitted)
+    pinned = collections.Counter(
+        v or "none" for k, v in outcomes.pinned.items() if k not in placed and k not in fleet.decisions
+    )
+    return {"unschedulable_by_class": dict(pinned.most_common()), "idle_gpus_by_class": dict(idle.most_common())}
+
+
+async def _create(api: kube_api.Api, manifest: dict[str, Any], outcomes: _Outcomes) -> None:
+    key = f"{NAMESPACE}/{manifest['metadata']['name']}"
+    try:
+        await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", manifest)
+        outcomes.created_at[key] = time.monotonic()
+    except kube_api.ApiError as exc:
+        outcomes.created_at[key] = time.monotonic()
+        if "denied the request" not in exc.message:  # not the webhook's answer: named in the errors
+            outcomes.errors.append(f"create {key}: {exc}")
+        outcomes.deny(key)
+        return
+    outcomes.created.add(key)
+
+
+async def _arrive(
+    api: kube_api.Api,
+    manifests: Sequence[dict[str, Any]],
+    outcomes: _Outcomes,
+    arrival: Arrival,
+    gaps: Sequence[float],
+) -> None:
+    if arrival.mode == "sequential":
+        for manifest in manifests:
+            key = f"{NAMESPACE}/{manifest['metadata']['name']}"
+            waiter = outcomes.waiter(key)
+            await _create(api, manifest, outcomes)
+            try:
+                await asyncio.wait_for(waiter, POD_TIMEOUT)
+            except TimeoutError:
+                outcomes.errors.append(f"{key}: no outcome after {POD_TIMEOUT:.0f} s")
+        return
+    gate = asyncio.Semaphore(CREATE_CONCURRENCY)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one(manifest: dict[str, Any], at: float) -> None:
+        delay = start + at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            await _create(api, manifest, outcomes)
+
+    offsets = [0.0] * len(manifests)
+    if arrival.mode == "compressed":
+        elapsed = 0.0
+        for i in range(len(manifests)):
+            offsets[i] = elapsed / arrival.factor
+            elapsed += gaps[i % len(gaps)]
+    await asyncio.gather(*(one(m, at) for m, at in zip(manifests, offsets, strict=True)))
+
+
+async def _until_settled(keys: Sequence[str], outcomes: _Outcomes, fleet: kube_nodes.Fleet, limit: float) -> None:
+    """Every pod accounted for and nothing moved for QUIET_SECONDS (an unschedulable pod may still be
+    bound when a refusal frees room: the real scheduler retries, the model does not)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if fleet.failed_tasks():
+            return
+        if all(outcomes.settled(k) for k in keys) and time.monotonic() - outcomes.last_change >= QUIET_SECONDS:
+            return
+        await asyncio.sleep(0.2)
+
+
+def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) -> tuple[Any, int, bytes]:
+    """The webhook process with a serving certificate from the plane's CA; (process, port, CA PEM)."""
+    directory = plane.workdir / "webhook"
+    directory.mkdir(exist_ok=True)
+    cert, key = plane.pki.issue("gpuslice-webhook", ips=("127.0.0.1",), dns=("localhost",))
+    (directory / "tls.crt").write_bytes(cert)
+    (directory / "tls.key").write_bytes(key)
+    (directory / "tls.key").chmod(0o600)
+    (directory / "config.yaml").write_text(yaml.safe_dump(settings_document(settings)))
+    port = controlplane.free_port()
+    process = plane.spawn(
+        "webhook",
+        [
+            sys.executable,
+            "-m",
+            "gpuslice.webhook.main",
+            f"--config={directory / 'config.yaml'}",
+            f"--tls-cert-file={directory / 'tls.crt'}",
+            f"--tls-private-key-file={directory / 'tls.key'}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            f"--kubeconfig={plane.admin_kubeconfig}",
+            "--log-level=WARNING",
+        ],
+        env={"PYTHONUNBUFFERED": "1"},
+    )
+
+    def ready() -> bool:
+        status, _ = controlplane._https_get(f"https://127.0.0.1:{port}/readyz", plane.ca_file)
+        return status == 200
+
+    plane._wait(process, "gpuslice webhook", ready, timeout=60)
+    return process, port, plane.pki.ca_pem
+
+
+def _webhook_configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
+    """One entry for every pod of the replay's namespace: the model hands every pod to `mutate` too.
+    (The chart splits GPU pods and CPU pods into two entries by matchConditions; the webhook gives
+    each pod the same answer either way.)"""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_NAME},
+        "webhooks": [
+            {
+                "name": "pods.gpuslice.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "timeoutSeconds": 10,
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "matchPolicy": "Equivalent",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/mutate",
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [NAMESPACE]}
+                    ]
+                },
+            }
+        ],
+    }
+
+
+async def _webhook_in_effect(api: kube_api.Api, contract_probe: dict[str, Any], timeout: float = 30.0) -> None:
+    """Until the API server sends pods to the webhook (it loads the configuration asynchronously):
+    a dry-run create of a share comes back converted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", contract_probe, dry_run=True)
+        limits = answer["spec"]["containers"][0].get("resources", {}).get("limits", {})
+        if any(k not in ("cpu", "memory") for k in limits):
+            return
+        await asyncio.sleep(0.2)
+    raise controlplane.ControlPlaneError("the API server never called the webhook (dry-run pod not converted)")
+
+
+def _figures(
+    name: str,
+    arrivals: Sequence[trace.TracePod],
+    outcomes: _Outcomes,
+    fleet: kube_nodes.Fleet,
+    capacity: int,
+    wall: float,
+    cpu: float,
+) -> tuple[replay.Result, list[str]]:
+    placed = refused = failed = denied = 0
+    requested = arrived = 0
+    granted = 0.0  # GPUs' worth granted: the headline, as in the model
+    arrived_after = np.zeros(len(arrivals), dtype=np.int64)
+    requested_after = np.zeros(len(arrivals), dtype=np.int64)
+    granted_after = np.zeros(len(arrivals), dtype=np.float64)
+    failure_reasons: collections.Counter[str] = collections.Counter()
+    admission_reasons: collections.Counter[str] = collections.Counter()
+    unaccounted = []
+    for i, pod in enumerate(arrivals):
+        key = f"{NAMESPACE}/{pod.name}"
+        arrived += pod.gpu_demand_milli
+        decision = fleet.decisions.get(key)
+        if decision is not None and decision.admitted:
+            placed += 1
+            requested += pod.gpu_demand_milli
+            granted += decision.granted
+        elif decision is not None:
+            refused += 1
+            admission_reasons[replay._reason_kind(decision.message)] += 1
+        elif key in outcomes.unschedulable:
+            failed += 1
+            failure_reasons[outcomes.unschedulable[key][:160]] += 1
+        elif key in outcomes.denied:
+            denied += 1
+        else:
+            unaccounted.append(key)
+        arrived_after[i] = arrived
+        requested_after[i] = requested
+        granted_after[i] = granted
+    total_gpus = capacity // 1000
+    in_use = sum(s.gpus_in_use() for s in fleet.sims.values())
+    result = replay.Result(
+        name=name,
+        pods=len(arrivals),
+        placed_pods=placed,
+        failed_pods=failed,
+        admission_failures=refused,
+        denied_pods=denied,
+        gpu_allocation_ratio=granted / total_gpus if total_gpus else 0.0,
+        allocation_curve=replay._curve(arrived_after, granted_after * 1000, capacity),
+        requested_allocation_ratio=requested / capacity if capacity else 0.0,
+        requested_allocation_curve=replay._curve(arrived_after, requested_after, capacity),
+        gpus_over_requested=0,  # not tracked by the kube replay (the model reports it)
+        total_gpus=total_gpus,
+        unallocated_gpus=total_gpus - granted,
+        fragmented_gpus=in_use - granted,
+        idle_gpus=total_gpus - in_use,
+        runtime_s=wall,
+        cpu_s=cpu,
+        failure_reasons=dict(failure_reasons.most_common(5)),
+        admission_reasons=dict(admission_reasons.most_common(5)),
+    )
+    return result, unaccounted
+
+
+async def _drive(
+    plane: controlplane.ControlPlane,
+    nodes: Sequence[trace.TraceNode],
+    arrivals: Sequence[trace.TracePod],
+    configuration: replay.Configuration,
+    arrival: Arrival,
+    gaps: Sequence[float],
+    gpu_memory_mib: Mapping[str, int],
+    started: float,
+    settle_limit: float,
+) -> tuple[
+    replay.Result,
+    float,
+    float,
+    list[str],
+    int,
+    list[str],
+    tuple[tuple[float, ...], tuple[float, ...]],
+    dict[str, dict[str, int]],
+]:
+    settings = configuration.settings
+    contract = settings.contract
+    async with kube_api.Api(plane.server, plane.admin_token, plane.ca_file) as api:
+        fleet = kube_nodes.Fleet(
+            api, nodes, settings, sharing=configuration.sharing, namespace=NAMESPACE, gpu_memory_mib=gpu_memory_mib
+        )
+        await fleet.create_nodes()
+        if configuration.sharing:
+            _, port, ca_pem = await asyncio.to_thread(_start_webhook, plane, settings)
+            await api.create(
+                "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                _webhook_configuration(port, ca_pem),
+            )
+            probe = trace.user_pod(trace.TracePod("gpuslice-sim-probe", 0, 0, 1, 500), contract, namespace=NAMESPACE)
+            await _webhook_in_effect(api, probe)
+        outcomes = _Outcomes(fleet)
+        watch = asyncio.create_task(
+            kube_api.follow(api, f"/api/v1/namespaces/{NAMESPACE}/pods", outcomes.on_event), name="pods-watch"
+        )
+        await fleet.start()
+        setup = time.monotonic() - started
+        manifests = [
+            trace.user_pod(p, contract, namespace=NAMESPACE, whole_gpus_only=not configuration.sharing)
+            for p in arrivals
+        ]
+        keys = [f"{NAMESPACE}/{p.name}" for p in arrivals]
+        t0 = time.monotonic()
+        cpu0 = time.process_time()
+        try:
+            await _arrive(api, manifests, outcomes, arrival, gaps)
+            created = time.monotonic()
+            await _until_settled(keys, outcomes, fleet, settle_limit)
+            await fleet.settle()
+            wall = max(outcomes.last_change, created) - t0  # the quiet time at the end is not counted
+            cpu = time.process_time() - cpu0
+        finally:
+            watch.cancel()
+            await fleet.stop()
+            errors = [*fleet.failed_tasks(), *fleet.errors, *outcomes.errors]
+            if watch.done() and not watch.cancelled() and watch.exception() is not None:
+                errors.append(f"pods watch: {watch.exception()!r}")
+        capacity = replay.gpu_capacity_milli(nodes)
+        result, unaccounted = _figures(configuration.name, arrivals, outcomes, fleet, capacity, max(0.0, wall), cpu)
+        end = t0 + wall
+        moments = (
+            tuple(outcomes.first_outcome_at.get(k, end) - t0 for k in keys),
+            tuple(outcomes.created_at.get(k, end) - t0 for k in keys),
+        )
+        diagnosis = _diagnosis(outcomes, fleet)
+        return result, setup, created - t0, unaccounted, fleet.label_writes, errors, moments, diagnosis
+
+
+def replay_on_kube(
+    nodes: Sequence[trace.TraceNode],
+    arrivals: Sequence[trace.TracePod],
+    configuration: replay.Configuration,
+    *,
+    seed: int,
+    arrival: Arrival,
+    binaries: controlplane.Binaries,
+    workdir: str | os.PathLike[str],
+    gaps: Sequence[float] = (1.0,),
+    gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
+    settle_limit: float = 1800.0,
+) -> KubeResult:
+    """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model."""
+    model = replay.replay(nodes, arrivals, configuration, seed=seed, gpu_memory_mib=gpu_memory_mib)
+    started = time.monotonic()
+    plane = controlplane.ControlPlane(binaries, workdir)
+    try:
+        plane.start(scheduler=False, controllers=False)
+        plane.start_scheduler(
+            "kube-scheduler",
+            configuration=scheduler_configuration(configuration.profile),
+            qps=SCHEDULER_QPS,
+            burst=2 * SCHEDULER_QPS,
+        )
+        version = plane.version()
+        kube, setup, arrivals_s, unaccounted, writes, errors, (scheduled_at, converted_at), diagnosis = asyncio.run(
+            _drive(plane, nodes, arrivals, configuration, arrival, gaps, gpu_memory_mib, started, settle_limit)
+        )
+    finally:
+        plane.stop()
+    paced = None
+    settings = configuration.settings
+    if configuration.sharing and settings.steering.enabled and arrivals:
+        pace = replay.LabelDelay(
+            min_interval_seconds=settings.steering.label_min_interval_seconds,
+            scheduled_at=scheduled_at,
+            converted_at=converted_at,
+        )
+        paced = replay.replay(
+            nodes, arrivals, configuration, seed=seed, label_delay=pace, gpu_memory_mib=gpu_memory_mib
+        )
+    return KubeResult(
+        kube, model, paced, str(arrival), version, setup, arrivals_s, unaccounted, writes, errors, diagnosis
+    )
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("replay on the real control plane (--scheduler kube)")
+    group.add_argument(
+        "--scheduler",
+        choices=("model", "kube"),
+        default="model",
+        help="model: the Python scheduler model (default); kube: the real kube-apiserver, kube-scheduler and webhook",
+    )
+    group.add_argument(
+        "--arrival",
+        default="burst",
+        help="kube: sequential (one pod at a time), burst (all at once; default) or compressed:<factor> "
+        "(the trace's inter-arrival gaps divided by factor)",
+    )
+    group.add_argument(
+        "--node-sample", type=int, metavar="N", help="kube: replay on N of the trace's nodes, evenly spaced"
+    )
+    group.add_argument("--kube-bin", metavar="DIR", help=f"the built Kubernetes components [{controlplane.BIN_ENV}]")
+    group.add_argument("--kube-workdir", metavar="DIR", help="keep the components' logs here (default: a temp dir)")
+
+
+def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """`gpuslice-sim --scheduler kube`: prints the side-by-side report (or JSON); exit 2 on bad input."""
+    try:
+        arrival = parse_arrival(args.arrival)
+        binaries = controlplane.find_binaries(args.kube_bin or environ.get(controlplane.BIN_ENV))
+        if binaries is None:
+            raise ValueError(
+                f"--scheduler kube needs the built Kubernetes components ({', '.join(controlplane.BINARIES)}) "
+                f"in --kube-bin or ${controlplane.BIN_ENV} (`make e2e` builds them)"
+            )
+        settings = config.from_args(args, environ)
+        repo = pathlib.Path(__file__).resolve().parents[1]
+        needs_dir = not (args.pods and args.nodes)
+        trace_dir = trace.find_trace_dir(args.trace_dir, environ, repo) if needs_dir else None
+        nodes_file = pathlib.Path(args.nodes) if args.nodes else trace_dir / trace.DEFAULT_NODE_FILE  # type: ignore[operator]
+        pods_file = pathlib.Path(args.pods) if args.pods else trace_dir / trace.DEFAULT_POD_FILE  # type: ignore[operator]
+        nodes = sample_nodes(trace.load_nodes(nodes_file), args.node_sample)
+        pods = trace.load_pods(pods_file)
+        gaps = trace_gaps(pods_file) if arrival.mode == "compressed" else [1.0]
+        capacity = replay.gpu_capacity_milli(nodes)
+        if capacity == 0:
+            raise trace.TraceError(f"{nodes_file}: no GPU nodes")
+    except (ValueError, config.ConfigError) as exc:  # TraceError is a ValueError
+        print(f"gpuslice-sim: {exc}", file=sys.stderr)
+        return 2
+    chosen = replay.configurations(
+        settings, percentage_of_nodes_to_score=args.percentage_of_nodes_to_score, binpack_strategy=args.binpack_strategy
+    )
+    runs = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        arrivals = replay.workload(pods, capacity, args.demand, np.random.default_rng(seed))
+        for name in args.config_names:
+            workdir = pathlib.Path(args.kube_workdir or tempfile.mkdtemp(prefix="gpuslice-kube-"))
+            try:
+                result = replay_on_kube(
+                    nodes,
+                    arrivals,
+                    chosen[name],
+                    seed=seed,
+                    arrival=arrival,
+                    binaries=binaries,
+                    workdir=workdir / f"{name}-{seed}",
+                    gaps=gaps,
+                )
+            finally:
+                if not args.kube_workdir:
+                    shutil.rmtree(workdir, ignore_errors=True)
+            runs.append((seed, result))
+    meta = {
+        "pods_file": pods_file.name,
+        "nodes": len(nodes),
+        "gpus": capacity // 1000,
+        "demand": args.demand,
+        "arrival": str(arrival),
+    }
+    if args.json:
+        print(json.dumps({**meta, "runs": [{"seed": s, **r.to_json()} for s, r in runs]}, indent=2))
+    else:
+        print(text_report(meta, runs))
+    return 0
+
+
+def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]]) -> str:
+    lines = [
+        f"gpuslice-sim --scheduler kube: {meta['pods_file']} on {meta['nodes']} nodes / {meta['gpus']} GPUs, "
+        f"demand {meta['demand']:.0%}, arrival {meta['arrival']}"
+        + (f", Kubernetes {runs[0][1].kubernetes}" if runs else ""),
+        "",
+        f"{'configuration':<18}{'seed':>5} {'run':<6}{'pods':>7}{'alloc@100%':>11}{'alloc@end':>10}"
+        f"{'placed':>8}{'unsched':>8}{'refused':>8}{'denied':>7}{'wall':>9}",
+    ]
+    for seed, run in runs:
+        rows = [("kube", run.kube), ("model", run.model)]
+        if run.model_paced is not None:
+            rows.append(("paced", run.model_paced))
+        for label, r in rows:
+            lines.append(
+                f"{r.name:<18}{seed:>5} {label:<6}{r.pods:>7}{r.at_demand(100):>11.2%}{r.gpu_allocation_ratio:>10.2%}"
+                f"{r.placed_pods:>8}{r.failed_pods:>8}{r.admission_failures:>8}{r.denied_pods:>7}{r.runtime_s:>8.1f}s"
+            )
+        lines.append(
+            f"{'':<18}{'':>5} kube - model: {run.difference_points:+.2f} points; set-up {run.setup_s:.0f} s, "
+            f"creates done after {run.arrivals_s:.1f} s, "
+            f"{run.label_writes} label writes"
+        )
+        for reason, count in run.kube.admission_reasons.items():
+            lines.append(f"{'':<24}refused x{count}: {reason}")
+        if run.unaccounted:
+            lines.append(f"{'':<24}UNACCOUNTED: {len(run.unaccounted)} pods, e.g. {run.unaccounted[:3]}")
+        for error in run.errors[:5]:
+            lines.append(f"{'':<24}error: {error}")
+    lines += [
+        "",
+        "unsched = the scheduler found no node (PodScheduled False); refused = bound, then refused by the node's "
+        "kubelet (UnexpectedAdmissionError); wall = first create to last outcome (model: its run time);",
+        "model = labels seen at once; paced = the model with each node's labels written at most once per "
+        "steering.labelMinIntervalSeconds, each pod converted and scheduled at the moments the kube run",
+        "showed (its create answered; its first binding or unschedulable mark).",
+    ]
+    return "\n".join(lines)
