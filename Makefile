@@ -60,9 +60,10 @@ e2e: venv proto helm k8s
 demo: venv proto
 	$(BIN)/gpuslice-demo
 
-# Lint and types. gpuslice/<folder> links each top-level folder, so both tools see one package.
+# Lint and types (run by .ci/run). ruff does not follow the gpuslice/<folder> links, so it is given
+# the folders; mypy checks the package (pyproject's [tool.mypy]) and follows them.
 check: venv proto
-	$(BIN)/ruff check gpuslice tests benchmarks tools
+	$(BIN)/ruff check gpuslice webhook deviceplugin dra sim demo proto tests benchmarks tools
 	$(BIN)/mypy
 
 # The container image (Dockerfile) with the first of docker and podman that answers (ENGINE=... to choose).

@@ -226,7 +226,9 @@ async def _running(
             await plugins.stop()
 
 
-def _labels_now(node: inventory.NodeInventory, contract: contract_.Contract, kubelet: kubelet_.Kubelet) -> dict[str, str]:
+def _labels_now(
+    node: inventory.NodeInventory, contract: contract_.Contract, kubelet: kubelet_.Kubelet
+) -> dict[str, str]:
     """The node's labels as the plugin's labeller would publish them from kubelet's allocations."""
     units: dict[str, int] = {}
     mig_in_use: set[str] = set()
@@ -238,7 +240,10 @@ def _labels_now(node: inventory.NodeInventory, contract: contract_.Contract, kub
                     units[gpu] = units.get(gpu, 0) + 1
             elif resource.startswith(contract.mig_resource_prefix):
                 mig_in_use.update(ids)
-    return {"kubernetes.io/hostname": NODE_NAME, **labels.node_labels(node, contract, allocated=units, allocated_mig=mig_in_use)}
+    return {
+        "kubernetes.io/hostname": NODE_NAME,
+        **labels.node_labels(node, contract, allocated=units, allocated_mig=mig_in_use),
+    }
 
 
 def _placement(node: inventory.NodeInventory, visible: str) -> tuple[tuple[str, ...], str]:
@@ -262,7 +267,9 @@ async def run_demo(settings: config.Config, node: inventory.NodeInventory, *, se
     """Run the flow in a fresh temp dir (short path: unix sockets allow 107 bytes) and report."""
     started = time.perf_counter()
     contract = settings.contract
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="gpuslice-demo-", dir="/tmp" if pathlib.Path("/tmp").is_dir() else None))
+    workdir = pathlib.Path(
+        tempfile.mkdtemp(prefix="gpuslice-demo-", dir="/tmp" if pathlib.Path("/tmp").is_dir() else None)
+    )
     results: list[PodResult] = []
     try:
         async with _running(settings, node, workdir) as (kubelet, _plugins, view, url, client_context):
@@ -278,7 +285,9 @@ async def run_demo(settings: config.Config, node: inventory.NodeInventory, *, se
             plugin_resources = {r: d.allocatable for r, d in sorted(kubelet.resources.items())}
             async with aiohttp.ClientSession() as session:
                 for pod in demo_pods.demo_pods(contract):
-                    results.append(await _one_pod(pod, session, url, client_context, sched, kubelet, node, contract, view))
+                    results.append(
+                        await _one_pod(pod, session, url, client_context, sched, kubelet, node, contract, view)
+                    )
         report = Report(_node_summary(node), plugin_resources, url, results)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -346,7 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.node_file:
             node = nodefile.load(args.node_file)
         else:
-            with importlib.resources.as_file(importlib.resources.files("gpuslice") / "examples" / "demo-node.yaml") as path:
+            with importlib.resources.as_file(
+                importlib.resources.files("gpuslice") / "examples" / "demo-node.yaml"
+            ) as path:
                 node = nodefile.load(path)
     except (config.ConfigError, nodefile.NodeFileError) as exc:
         print(f"gpuslice-demo: {exc}", file=sys.stderr)

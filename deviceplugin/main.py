@@ -70,13 +70,24 @@ def _parser() -> argparse.ArgumentParser:
         description="Kubelet device plugin: GPU memory as gpu-memory units and MIG slices as mig-<profile>.",
     )
     parser.add_argument("--node-file", metavar="FILE", help="use a simulated node (docs/node-file.md) instead of NVML")
-    parser.add_argument("--kubelet-dir", metavar="DIR", default=DEFAULT_KUBELET_DIR, help="kubelet's device-plugin directory")
     parser.add_argument(
-        "--pod-resources-socket", metavar="PATH", default=DEFAULT_POD_RESOURCES_SOCKET, help="kubelet's PodResources socket"
+        "--kubelet-dir", metavar="DIR", default=DEFAULT_KUBELET_DIR, help="kubelet's device-plugin directory"
     )
-    parser.add_argument("--node-name", metavar="NAME", default=os.environ.get("NODE_NAME", ""), help="this node [NODE_NAME]")
     parser.add_argument(
-        "--http-port", metavar="N", type=int, default=DEFAULT_HTTP_PORT, help="/healthz, /readyz, /metrics port (0: off)"
+        "--pod-resources-socket",
+        metavar="PATH",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        help="kubelet's PodResources socket",
+    )
+    parser.add_argument(
+        "--node-name", metavar="NAME", default=os.environ.get("NODE_NAME", ""), help="this node [NODE_NAME]"
+    )
+    parser.add_argument(
+        "--http-port",
+        metavar="N",
+        type=int,
+        default=DEFAULT_HTTP_PORT,
+        help="/healthz, /readyz, /metrics port (0: off)",
     )
     parser.add_argument(
         "--proc-root", metavar="DIR", default="/proc", help="the host's /proc, where GPU processes' cgroups are read"

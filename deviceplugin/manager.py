@@ -40,7 +40,9 @@ def build_resources(node: inventory.NodeInventory, settings: config_.Config) -> 
     units = allocation.MemoryUnits(node, settings.memory_unit_mib)
     if units.device_ids:
 
-        def allocate_units(device_ids: Sequence[str], unhealthy: Collection[str]) -> response.api_pb2.ContainerAllocateResponse:
+        def allocate_units(
+            device_ids: Sequence[str], unhealthy: Collection[str]
+        ) -> response.api_pb2.ContainerAllocateResponse:
             return response.memory_response(units.grant(device_ids, unhealthy), settings)
 
         resources.append(
@@ -54,14 +56,18 @@ def build_resources(node: inventory.NodeInventory, settings: config_.Config) -> 
             )
         )
     for profile in node.mig_profiles():
-        resources.append(_mig_resource(allocation.MigSlices(node, profile), names.mig_resource(profile), numa_of_gpu, settings))
+        resources.append(
+            _mig_resource(allocation.MigSlices(node, profile), names.mig_resource(profile), numa_of_gpu, settings)
+        )
     return resources
 
 
 def _mig_resource(
     slices: allocation.MigSlices, name: str, numa_of_gpu: dict[str, int | None], settings: config_.Config
 ) -> server.Resource:
-    def allocate_slices(device_ids: Sequence[str], unhealthy: Collection[str]) -> response.api_pb2.ContainerAllocateResponse:
+    def allocate_slices(
+        device_ids: Sequence[str], unhealthy: Collection[str]
+    ) -> response.api_pb2.ContainerAllocateResponse:
         return response.mig_response(slices.grant(device_ids, unhealthy), settings)
 
     return server.Resource(
@@ -99,7 +105,9 @@ class PluginManager:
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
         self.poll_interval = poll_interval
         self.servers = [
-            server.PluginServer(r, socket_dir=self.kubelet_dir, health_state=health_state, plugin_metrics=plugin_metrics)
+            server.PluginServer(
+                r, socket_dir=self.kubelet_dir, health_state=health_state, plugin_metrics=plugin_metrics
+            )
             for r in resources
         ]
         # kubelet.sock identity each server last registered with

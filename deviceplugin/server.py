@@ -175,9 +175,7 @@ class PluginServer:
             if health.ALL in unhealthy_units:
                 unhealthy = frozenset(self.resource.device_ids)
             else:
-                unhealthy = frozenset(
-                    d for unit in unhealthy_units for d in self._devices_of_unit.get(unit, ())
-                )
+                unhealthy = frozenset(d for unit in unhealthy_units for d in self._devices_of_unit.get(unit, ()))
             message = api_pb2.ListAndWatchResponse()
             for device_id in self.resource.device_ids:
                 device = message.devices.add(ID=device_id, health=UNHEALTHY if device_id in unhealthy else HEALTHY)
@@ -196,7 +194,9 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(self, plugin: PluginServer) -> None:
         self.plugin = plugin
 
-    async def GetDevicePluginOptions(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext) -> api_pb2.DevicePluginOptions:
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
+    ) -> api_pb2.DevicePluginOptions:
         return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
     async def ListAndWatch(

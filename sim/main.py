@@ -41,7 +41,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--trace-dir", metavar="DIR", help="cluster-trace-gpu-v2023 csv folder [GPUSLICE_TRACE_DIR]")
     parser.add_argument("--pods", metavar="FILE", help=f"pod list (default: {trace.DEFAULT_POD_FILE} in the trace dir)")
-    parser.add_argument("--nodes", metavar="FILE", help=f"node list (default: {trace.DEFAULT_NODE_FILE} in the trace dir)")
+    parser.add_argument(
+        "--nodes", metavar="FILE", help=f"node list (default: {trace.DEFAULT_NODE_FILE} in the trace dir)"
+    )
     parser.add_argument("--seed", type=int, default=42, help="shuffle, resampling and tie-break seed (default 42)")
     parser.add_argument(
         "--seeds",
@@ -60,7 +62,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--configs",
         default=",".join(replay.CONFIGURATION_NAMES),
-        help="comma-separated configurations to compare (default: all of " + ", ".join(replay.CONFIGURATION_NAMES) + ")",
+        help="comma-separated configurations to compare (default: all of "
+        + ", ".join(replay.CONFIGURATION_NAMES)
+        + ")",
     )
     parser.add_argument(
         "--label-delay-binds", type=int, default=0, help="binds before a node's new labels are seen (default 0)"
@@ -71,7 +75,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0.0,
         help="simulated seconds before a node's new labels are seen (pods arrive --pod-interval apart; default 0)",
     )
-    parser.add_argument("--pod-interval", type=float, default=1.0, help="simulated seconds between arrivals (default 1)")
+    parser.add_argument(
+        "--pod-interval", type=float, default=1.0, help="simulated seconds between arrivals (default 1)"
+    )
     parser.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
@@ -84,7 +90,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="MostAllocated",
         help="scoring strategy of the gpuslice-binpack profile (default MostAllocated)",
     )
-    parser.add_argument("--paper-dir", metavar="DIR", help="FGD paper results (default: fgd-paper-results beside the trace)")
+    parser.add_argument(
+        "--paper-dir", metavar="DIR", help="FGD paper results (default: fgd-paper-results beside the trace)"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw allocation ratio against arrived demand (matplotlib)")
     parser.add_argument(
@@ -109,7 +117,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in replay.CONFIGURATION_NAMES]
     if unknown or not names:
-        parser.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(replay.CONFIGURATION_NAMES)}")
+        parser.error(
+            f"--configs: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(replay.CONFIGURATION_NAMES)}"
+        )
     args.config_names = names
     return args
 
@@ -134,7 +144,8 @@ def paper_figures(directory: pathlib.Path, workload: str, *, with_curves: bool) 
         for row in csv.DictReader(handle):
             if row["workload"] == workload:
                 summary[row["policy"]] = {
-                    k: float(row[k]) for k in ("alloc_pct_at_arrive100", "alloc_pct_at_arrive130", "unallocated_gpus_at_130")
+                    k: float(row[k])
+                    for k in ("alloc_pct_at_arrive100", "alloc_pct_at_arrive130", "unallocated_gpus_at_130")
                 }
     curves: dict[str, list[float]] = {}
     curve_file = directory / "analysis_allo_discrete.csv"
@@ -156,9 +167,7 @@ def paper_figures(directory: pathlib.Path, workload: str, *, with_curves: bool) 
 # --- output ----------------------------------------------------------------------------------
 
 
-def _text_report(
-    results: Sequence[replay.Result], paper: PaperFigures | None, meta: Mapping[str, Any]
-) -> str:
+def _text_report(results: Sequence[replay.Result], paper: PaperFigures | None, meta: Mapping[str, Any]) -> str:
     lines = [
         (
             f"gpuslice-sim: {meta['pods_file']} ({meta['arrivals']} pods at {meta['demand']:.0%} of GPU capacity, "
@@ -274,7 +283,9 @@ def _plot(path: str, curves: Sequence[tuple[str, Sequence[float]]], paper: Paper
         axes.plot(range(len(curve)), [100 * v for v in curve], label=name, linewidth=2)
     if paper:
         for policy, curve in sorted(paper.curves.items()):
-            axes.plot(range(len(curve)), [100 * v for v in curve], label=f"paper: {policy[3:]}", linestyle="--", linewidth=1)
+            axes.plot(
+                range(len(curve)), [100 * v for v in curve], label=f"paper: {policy[3:]}", linestyle="--", linewidth=1
+            )
     axes.set_xlabel("arrived GPU demand (% of cluster GPUs)")
     axes.set_ylabel("GPU allocation ratio (%)")
     axes.set_title(title)
@@ -426,7 +437,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
         "seed": args.seed,
         **({} if single else {"seeds": seeds}),
         "steering": settings.steering.enabled,
-        "label_delay": {"binds": delay.binds, "seconds": delay.seconds, "pod_interval_seconds": delay.pod_interval_seconds},
+        "label_delay": {
+            "binds": delay.binds,
+            "seconds": delay.seconds,
+            "pod_interval_seconds": delay.pod_interval_seconds,
+        },
     }
     entries = [rs[0].to_json() for rs in results] if single else [_aggregate(seeds, rs) for rs in results]
     document: dict[str, Any] = {**meta, "configurations": entries}

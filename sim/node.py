@@ -61,13 +61,17 @@ class SimNode:
     advertising whole `nvidia.com/gpu` devices (the `whole-gpu` comparison), where any free GPU will do.
     """
 
-    def __init__(self, name: str, node: inventory.NodeInventory, contract: contract_.Contract, *, sharing: bool) -> None:
+    def __init__(
+        self, name: str, node: inventory.NodeInventory, contract: contract_.Contract, *, sharing: bool
+    ) -> None:
         self.name = name
         self.node = node
         self.contract = contract
         self.sharing = sharing
         self.memory = allocation.MemoryUnits(node, contract.unit_mib) if sharing else None
-        self.mig = {contract.mig_resource(p): allocation.MigSlices(node, p) for p in node.mig_profiles()} if sharing else {}
+        self.mig = (
+            {contract.mig_resource(p): allocation.MigSlices(node, p) for p in node.mig_profiles()} if sharing else {}
+        )
         self._devices: dict[str, devicemanager.ResourceDevices] = {}
         self.units_in_use: dict[str, int] = {}  # GPU UUID -> memory units held
         self.whole_in_use: set[str] = set()  # GPU UUIDs held as nvidia.com/gpu devices
@@ -154,9 +158,7 @@ class SimNode:
                 added += after - before
         return added
 
-    def _allocate(
-        self, devices: devicemanager.ResourceDevices, container: str, resource: str, size: int
-    ) -> Grant:
+    def _allocate(self, devices: devicemanager.ResourceDevices, container: str, resource: str, size: int) -> Grant:
         available, must_include = devices.preferred_request(size)
         if resource == self.contract.gpu_memory_resource and self.memory is not None:
             preferred = self.memory.preferred(available, must_include, size)

@@ -159,12 +159,12 @@ def workload(
     chosen = [pods[i] for i in rng.permutation(len(pods))]
     total = sum(p.gpu_demand_milli for p in chosen)
     if total >= target:
-        cut, running = 0, 0
+        running = 0
         for cut, pod in enumerate(chosen, start=1):
             running += pod.gpu_demand_milli
             if running >= target:
-                break
-        return chosen[:cut]
+                return chosen[:cut]
+        return chosen
     if not any(p.gpu_demand_milli for p in pods):
         raise ValueError("the pod list asks for no GPUs: it cannot be resampled to a GPU demand")
     copies: collections.Counter[str] = collections.Counter()
@@ -233,16 +233,16 @@ def replay(
     ]
     node_labels = [
         {"kubernetes.io/hostname": n.name, **s.labels(steering=steering, headroom=(n.cpu_milli, n.memory_mib))}
-        for n, s in zip(nodes, sim_nodes)
+        for n, s in zip(nodes, sim_nodes, strict=True)
     ]
     allocatable = [
         {scheduler.CPU: n.cpu_milli, scheduler.MEMORY: n.memory_mib * _MIB, **s.allocatable()}
-        for n, s in zip(nodes, sim_nodes)
+        for n, s in zip(nodes, sim_nodes, strict=True)
     ]
     state = scheduler.Cluster([n.name for n in nodes], allocatable, node_labels)
     sched = scheduler.Scheduler(state, configuration.profile, np.random.default_rng(seed))
     view = cluster_.ClusterView(contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
-    for n, labels in zip(nodes, node_labels):
+    for n, labels in zip(nodes, node_labels, strict=True):
         view.update_node(n.name, labels)
     pipe = _LabelPipe(label_delay)
 

@@ -86,7 +86,9 @@ class TracePod:
         return self.num_gpu == 1 and 0 < self.gpu_milli < 1000
 
 
-def find_trace_dir(given: str | os.PathLike[str] | None, environ: Mapping[str, str], repo: pathlib.Path) -> pathlib.Path:
+def find_trace_dir(
+    given: str | os.PathLike[str] | None, environ: Mapping[str, str], repo: pathlib.Path
+) -> pathlib.Path:
     """--trace-dir, else $GPUSLICE_TRACE_DIR, else ../shared/data/alibaba-gpu-2023 beside the repository."""
     default = repo.parent / "shared" / "data" / "alibaba-gpu-2023"
     if given:

@@ -22,7 +22,14 @@ def test_json_output_has_the_fields_of_every_configuration(capsys: pytest.Captur
     document = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in document["configurations"]] == ["whole-gpu", "gpuslice-default", "gpuslice-binpack"]
     for entry in document["configurations"]:
-        assert {"name", "gpu_allocation_ratio", "allocation_curve", "failed_pods", "admission_failures", "runtime_s"} <= set(entry)
+        assert {
+            "name",
+            "gpu_allocation_ratio",
+            "allocation_curve",
+            "failed_pods",
+            "admission_failures",
+            "runtime_s",
+        } <= set(entry)
         assert 0 <= entry["gpu_allocation_ratio"] <= 1
         assert len(entry["allocation_curve"]) == 131  # 0..130 % of arrived demand
         assert isinstance(entry["failed_pods"], int) and isinstance(entry["admission_failures"], int)
@@ -78,7 +85,9 @@ def test_a_missing_trace_directory_is_a_clear_error(tmp_path: pathlib.Path, caps
     ],
     ids=["unknown-config", "zero-demand", "bad-percentage", "zero-seeds", "zero-jobs"],
 )
-def test_bad_flags_are_refused_naming_the_flag(flags: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_flags_are_refused_naming_the_flag(
+    flags: list[str], problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as caught:
         sim_main.main([*TINY_ARGS, *flags])
     assert caught.value.code == 2

@@ -126,7 +126,10 @@ def test_preferred_affinity_is_normalised_so_the_best_node_gets_100() -> None:
         _pod(
             affinity={
                 "preferredDuringSchedulingIgnoredDuringExecution": [
-                    {"weight": 30, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}},
+                    {
+                        "weight": 30,
+                        "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                    },
                     {"weight": 20, "preference": {"matchExpressions": [{"key": "gpu.count", "operator": "Exists"}]}},
                 ]
             }
@@ -154,7 +157,9 @@ def _required(*expressions: dict[str, Any]) -> scheduler.PodRequest:
     ],
     ids=["in", "not-in-matches-missing", "exists", "does-not-exist", "gt", "lt", "gt-on-text", "not-in-unknown-key"],
 )
-def test_node_affinity_operators_select_the_nodes_kubernetes_would(expression: dict[str, Any], matching: list[str]) -> None:
+def test_node_affinity_operators_select_the_nodes_kubernetes_would(
+    expression: dict[str, Any], matching: list[str]
+) -> None:
     cluster = _cluster()
     mask = cluster.affinity_mask(_required(expression))
     assert [cluster.names[i] for i in np.flatnonzero(mask)] == matching
@@ -170,7 +175,9 @@ def test_required_terms_are_ored_and_an_empty_term_list_matches_no_node() -> Non
     }
     pod = scheduler.read_pod(_pod(affinity={"requiredDuringSchedulingIgnoredDuringExecution": either}))
     assert np.flatnonzero(cluster.affinity_mask(pod)).tolist() == [1, 2]
-    nothing = scheduler.read_pod(_pod(affinity={"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}))
+    nothing = scheduler.read_pod(
+        _pod(affinity={"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}})
+    )
     assert not cluster.affinity_mask(nothing).any()
 
 
@@ -208,13 +215,17 @@ def test_the_default_profile_spreads_and_the_binpack_profile_packs() -> None:
 @pytest.mark.parametrize(("nodes", "expected"), [(50, 50), (1000, 420), (1213, 497), (10000, 500)])
 def test_the_adaptive_share_of_nodes_to_score_follows_kube_scheduler(nodes: int, expected: int) -> None:
     cluster = scheduler.Cluster([f"n{i}" for i in range(nodes)], [{"cpu": 1000}] * nodes, [{}] * nodes)
-    assert scheduler.Scheduler(cluster, scheduler.default_profile(), np.random.default_rng(0)).nodes_to_find() == expected
+    assert (
+        scheduler.Scheduler(cluster, scheduler.default_profile(), np.random.default_rng(0)).nodes_to_find() == expected
+    )
 
 
 def test_filtering_stops_after_enough_feasible_nodes_and_resumes_where_it_stopped() -> None:
     count = 200
     cluster = scheduler.Cluster([f"n{i}" for i in range(count)], [{"cpu": 1000}] * count, [{}] * count)
-    sched = scheduler.Scheduler(cluster, scheduler.default_profile(percentage_of_nodes_to_score=50), np.random.default_rng(0))
+    sched = scheduler.Scheduler(
+        cluster, scheduler.default_profile(percentage_of_nodes_to_score=50), np.random.default_rng(0)
+    )
     first = sched.schedule(scheduler.read_pod(_pod(cpu="100m", memory=None)))
     assert first.feasible == 100 and first.node is not None and first.node < 100
     assert sched.next_start == 100

@@ -87,7 +87,10 @@ def test_trace_nodes_become_inventories_with_the_assumed_memory_and_stable_uuids
     assert [g.uuid for g in first.gpus] == [g.uuid for g in again.gpus]
     assert len({g.uuid for g in first.gpus}) == 2
     # The memory-unit device IDs built from these UUIDs stay within kubelet's limit.
-    assert len(contract_.unit_device_id(first.gpus[0].uuid, 59, contract_.DEFAULT_UNIT_MIB)) <= contract_.MAX_DEVICE_ID_LENGTH
+    assert (
+        len(contract_.unit_device_id(first.gpus[0].uuid, 59, contract_.DEFAULT_UNIT_MIB))
+        <= contract_.MAX_DEVICE_ID_LENGTH
+    )
 
 
 def _pod(**fields: object) -> trace.TracePod:

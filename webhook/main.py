@@ -21,8 +21,8 @@ import kubernetes
 
 from gpuslice import config
 from gpuslice.webhook import certs, nodewatch, requeue, server
-from gpuslice.webhook import metrics as metrics_
 from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import metrics as metrics_
 
 __all__ = ["build_parser", "main"]
 
