@@ -34,7 +34,6 @@ from gpuslice.deviceplugin import (
     manager,
     metrics,
     monitor,
-    nodefile,
     nvml_source,
     placement,
     podapi,
@@ -248,24 +247,11 @@ async def _check_held_units(
 def main(argv: Sequence[str] | None = None) -> int:
     settings, options, level = parse_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    nvml = None
     try:
-        if options.node_file:
-            node = nodefile.load(options.node_file)
-        else:
-            nvml = nvml_source.load_pynvml()
-            node = nvml_source.discover(nvml)
-    except nodefile.NodeFileError as exc:
-        print(f"gpuslice-device-plugin: node file error: {exc}", file=sys.stderr)
-        return 2
-    except nvml_source.NvmlUnavailable as exc:
-        print(f"gpuslice-device-plugin: {exc} (use --node-file for a simulated node)", file=sys.stderr)
-        return 1
-    except Exception as exc:  # noqa: BLE001 - NVML failing mid-discovery, an inconsistent inventory
-        if nvml is not None:
-            nvml.nvmlShutdown()
-        print(f"gpuslice-device-plugin: GPU discovery failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        node, nvml = nvml_source.load_node(options.node_file)
+    except nvml_source.DiscoveryFailed as exc:
+        print(f"gpuslice-device-plugin: {exc}", file=sys.stderr)
+        return exc.status
     try:
         return asyncio.run(run(settings, options, node, nvml=nvml))
     except startup.StartupError as exc:

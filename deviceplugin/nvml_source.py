@@ -20,9 +20,18 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gpuslice.deviceplugin import inventory
+from gpuslice.deviceplugin import inventory, nodefile
 
-__all__ = ["Nvml", "NvmlUnavailable", "discover", "load_pynvml", "mig_profile_name", "read_usage"]
+__all__ = [
+    "DiscoveryFailed",
+    "Nvml",
+    "NvmlUnavailable",
+    "discover",
+    "load_node",
+    "load_pynvml",
+    "mig_profile_name",
+    "read_usage",
+]
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -301,3 +310,31 @@ def _read_text(path: str) -> str | None:
         return pathlib.Path(path).read_text()
     except OSError:
         return None
+
+
+class DiscoveryFailed(Exception):
+    """The node's GPUs could not be read; `status` is the exit status the console scripts use
+    (1: no NVML here, 2: a bad node file or a discovery error)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def load_node(node_file: str | None) -> tuple[inventory.NodeInventory, Any]:
+    """The node's inventory, from `node_file` when given, else from NVML: (inventory, the NVML
+    module to shut down later, or None). Raises DiscoveryFailed with a one-line message."""
+    nvml = None
+    try:
+        if node_file:
+            return nodefile.load(node_file), None
+        nvml = load_pynvml()
+        return discover(nvml), nvml
+    except nodefile.NodeFileError as exc:
+        raise DiscoveryFailed(f"node file error: {exc}", 2) from None
+    except NvmlUnavailable as exc:
+        raise DiscoveryFailed(f"{exc} (use --node-file for a simulated node)", 1) from None
+    except Exception as exc:  # noqa: BLE001 - NVML failing mid-discovery, an inconsistent inventory
+        if nvml is not None:
+            nvml.nvmlShutdown()
+        raise DiscoveryFailed(f"GPU discovery failed: {type(exc).__name__}: {exc}", 2) from None

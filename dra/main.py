@@ -32,7 +32,7 @@ import prometheus_client
 import yaml
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import health, inventory, metrics, nodefile, nvml_source, startup
+from gpuslice.deviceplugin import health, inventory, metrics, nvml_source, startup
 from gpuslice.dra import checkpoint, kube, preparer, publisher, server, slices
 
 __all__ = ["Options", "main", "parse_args", "run"]
@@ -252,24 +252,11 @@ async def run(
 def main(argv: Sequence[str] | None = None) -> int:
     settings, options, level = parse_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    nvml = None
     try:
-        if options.node_file:
-            node = nodefile.load(options.node_file)
-        else:
-            nvml = nvml_source.load_pynvml()
-            node = nvml_source.discover(nvml)
-    except nodefile.NodeFileError as exc:
-        print(f"gpuslice-dra-plugin: node file error: {exc}", file=sys.stderr)
-        return 2
-    except nvml_source.NvmlUnavailable as exc:
-        print(f"gpuslice-dra-plugin: {exc} (use --node-file for a simulated node)", file=sys.stderr)
-        return 1
-    except Exception as exc:  # noqa: BLE001 - NVML failing mid-discovery, an inconsistent inventory
-        if nvml is not None:
-            nvml.nvmlShutdown()
-        print(f"gpuslice-dra-plugin: GPU discovery failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        node, nvml = nvml_source.load_node(options.node_file)
+    except nvml_source.DiscoveryFailed as exc:
+        print(f"gpuslice-dra-plugin: {exc}", file=sys.stderr)
+        return exc.status
     try:
         if options.print_resource_slices:
             try:
