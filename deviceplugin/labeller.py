@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import prometheus_client
 from kubernetes.utils import quantity
 
-from gpuslice import config
+from gpuslice import config, kubeclient
 from gpuslice.deviceplugin import allocation, health, inventory, labels, nodepods, podresources
 
 __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "headroom_from"]
@@ -102,11 +102,7 @@ class KubernetesNodeApi:
 
         if self._core is None:
             if self._api_client is None:
-                try:
-                    kubernetes.config.load_incluster_config()
-                except kubernetes.config.ConfigException:
-                    kubernetes.config.load_kube_config()
-                self._api_client = kubernetes.client.ApiClient()
+                self._api_client = kubeclient.default_api_client()
             self._core = kubernetes.client.CoreV1Api(self._api_client)
         return self._core
 

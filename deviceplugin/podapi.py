@@ -24,6 +24,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gpuslice import kubeclient
+
 __all__ = [
     "EVENT_COMPONENT",
     "EvictionResult",
@@ -128,11 +130,7 @@ class KubernetesPodApi:
 
         if self._core is None:
             if self._api_client is None:
-                try:
-                    kubernetes.config.load_incluster_config()
-                except kubernetes.config.ConfigException:
-                    kubernetes.config.load_kube_config()
-                self._api_client = kubernetes.client.ApiClient()
+                self._api_client = kubeclient.default_api_client()
             self._core = kubernetes.client.CoreV1Api(self._api_client)
         return self._core
 

@@ -18,6 +18,7 @@ import asyncio
 import json
 from typing import Any
 
+from gpuslice import kubeclient
 from gpuslice.dra import preparer
 
 __all__ = ["KubernetesApi", "SliceApiError"]
@@ -42,11 +43,7 @@ class KubernetesApi:
 
         if self._resource is None:
             if self._api_client is None:
-                try:
-                    kubernetes.config.load_incluster_config()
-                except kubernetes.config.ConfigException:
-                    kubernetes.config.load_kube_config()
-                self._api_client = kubernetes.client.ApiClient()
+                self._api_client = kubeclient.default_api_client()
             self._resource = kubernetes.client.ResourceV1Api(self._api_client)
             self._core = kubernetes.client.CoreV1Api(self._api_client)
         return self._resource, self._core

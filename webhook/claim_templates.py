@@ -18,6 +18,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gpuslice import kubeclient
+
 __all__ = ["ClaimTemplates", "KubernetesTemplateApi", "TemplateApi", "TemplateError", "denial"]
 
 
@@ -48,11 +50,7 @@ class KubernetesTemplateApi:
         try:
             if self._resource is None:
                 if self._api_client is None:
-                    try:
-                        kubernetes.config.load_incluster_config()
-                    except kubernetes.config.ConfigException:
-                        kubernetes.config.load_kube_config()
-                    self._api_client = kubernetes.client.ApiClient()
+                    self._api_client = kubeclient.default_api_client()
                 self._resource = kubernetes.client.ResourceV1Api(self._api_client)
             self._resource.create_namespaced_resource_claim_template(
                 namespace, dict(template), _request_timeout=self._timeout, _preload_content=False
