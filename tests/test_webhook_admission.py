@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import pathlib
 from typing import Any
 
 import jsonpatch
@@ -193,3 +194,54 @@ MALFORMED = [
 def test_malformed_reviews_raise_a_typed_error_with_a_message(body: Any, words: str) -> None:
     with pytest.raises(admission.MalformedReview, match=words):
         answer(body)
+
+
+# --- a burst: conversions ahead of the labels ------------------------------------------------
+
+
+def two_class_view() -> cluster.ClusterView:
+    """The demo node (2 x H100 80GB) and an 8 x H200 node, all free, labelled by the plugin's code."""
+    from gpuslice.deviceplugin import labels as node_labels
+    from gpuslice.deviceplugin import nodefile
+
+    examples = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
+    built = view()
+    for name, file in (("demo", "demo-node.yaml"), ("h200", "h200x8-node.yaml")):
+        built.update_node(name, node_labels.node_labels(nodefile.load(examples / file), SETTINGS.contract))
+    return built
+
+
+def classes_of_a_burst(cluster_view: cluster.ClusterView, pods: int, **request: Any) -> list[int]:
+    chosen = []
+    for _ in range(pods):
+        result = admission.review(json.dumps(review(**request)).encode(), settings=SETTINGS, cluster=cluster_view)
+        assert result.outcome is not None and result.outcome.decision is not None
+        chosen.append(result.outcome.decision["classMemoryMiB"])
+    return chosen
+
+
+def test_a_burst_spreads_over_the_classes_by_what_earlier_conversions_took() -> None:
+    # Labels do not move during a burst: without promises every pod would see the same free shares
+    # and be pinned to the same class (the H200s), which fills while the H100s stay idle.
+    chosen = classes_of_a_burst(two_class_view(), 12)
+    # Largest free share first: the H100s (4 halves) and the H200s (16 halves) fill at the same pace.
+    assert chosen.count(81559) in (2, 3) and chosen.count(143771) in (9, 10), chosen
+    # A dry run converts the same way but promises nothing.
+    dry = two_class_view()
+    assert set(classes_of_a_burst(dry, 4, dryRun=True)) == {143771}
+
+
+def test_promised_units_leave_when_the_labels_show_them_or_when_they_expire() -> None:
+    view_ = two_class_view()
+    view_.promise(81559, 159, now=0.0)
+    view_.promise(81559, 159, now=1.0)
+    assert view_.promised_units(81559, now=2.0) == 318
+    # The plugin's labeller writes the first allocation: 159 fewer free units on the demo node.
+    from gpuslice.deviceplugin import labels as node_labels
+    from gpuslice.deviceplugin import nodefile
+
+    examples = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
+    demo = nodefile.load(examples / "demo-node.yaml")
+    view_.update_node("demo", node_labels.node_labels(demo, SETTINGS.contract, allocated={demo.gpus[0].uuid: 159}))
+    assert view_.promised_units(81559, now=2.0) == 159
+    assert view_.promised_units(81559, now=1.0 + cluster.PROMISE_SECONDS) == 0

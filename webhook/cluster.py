@@ -6,16 +6,25 @@ them. The view keeps running aggregates per class (nodes, GPUs, free units, prod
 node) and per MIG profile, so `update_node` costs O(labels of one node) and `classes()` costs
 O(classes): the simulator calls them after every bind on a thousand-node cluster.
 
+Pods converted but not yet in any node's labels are promised capacity (`promise`): a burst is
+converted faster than pods are bound and labels move, and without this every pod of the burst
+would see the same free shares and be pinned to the same class, which then fills while the others
+stay idle. A promise lasts until the class's labelled free units drop by as much (the pod was
+allocated) or `PROMISE_SECONDS` pass (the pod was deleted, or went elsewhere).
+
 Node labels are untrusted input: `nodelabels` reads and checks them, and a node whose labels cannot
 be believed is left out (`untrusted` names it and says why; the node watch logs it and the metrics
 count it).
 
-Pure: no I/O. May import numpy, gpuslice.contract and webhook.nodelabels (never gpuslice.deviceplugin).
+No I/O (promises read a monotonic clock). May import numpy, gpuslice.contract and
+webhook.nodelabels (never gpuslice.deviceplugin).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +34,11 @@ import numpy as np
 from gpuslice import contract as contract_
 from gpuslice.webhook import nodelabels
 
-__all__ = ["ClusterView", "GpuClass"]
+__all__ = ["PROMISE_SECONDS", "ClusterView", "GpuClass"]
+
+# How long a conversion counts against its class when no label shows it: longer than a loaded
+# scheduler takes to bind a burst's last pod, short enough that a pod that never ran is forgotten.
+PROMISE_SECONDS = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +85,8 @@ class ClusterView:
         self._rows: dict[str, int] = {}
         self._spare_rows: list[int] = []
         self._table = np.zeros((64, len(_COLUMNS)), dtype=np.int64)
+        # Class memory MiB -> promises not yet seen in labels, oldest first: [deadline, units].
+        self._promised: dict[int, collections.deque[list[float]]] = {}
 
     # --- updates -------------------------------------------------------------------------
     def update_node(self, name: str, labels: Mapping[str, str], *, status: Mapping[str, Any] | None = None) -> None:
@@ -92,6 +107,8 @@ class ClusterView:
         old = self._nodes.get(name)
         if old == gpus:
             return
+        if old is not None and gpus is not None and old.memory_mib == gpus.memory_mib and old.memory_mib is not None:
+            self._seen(old.memory_mib, old.free_units - gpus.free_units)
         if old is not None:
             self._apply(old, -1)
             del self._nodes[name]
@@ -118,6 +135,35 @@ class ClusterView:
         self._rows.clear()
         self._spare_rows.clear()
         self._table[:] = 0
+        self._promised.clear()
+
+    def promise(self, memory_mib: int, units: int, *, now: float | None = None) -> None:
+        """A pod was just converted to `units` on a GPU of class `memory_mib`: count them as taken
+        until the class's labels show them (or PROMISE_SECONDS pass)."""
+        if units > 0:
+            deadline = (time.monotonic() if now is None else now) + PROMISE_SECONDS
+            self._promised.setdefault(memory_mib, collections.deque()).append([deadline, units])
+
+    def promised_units(self, memory_mib: int, *, now: float | None = None) -> int:
+        """Units of class `memory_mib` promised to converted pods and not yet seen in labels."""
+        queue = self._promised.get(memory_mib)
+        if not queue:
+            return 0
+        now = time.monotonic() if now is None else now
+        while queue and queue[0][0] <= now:
+            queue.popleft()
+        return int(sum(units for _, units in queue))
+
+    def _seen(self, memory_mib: int, decrease: int) -> None:
+        """The class's labelled free units dropped by `decrease`: that many promised units are
+        now in the labels (oldest promises first)."""
+        queue = self._promised.get(memory_mib)
+        while queue and decrease > 0:
+            taken = min(decrease, int(queue[0][1]))
+            queue[0][1] -= taken
+            decrease -= taken
+            if queue[0][1] <= 0:
+                queue.popleft()
 
     def node_names(self) -> set[str]:
         """Nodes in the view, and nodes left out for their labels (so a relist can forget them)."""
@@ -161,13 +207,17 @@ class ClusterView:
         one GPU (or enough GPUs are fully free), and, where a node publishes its CPU and memory
         headroom, the pod's requests fit too. Capacity stranded behind a node's exhausted CPU does
         not count: a class full of such GPUs must not attract more pods. One pass over the table
-        for every class: the admission path calls this for every converted pod."""
+        for every class: the admission path calls this for every converted pod. Units promised to
+        pods converted since the labels were written (`promise`) are not free."""
         t = self._table
         cpu, mem = t[:, _FREE_CPU], t[:, _FREE_MEM]
         room = ((cpu < 0) | (cpu >= cpu_milli)) & ((mem < 0) | (mem >= memory_request_mib))
         free = t[:, _FREE_GPUS] if whole_gpus else t[:, _FREE_BLOCK]
         memory, units = t[:, _MEMORY], t[:, _FREE_UNITS]
-        return {m: int(units[room & (memory == m) & (free >= max(1, need))].sum()) for m, need in needs.items()}
+        usable = {m: int(units[room & (memory == m) & (free >= max(1, need))].sum()) for m, need in needs.items()}
+        if self._promised:
+            usable = {m: max(0, n - self.promised_units(m)) for m, n in usable.items()}
+        return usable
 
     def mig_profiles(self) -> dict[str, int]:
         """Resource-form MIG profile -> MiB of one device (the smallest seen for that profile)."""
