@@ -212,8 +212,6 @@ class NodeLabeller:
         # are never in here, so they are never removed.
         self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0, headroom=(0, 0)))
         self._capacity_keys = labels.capacity_keys(node, self._contract)
-        # The labels the webhook's required node affinity filters on (steering.placement_affinity).
-        self._filter_keys = {self._contract.label_free_block_units, self._contract.label_free_gpus}
         self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
         self.written: dict[str, str] | None = None  # what the API server has, as far as we know
         self.writes = 0
@@ -380,18 +378,7 @@ class NodeLabeller:
         return delta
 
     def _tightens(self, delta: Mapping[str, str | None]) -> bool:
-        """Whether the change lowers a capacity the scheduler filters on (largest free block, free
-        whole GPUs, free MIG devices): the labels written so far over-promise."""
-        written = self.written or {}
-        for key, value in delta.items():
-            if key not in self._filter_keys and self._contract.mig_profile_of_label(key) is None:
-                continue
-            try:
-                if value is None or int(value) < int(written.get(key, "0")):
-                    return True
-            except ValueError:
-                return True
-        return False
+        return labels.over_promises(self.written or {}, delta, self._contract)
 
     async def _write(self, delta: dict[str, str | None]) -> bool:
         assert self.desired is not None

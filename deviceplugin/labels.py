@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory
 
-__all__ = ["capacity_keys", "headroom_labels", "node_labels", "static_labels", "steering_labels"]
+__all__ = ["capacity_keys", "headroom_labels", "node_labels", "over_promises", "static_labels", "steering_labels"]
 
 
 def static_labels(node: inventory.NodeInventory, contract: contract_.Contract) -> dict[str, str]:
@@ -108,3 +108,21 @@ def capacity_keys(node: inventory.NodeInventory, contract: contract_.Contract) -
     totals but no free counts as fully free, so these are written, and removed, together."""
     keys = set(node_labels(node, contract)) - {contract.label_gpu_product}
     return frozenset(keys)
+
+
+def over_promises(
+    written: Mapping[str, str], change: Mapping[str, str | None], contract: contract_.Contract
+) -> bool:
+    """Whether `change` (label -> new value, None: removed) lowers a label the webhook's required
+    node affinity filters on (largest free block, free whole GPUs, free MIG devices): the labels
+    `written` so far promise capacity the node no longer has."""
+    for key, value in change.items():
+        if key not in (contract.label_free_block_units, contract.label_free_gpus):
+            if contract.mig_profile_of_label(key) is None:
+                continue
+        try:
+            if value is None or int(value) < int(written.get(key, "0")):
+                return True
+        except ValueError:
+            return True
+    return False

@@ -26,6 +26,8 @@ import jsonpatch
 import numpy as np
 
 from gpuslice import config
+from gpuslice import contract as contract_
+from gpuslice.deviceplugin import labels as node_labels_
 from gpuslice.sim import node as node_
 from gpuslice.sim import scheduler, trace
 from gpuslice.webhook import cluster as cluster_
@@ -179,8 +181,10 @@ def workload(
 class _LabelPipe:
     """Node label updates on their way to the webhook's view and the scheduler's node objects."""
 
-    def __init__(self, delay: LabelDelay) -> None:
+    def __init__(self, delay: LabelDelay, contract: contract_.Contract) -> None:
         self.delay = delay
+        self.contract = contract
+        self.last: dict[int, dict[str, str]] = {}  # node -> the labels it last wrote
         self.pending: collections.deque[tuple[int, float, int, dict[str, str]]] = collections.deque()
         self.next_write: dict[int, float] = {}  # rate limit: when a node's next write may go out
         self.held: dict[int, dict[str, str]] = {}  # node -> latest labels waiting for that moment
@@ -190,19 +194,29 @@ class _LabelPipe:
         interval = self.delay.min_interval_seconds
         if interval > 0:
             slot = self.next_write.get(node, float("-inf"))
-            if now + 1e-9 < slot:
+            last = self.last.get(node, {})
+            change = {k: v for k, v in labels.items() if last.get(k) != v}
+            # The labeller writes at once, inside the interval, a change that lowers a label the
+            # webhook's required affinity filters on (labels.over_promises); the rest waits.
+            if now + 1e-9 < slot and not node_labels_.over_promises(last, change, self.contract):
                 if node not in self.held:
                     heapq.heappush(self.slots, (slot, node))
                 self.held[node] = labels
                 return
+            self.held.pop(node, None)  # written now; a slot still queued finds nothing held
             self.next_write[node] = now + interval
+            self.last[node] = labels
         self.pending.append((binds + self.delay.binds, now + self.delay.seconds, node, labels))
 
     def due(self, binds: int, now: float) -> list[tuple[int, dict[str, str]]]:
         while self.slots and self.slots[0][0] <= now + 1e-9:
             slot, node = heapq.heappop(self.slots)
+            if node not in self.held:
+                continue
+            held = self.held.pop(node)
             self.next_write[node] = slot + self.delay.min_interval_seconds
-            self.pending.append((binds + self.delay.binds, slot + self.delay.seconds, node, self.held.pop(node)))
+            self.last[node] = held
+            self.pending.append((binds + self.delay.binds, slot + self.delay.seconds, node, held))
         out = []
         while self.pending and self.pending[0][0] <= binds and self.pending[0][1] <= now + 1e-9:
             _, _, node, labels = self.pending.popleft()
@@ -241,10 +255,13 @@ def replay(
     ]
     state = scheduler.Cluster([n.name for n in nodes], allocatable, node_labels)
     sched = scheduler.Scheduler(state, configuration.profile, np.random.default_rng(seed))
-    view = cluster_.ClusterView(contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
+    clock = [0.0]  # simulated seconds: the clock of the webhook's promises (cluster.py)
+    view = cluster_.ClusterView(
+        contract, default_gpu_memory_mib=settings.default_gpu_memory_mib, clock=lambda: clock[0]
+    )
     for n, labels in zip(nodes, node_labels, strict=True):
         view.update_node(n.name, labels)
-    pipe = _LabelPipe(label_delay)
+    pipe = _LabelPipe(label_delay, contract)
 
     capacity = gpu_capacity_milli(nodes)
     granted = 0.0  # GPUs' worth of memory granted (SimNode.credit)
@@ -273,10 +290,13 @@ def replay(
             if converted_at[j] > now + 1e-9 and i in converted:
                 break
             next_conversion += 1
-            for index, labels in pipe.due(binds, min(converted_at[j], now)):
+            clock[0] = min(converted_at[j], now)
+            for index, labels in pipe.due(binds, clock[0]):
                 state.set_labels(index, labels)
                 view.update_node(state.names[index], labels)
-            converted[j] = _pod_for(arrivals[j], configuration, view)
+            # Conversions ahead of the scheduler promise their units, as the webhook does.
+            converted[j] = _pod_for(arrivals[j], configuration, view, promise=True)
+        clock[0] = now
         for index, labels in pipe.due(binds, now):
             state.set_labels(index, labels)
             view.update_node(state.names[index], labels)
@@ -396,10 +416,11 @@ def _moments(delay: LabelDelay, count: int) -> tuple[list[float], list[float] | 
 
 
 def _pod_for(
-    pod: trace.TracePod, configuration: Configuration, view: cluster_.ClusterView
+    pod: trace.TracePod, configuration: Configuration, view: cluster_.ClusterView, *, promise: bool = False
 ) -> tuple[dict[str, Any] | None, str]:
     """The pod the scheduler sees: the webhook's patch applied (gpuslice) or the stock request;
-    (None, the webhook's message) when the webhook denies it."""
+    (None, the webhook's message) when the webhook denies it. `promise`: record the conversion's
+    units against its class, as the webhook does (only meaningful when conversions run ahead)."""
     contract = configuration.settings.contract
     if not configuration.sharing:
         return trace.user_pod(pod, contract, whole_gpus_only=True), ""
@@ -409,6 +430,8 @@ def _pod_for(
         return None, f"webhook: {outcome.message}"
     if not outcome.patch:
         return manifest, ""
+    if promise:
+        view.promise_conversion(outcome.decision)
     # The manifest is ours and fresh: patch it in place (a deep copy per pod costs more than the rest).
     patched: dict[str, Any] = jsonpatch.apply_patch(manifest, outcome.patch, in_place=True)
     return patched, ""

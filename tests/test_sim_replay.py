@@ -178,22 +178,31 @@ def test_steering_labels_that_arrive_late_let_the_pod_through_to_an_admission_fa
     assert (result.placed_pods, result.failed_pods) == (2, 1)
 
 
-def test_the_labellers_rate_limit_holds_a_nodes_second_change_until_its_interval_ends() -> None:
-    # a at t=0 is written at once; b at t=1 falls inside the interval and is held.
+def test_the_labellers_rate_limit_holds_back_only_changes_that_do_not_over_promise() -> None:
+    # a at t=0 is written at once; b at t=1 takes the second T4 (free GPUs 1 -> 0, free block
+    # 60 -> 24): over-promising labels are written at once, inside the interval, so c at t=2 is
+    # kept off by the scheduler rather than refused by kubelet.
     pods = [_share("a", 600), _share("b", 600), _share("c", 600)]
     held = replay.LabelDelay(pod_interval_seconds=1.0, min_interval_seconds=3.0)
     result = replay.replay([_t4_node()], pods, _config("gpuslice-default"), seed=0, label_delay=held)
-    assert (result.placed_pods, result.admission_failures) == (2, 1)  # c at t=2 saw the labels after a only
-    # With a shorter interval b's labels are out at t=1, before c arrives: c is kept off by the scheduler.
-    short = replay.LabelDelay(pod_interval_seconds=1.0, min_interval_seconds=0.5)
-    result = replay.replay([_t4_node()], pods, _config("gpuslice-default"), seed=0, label_delay=short)
     assert (result.placed_pods, result.failed_pods, result.admission_failures) == (2, 1, 0)
+    # A release only under-promises: it waits for the interval (pods never leave in the replay, so
+    # the pipe is checked directly).
+    contract = config.Config().contract
+    pipe = replay._LabelPipe(held, contract)
+    full = {contract.label_free_gpus: "0", contract.label_free_block_units: "0"}
+    freed = {contract.label_free_gpus: "1", contract.label_free_block_units: "60"}
+    pipe.publish(0, 0.0, 0, full)
+    pipe.publish(0, 1.0, 0, freed)
+    assert pipe.due(0, 1.0) == [(0, full)]
+    assert pipe.due(0, 3.0) == [(0, freed)]
 
 
-def test_in_a_burst_the_webhook_pins_every_pod_to_the_class_that_was_free_at_the_start() -> None:
-    # Four whole GPUs on a T4 node and a V100M32 node (two classes, two GPUs each). Converted one at a
-    # time, the webhook pins the last two to the class still free; converted before any bind, all four
-    # go to the same class and two stay unschedulable while the other class's GPUs stay idle.
+def test_in_a_burst_the_webhooks_promises_spread_the_pods_over_the_classes() -> None:
+    # Four whole GPUs on a T4 node and a V100M32 node (two classes, two GPUs each), all converted
+    # before any bind. Each conversion promises its units to its class, so the later ones see the
+    # first class taken and go to the other (before promises, all four went to one class: two
+    # unschedulable, two GPUs idle).
     nodes = [_t4_node(), trace.TraceNode("v100-node", 64000, 262144, 2, "V100M32")]
     pods = [trace.TracePod(f"whole-{i}", 1000, 1024, 1, 1000) for i in range(4)]
     one_by_one = replay.replay(nodes, pods, _config("gpuslice-default"), seed=0)
@@ -201,7 +210,7 @@ def test_in_a_burst_the_webhook_pins_every_pod_to_the_class_that_was_free_at_the
         nodes, pods, _config("gpuslice-default"), seed=0, label_delay=replay.LabelDelay(webhook_interval_seconds=0)
     )
     assert (one_by_one.placed_pods, one_by_one.failed_pods) == (4, 0)
-    assert (burst.placed_pods, burst.failed_pods, burst.idle_gpus) == (2, 2, 2)
+    assert (burst.placed_pods, burst.failed_pods, burst.idle_gpus) == (4, 0, 0)
 
 
 def test_the_webhook_denial_of_an_unknown_gpu_model_is_counted_as_denied() -> None:

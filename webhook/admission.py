@@ -118,16 +118,9 @@ def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cl
     if not outcome.patch:
         return Result(_answer(uid, True, **fields), RESULT_UNCHANGED, outcome, dry_run)
     if not dry_run:
-        _promise(cluster, outcome.decision)
+        # A pod pinned to one class takes its units there before any label shows it: the next
+        # pods of a burst choose their class knowing it (cluster.py, promises).
+        cluster.promise_conversion(outcome.decision)
     patch = base64.b64encode(orjson.dumps(outcome.patch)).decode()
     return Result(_answer(uid, True, patchType="JSONPatch", patch=patch, **fields), RESULT_MUTATED, outcome, dry_run)
 
-
-def _promise(cluster: cluster_.ClusterView, decision: Mapping[str, Any] | None) -> None:
-    """A pod pinned to one GPU class takes its units there before any label shows it, so the
-    next pods of a burst choose their class knowing it (cluster.py, promises)."""
-    if not decision:
-        return
-    memory, units = decision.get("classMemoryMiB"), decision.get("units")
-    if isinstance(memory, int) and isinstance(units, int) and not decision.get("migProfile"):
-        cluster.promise(memory, units)

@@ -26,7 +26,7 @@ import collections
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -69,8 +69,15 @@ _MEMORY, _FREE_UNITS, _FREE_BLOCK, _FREE_GPUS, _FREE_CPU, _FREE_MEM = range(len(
 class ClusterView:
     """GPU classes and MIG profiles of the cluster, kept current one node at a time."""
 
-    def __init__(self, contract: contract_.Contract, *, default_gpu_memory_mib: int) -> None:
+    def __init__(
+        self,
+        contract: contract_.Contract,
+        *,
+        default_gpu_memory_mib: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.contract = contract
+        self.clock = clock  # promises' clock (the simulator passes its own)
         self.default_gpu_memory_mib = default_gpu_memory_mib
         self._nodes: dict[str, nodelabels.NodeGpus] = {}
         self._classes: dict[int, _ClassTotals] = {}
@@ -141,15 +148,24 @@ class ClusterView:
         """A pod was just converted to `units` on a GPU of class `memory_mib`: count them as taken
         until the class's labels show them (or PROMISE_SECONDS pass)."""
         if units > 0:
-            deadline = (time.monotonic() if now is None else now) + PROMISE_SECONDS
+            deadline = (self.clock() if now is None else now) + PROMISE_SECONDS
             self._promised.setdefault(memory_mib, collections.deque()).append([deadline, units])
+
+    def promise_conversion(self, decision: Mapping[str, Any] | None) -> None:
+        """`promise` the units of a conversion pinned to one class (its decision annotation says
+        which: `classMemoryMiB` and `units`; MIG and unpinned conversions promise nothing)."""
+        if not decision or decision.get("migProfile"):
+            return
+        memory, units = decision.get("classMemoryMiB"), decision.get("units")
+        if isinstance(memory, int) and isinstance(units, int):
+            self.promise(memory, units)
 
     def promised_units(self, memory_mib: int, *, now: float | None = None) -> int:
         """Units of class `memory_mib` promised to converted pods and not yet seen in labels."""
         queue = self._promised.get(memory_mib)
         if not queue:
             return 0
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         while queue and queue[0][0] <= now:
             queue.popleft()
         return int(sum(units for _, units in queue))
