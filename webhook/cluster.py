@@ -94,6 +94,7 @@ class ClusterView:
         self._table = np.zeros((64, len(_COLUMNS)), dtype=np.int64)
         # Class memory MiB -> promises not yet seen in labels, oldest first: [deadline, units].
         self._promised: dict[int, collections.deque[list[float]]] = {}
+        self._promised_total: Counter[int] = Counter()  # their units per class, kept as they change
 
     # --- updates -------------------------------------------------------------------------
     def update_node(self, name: str, labels: Mapping[str, str], *, status: Mapping[str, Any] | None = None) -> None:
@@ -143,6 +144,7 @@ class ClusterView:
         self._spare_rows.clear()
         self._table[:] = 0
         self._promised.clear()
+        self._promised_total.clear()
 
     def promise(self, memory_mib: int, units: int, *, now: float | None = None) -> None:
         """A pod was just converted to `units` on a GPU of class `memory_mib`: count them as taken
@@ -150,6 +152,7 @@ class ClusterView:
         if units > 0:
             deadline = (self.clock() if now is None else now) + PROMISE_SECONDS
             self._promised.setdefault(memory_mib, collections.deque()).append([deadline, units])
+            self._promised_total[memory_mib] += units
 
     def promise_conversion(self, decision: Mapping[str, Any] | None) -> None:
         """`promise` the units of a conversion pinned to one class (its decision annotation says
@@ -167,8 +170,8 @@ class ClusterView:
             return 0
         now = self.clock() if now is None else now
         while queue and queue[0][0] <= now:
-            queue.popleft()
-        return int(sum(units for _, units in queue))
+            self._promised_total[memory_mib] -= int(queue.popleft()[1])
+        return self._promised_total[memory_mib]
 
     def _seen(self, memory_mib: int, decrease: int) -> None:
         """The class's labelled free units dropped by `decrease`: that many promised units are
@@ -177,6 +180,7 @@ class ClusterView:
         while queue and decrease > 0:
             taken = min(decrease, int(queue[0][1]))
             queue[0][1] -= taken
+            self._promised_total[memory_mib] -= taken
             decrease -= taken
             if queue[0][1] <= 0:
                 queue.popleft()
