@@ -107,7 +107,11 @@ class Fleet:
             for n in nodes
         }
         self.requested = {n.name: [0, 0] for n in nodes}  # CPU milli, memory bytes of pods holding resources
-        self.decisions: dict[str, Decision] = {}
+        self.decisions: dict[str, Decision] = {}  # pod key -> kubelet's latest decision
+        # A refused pod the webhook's requeuer recreated comes back under its name with a new UID,
+        # and is admitted again; `refusals` counts every refusal, `decisions` keeps the last.
+        self._decided_uid: dict[str, str] = {}
+        self.refusals = 0
         self.listeners: list[Callable[[Decision], None]] = []
         self.errors: list[str] = []
         self.label_writes = 0
@@ -210,7 +214,12 @@ class Fleet:
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         node = (pod.get("spec") or {}).get("nodeName")
-        if not node or key in self.decisions or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+        uid = str(meta.get("uid") or "")
+        if (
+            not node
+            or self._decided_uid.get(key) == uid
+            or (pod.get("status") or {}).get("phase") not in (None, "Pending")
+        ):
             return
         sim = self.sims.get(node)
         if sim is None:
@@ -218,6 +227,9 @@ class Fleet:
             return
         decision = self._admit(key, node, sim, pod)
         self.decisions[key] = decision
+        self._decided_uid[key] = uid
+        if not decision.admitted:
+            self.refusals += 1
         if decision.admitted:
             patch = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         else:

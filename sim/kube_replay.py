@@ -60,6 +60,7 @@ NAMESPACE = "default"
 WEBHOOK_NAME = "gpuslice-sim"
 SCHEDULER_QPS = 5000  # kube-scheduler's own default of 50 would bound a burst at 25 binds a second
 CREATE_CONCURRENCY = 32  # pod creates in flight in burst and compressed modes
+REQUEUE_BACKOFF_SECONDS = 0.1  # the webhook's first requeue delay here (x2 each time, 5 at most: 3.1 s)
 QUIET_SECONDS = 3.0  # burst/compressed: done once every pod is accounted for and nothing moved this long
 POD_TIMEOUT = 120.0  # sequential: longest wait for one pod's outcome
 
@@ -167,6 +168,7 @@ class KubeResult:
     label_writes: int
     errors: list[str]
     diagnosis: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    lost_pods: int = 0  # refused by a kubelet and not recreated into a placed or waiting pod
 
     @property
     def difference_points(self) -> float:
@@ -183,6 +185,7 @@ class KubeResult:
             "pod_interval_s": round(self.kube.runtime_s / max(1, self.kube.pods), 6),
             "setup_s": round(self.setup_s, 1),
             "arrivals_s": round(self.arrivals_s, 1),
+            "lost_pods": self.lost_pods,
             "unaccounted": self.unaccounted,
             "label_writes": self.label_writes,
             "errors": self.errors[:20],
@@ -354,7 +357,11 @@ def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) ->
     (directory / "tls.crt").write_bytes(cert)
     (directory / "tls.key").write_bytes(key)
     (directory / "tls.key").chmod(0o600)
-    (directory / "config.yaml").write_text(yaml.safe_dump(settings_document(settings)))
+    document = settings_document(settings)
+    # The requeuer recreates refused pods, as in a cluster; quickly, so that a burst's last
+    # recreation comes well inside the quiet time that ends the run.
+    document["requeue"]["backoffSeconds"] = REQUEUE_BACKOFF_SECONDS
+    (directory / "config.yaml").write_text(yaml.safe_dump(document))
     port = controlplane.free_port()
     process = plane.spawn(
         "webhook",
@@ -442,8 +449,11 @@ def _figures(
     capacity: int,
     wall: float,
     cpu: float,
-) -> tuple[replay.Result, list[str]]:
-    placed = refused = failed = denied = 0
+) -> tuple[replay.Result, list[str], int]:
+    """(the run in the model's terms, pods with no outcome, pods lost). `admission_failures` counts
+    every refusal by a kubelet; a refused pod the webhook's requeuer recreated is judged by what
+    became of the new one, and only a pod whose last outcome is a refusal is lost."""
+    placed = lost = failed = denied = 0
     requested = arrived = 0
     granted = 0.0  # GPUs' worth granted: the headline, as in the model
     arrived_after = np.zeros(len(arrivals), dtype=np.int64)
@@ -460,12 +470,12 @@ def _figures(
             placed += 1
             requested += pod.gpu_demand_milli
             granted += decision.granted
-        elif decision is not None:
-            refused += 1
-            admission_reasons[replay._reason_kind(decision.message)] += 1
-        elif key in outcomes.unschedulable:
+        elif key in outcomes.unschedulable:  # waiting (a requeued pod too, once the scheduler gave up)
             failed += 1
             failure_reasons[outcomes.unschedulable[key][:160]] += 1
+        elif decision is not None:  # refused, and not recreated (or refused every time): lost
+            lost += 1
+            admission_reasons[replay._reason_kind(decision.message)] += 1
         elif key in outcomes.denied:
             denied += 1
         else:
@@ -480,7 +490,7 @@ def _figures(
         pods=len(arrivals),
         placed_pods=placed,
         failed_pods=failed,
-        admission_failures=refused,
+        admission_failures=fleet.refusals,
         denied_pods=denied,
         gpu_allocation_ratio=granted / total_gpus if total_gpus else 0.0,
         allocation_curve=replay._curve(arrived_after, granted_after * 1000, capacity),
@@ -496,7 +506,7 @@ def _figures(
         failure_reasons=dict(failure_reasons.most_common(5)),
         admission_reasons=dict(admission_reasons.most_common(5)),
     )
-    return result, unaccounted
+    return result, unaccounted, lost
 
 
 async def _drive(
@@ -518,6 +528,7 @@ async def _drive(
     list[str],
     tuple[tuple[float, ...], tuple[float, ...]],
     dict[str, dict[str, int]],
+    int,
 ]:
     settings = configuration.settings
     contract = settings.contract
@@ -561,14 +572,16 @@ async def _drive(
             if watch.done() and not watch.cancelled() and watch.exception() is not None:
                 errors.append(f"pods watch: {watch.exception()!r}")
         capacity = replay.gpu_capacity_milli(nodes)
-        result, unaccounted = _figures(configuration.name, arrivals, outcomes, fleet, capacity, max(0.0, wall), cpu)
+        result, unaccounted, lost = _figures(
+            configuration.name, arrivals, outcomes, fleet, capacity, max(0.0, wall), cpu
+        )
         end = t0 + wall
         moments = (
             tuple(outcomes.first_outcome_at.get(k, end) - t0 for k in keys),
             tuple(outcomes.created_at.get(k, end) - t0 for k in keys),
         )
         diagnosis = _diagnosis(outcomes, fleet)
-        return result, setup, created - t0, unaccounted, fleet.label_writes, errors, moments, diagnosis
+        return result, setup, created - t0, unaccounted, fleet.label_writes, errors, moments, diagnosis, lost
 
 
 def replay_on_kube(
@@ -597,8 +610,10 @@ def replay_on_kube(
             burst=2 * SCHEDULER_QPS,
         )
         version = plane.version()
-        kube, setup, arrivals_s, unaccounted, writes, errors, (scheduled_at, converted_at), diagnosis = asyncio.run(
-            _drive(plane, nodes, arrivals, configuration, arrival, gaps, gpu_memory_mib, started, settle_limit)
+        kube, setup, arrivals_s, unaccounted, writes, errors, (scheduled_at, converted_at), diagnosis, lost = (
+            asyncio.run(
+                _drive(plane, nodes, arrivals, configuration, arrival, gaps, gpu_memory_mib, started, settle_limit)
+            )
         )
     finally:
         plane.stop()
@@ -614,7 +629,7 @@ def replay_on_kube(
             nodes, arrivals, configuration, seed=seed, label_delay=pace, gpu_memory_mib=gpu_memory_mib
         )
     return KubeResult(
-        kube, model, paced, str(arrival), version, setup, arrivals_s, unaccounted, writes, errors, diagnosis
+        kube, model, paced, str(arrival), version, setup, arrivals_s, unaccounted, writes, errors, diagnosis, lost
     )
 
 
@@ -725,18 +740,20 @@ def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]])
         lines.append(
             f"{'':<18}{'':>5} kube - model: {run.difference_points:+.2f} points; set-up {run.setup_s:.0f} s, "
             f"creates done after {run.arrivals_s:.1f} s, "
-            f"{run.label_writes} label writes"
+            f"{run.label_writes} label writes, {run.lost_pods} pods lost"
         )
         for reason, count in run.kube.admission_reasons.items():
-            lines.append(f"{'':<24}refused x{count}: {reason}")
+            lines.append(f"{'':<24}lost x{count}: {reason}")
         if run.unaccounted:
             lines.append(f"{'':<24}UNACCOUNTED: {len(run.unaccounted)} pods, e.g. {run.unaccounted[:3]}")
         for error in run.errors[:5]:
             lines.append(f"{'':<24}error: {error}")
     lines += [
         "",
-        "unsched = the scheduler found no node (PodScheduled False); refused = bound, then refused by the node's "
-        "kubelet (UnexpectedAdmissionError); wall = first create to last outcome (model: its run time);",
+        "unsched = the scheduler found no node (PodScheduled False); refused = refusals by a node's kubelet "
+        "(UnexpectedAdmissionError; the webhook's requeuer recreates a refused pod, which counts by what became "
+        "of it, and a pod refused at its last attempt is lost); wall = first create to last outcome (model: its "
+        "run time);",
         "model = labels seen at once; paced = the model with each node's labels written at most once per "
         "steering.labelMinIntervalSeconds, each pod converted and scheduled at the moments the kube run",
         "showed (its create answered; its first binding or unschedulable mark).",
