@@ -23,6 +23,7 @@ __all__ = [
     "KAI_GPU_FRACTION_NUM_DEVICES",
     "KAI_GPU_FRACTION_CONTAINER_NAME",
     "KAI_ANNOTATIONS",
+    "KUBELET_REFUSED_REASON",
     "NVIDIA_GPU",
     "NVIDIA_GPU_PRODUCT_LABEL",
     "UnitDeviceId",
@@ -48,6 +49,10 @@ KAI_ANNOTATIONS = (
     KAI_GPU_FRACTION_NUM_DEVICES,
     KAI_GPU_FRACTION_CONTAINER_NAME,
 )
+
+# The status reason kubelet writes on a pod its admission refuses (a device plugin's Allocate
+# error among them): the pod is Failed for good; the webhook's requeuer looks for it.
+KUBELET_REFUSED_REASON = "UnexpectedAdmissionError"
 
 # NVIDIA's whole-GPU resource: a placeholder in KAI manifests, converted when convertWholeGpus is on.
 NVIDIA_GPU = "nvidia.com/gpu"

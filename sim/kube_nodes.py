@@ -27,15 +27,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuslice import config
+from gpuslice import contract as contract_
 from gpuslice.deviceplugin import labeller
 from gpuslice.sim import kube_api, scheduler, trace
 from gpuslice.sim import node as node_
 
-__all__ = ["REFUSED_REASON", "Decision", "Fleet"]
+__all__ = ["Decision", "Fleet"]
 
 log = logging.getLogger(__name__)
 
-REFUSED_REASON = "UnexpectedAdmissionError"  # kubelet's reason for a pod its admission handlers refuse
 _MIB = 2**20
 _POD_CAPACITY = "10000"  # the model has no pod-count limit; kubelet's default 110 would be one
 
@@ -233,7 +233,9 @@ class Fleet:
         if decision.admitted:
             patch = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         else:
-            patch = {"status": {"phase": "Failed", "reason": REFUSED_REASON, "message": decision.message}}
+            patch = {
+                "status": {"phase": "Failed", "reason": contract_.KUBELET_REFUSED_REASON, "message": decision.message}
+            }
         self._status.put_nowait((f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status", patch))
         for listener in self.listeners:
             listener(decision)

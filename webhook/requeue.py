@@ -36,11 +36,10 @@ import prometheus_client
 from gpuslice import config
 from gpuslice import contract as contract_
 
-__all__ = ["REFUSED_REASON", "Requeuer", "replacement", "requeueable"]
+__all__ = ["Requeuer", "replacement", "requeueable"]
 
 log = logging.getLogger(__name__)
 
-REFUSED_REASON = "UnexpectedAdmissionError"  # what kubelet writes when an admission handler refuses
 _METADATA_KEPT = ("name", "namespace", "labels", "annotations", "finalizers")
 _CREATE_ATTEMPTS = 8
 
@@ -55,7 +54,7 @@ def requeueable(pod: Mapping[str, Any], contract: contract_.Contract, max_attemp
     being deleted, with attempts left."""
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
-    if status.get("phase") != "Failed" or status.get("reason") != REFUSED_REASON:
+    if status.get("phase") != "Failed" or status.get("reason") != contract_.KUBELET_REFUSED_REASON:
         return False
     if metadata.get("deletionTimestamp") or contract.decision_annotation not in (metadata.get("annotations") or {}):
         return False

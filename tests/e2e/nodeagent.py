@@ -21,9 +21,11 @@ from typing import Any
 import k8skit
 import kubernetes
 
+from gpuslice import contract as contract_
+
 log = logging.getLogger(__name__)
 
-REFUSED_REASON = "UnexpectedAdmissionError"  # kubelet's reason for a pod its admission handlers refuse
+REFUSED_REASON = contract_.KUBELET_REFUSED_REASON
 
 
 @dataclasses.dataclass

@@ -1,0 +1,190 @@
+"""List + watch one kind of Kubernetes object, the way informers do: list (paged, or from the API
+server's watch cache), then watch from the list's resourceVersion; on 410 Gone list again; on any
+other error keep the last view and list again after a backoff (doubling, capped, cut short by
+`stop()`). The webhook's node view and the device plugin's pods of its node are both kept this way.
+
+The official client blocks, so its calls run in a thread; responses are read raw and parsed as
+JSON (building client model objects for thousands of nodes would cost more than what is read), and
+events are handed to the subclass on the event loop, so its view is only touched from one thread.
+
+May import only the kubernetes client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import kubernetes
+
+__all__ = ["ListWatch"]
+
+log = logging.getLogger(__name__)
+
+_LIST_PAGE = 500
+
+
+class _Gone(Exception):
+    """The resourceVersion (or a list's continue token) is too old (HTTP 410): list again."""
+
+
+class ListWatch:
+    """`run()` until cancelled or `stop()`; `synced` is set after the first list. Subclasses give
+    `replace` (the whole list) and `apply` (one watch event)."""
+
+    def __init__(
+        self,
+        list_call: Callable[[], Callable[..., Any]],
+        what: str,
+        *,
+        field_selector: str | None = None,
+        from_cache: bool = False,
+        watch_timeout_seconds: int = 300,
+        request_timeout_seconds: float = 30.0,
+        backoff_initial_seconds: float = 0.5,
+        backoff_max_seconds: float = 30.0,
+    ) -> None:
+        # () -> the client's list function (e.g. CoreV1Api.list_node), looked up on each call so a
+        # client can be made on first use.
+        self._list_call = list_call
+        self.what = what  # for log lines: "nodes", "pods of spec.nodeName=n1"
+        self.field_selector = field_selector
+        self.from_cache = from_cache  # list with resourceVersion "0": the watch cache, not etcd
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.request_timeout_seconds = request_timeout_seconds
+        self.backoff_initial_seconds = backoff_initial_seconds
+        self.backoff_max_seconds = backoff_max_seconds
+        self.synced = asyncio.Event()
+        self.lists = 0  # full lists applied (lists again after 410 count too)
+        self.watches = 0
+        self.failures = 0  # lists or watches that failed (not counting 410 Gone)
+        self._stopping = threading.Event()
+        self._response: Any = None  # the open watch stream, shut down by stop()
+        self._wakeup: asyncio.Event | None = None
+
+    # --- what subclasses give ------------------------------------------------------------------
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    # --- running -----------------------------------------------------------------------------
+    @property
+    def listing(self) -> bool:
+        """The first list is still on its way (no list done, none failed, not stopped)."""
+        return not self.synced.is_set() and not self.failures and not self._stopping.is_set()
+
+    def stop(self) -> None:
+        """Ask `run()` to return: interrupts a blocking watch read and a backoff wait."""
+        self._stopping.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown()
+            except Exception:  # noqa: BLE001 - best effort: the read ends by its timeout otherwise
+                log.debug("could not shut down the %s watch", self.what, exc_info=True)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        backoff = self.backoff_initial_seconds
+        try:
+            while not self._stopping.is_set():
+                try:
+                    items, version = await asyncio.to_thread(self._list)
+                    self.replace(items)
+                    self.lists += 1
+                    self.synced.set()
+                    backoff = self.backoff_initial_seconds
+                    while not self._stopping.is_set():
+                        started = loop.time()
+                        version = await asyncio.to_thread(self._watch, loop, version)
+                        if loop.time() - started < 1.0:  # a server that ends watches at once is not hammered
+                            await self._pause(self.backoff_initial_seconds)
+                except _Gone:
+                    log.info("watch of %s expired (410 Gone): listing again", self.what)
+                except Exception as exc:  # noqa: BLE001 - any API failure: keep the last view, retry
+                    if self._stopping.is_set():
+                        break
+                    self.failures += 1
+                    log.warning("%s not watched, retrying in %.1f s: %s", self.what, backoff, exc)
+                    await self._pause(backoff)
+                    backoff = min(backoff * 2, self.backoff_max_seconds)
+        finally:
+            self.stop()  # a cancelled run must not leave a thread reading the stream
+
+    async def _pause(self, seconds: float) -> None:
+        assert self._wakeup is not None
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    # --- in the thread -------------------------------------------------------------------------
+    def _call(self, **kwargs: Any) -> Any:
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
+        try:
+            return self._list_call()(_preload_content=False, **kwargs)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 410:
+                raise _Gone() from None
+            raise
+
+    def _list(self) -> tuple[list[Mapping[str, Any]], str]:
+        items: list[Mapping[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"_request_timeout": self.request_timeout_seconds}
+            if self.from_cache:
+                kwargs["resource_version"] = "0"  # served whole from the cache: no pages
+            else:
+                kwargs["limit"] = _LIST_PAGE
+                if token:
+                    kwargs["_continue"] = token
+            body = json.loads(self._call(**kwargs).data)
+            items.extend(body.get("items") or ())
+            metadata = body.get("metadata") or {}
+            token = metadata.get("continue")
+            if self.from_cache or not token:
+                return items, str(metadata.get("resourceVersion", ""))
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, version: str) -> str:
+        """Stream events from `version` until the server ends the watch; returns the last version."""
+        response = self._call(
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.watch_timeout_seconds,
+            _request_timeout=(self.request_timeout_seconds, self.watch_timeout_seconds + 30),
+        )
+        self._response = response
+        self.watches += 1
+        try:
+            if self._stopping.is_set():
+                return version
+            for line in response:
+                if self._stopping.is_set():
+                    break
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    loop.call_soon_threadsafe(self.apply, kind, obj)
+            return version
+        finally:
+            self._response = None
+            response.release_conn()
