@@ -248,7 +248,7 @@ class NodeLabeller:
                 # labels now promise capacity the node no longer has and the last write worked: a
                 # scheduler binds a burst in milliseconds, and every pod it sends by stale labels
                 # is one kubelet refuses. The rate limit still holds back loosening writes.
-                if wait > 0 and (self._failures or not self._tightens(delta)):
+                if wait > 0 and (self._failures or not labels.over_promises(self.written or {}, delta, self._contract)):
                     await self._sleep_or_wake(wait)
                     continue
                 if await self._write(delta):
@@ -376,9 +376,6 @@ class NodeLabeller:
             # a patch never leaves a free count beside totals another writer removed or changed.
             delta.update({k: v for k, v in self.desired.items() if k in self._capacity_keys})
         return delta
-
-    def _tightens(self, delta: Mapping[str, str | None]) -> bool:
-        return labels.over_promises(self.written or {}, delta, self._contract)
 
     async def _write(self, delta: dict[str, str | None]) -> bool:
         assert self.desired is not None

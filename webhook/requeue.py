@@ -17,7 +17,7 @@ Delete-then-create leaves a window (between the two calls) where a crash would l
 replacement is built before the delete and its create is retried, so only a process death in
 that window loses it (docs/steering.md, "Bursts").
 
-May import gpuslice.config, gpuslice.contract and the kubernetes client (in threads).
+May import gpuslice.config, gpuslice.contract, gpuslice.listwatch and the kubernetes client (in threads).
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ import asyncio
 import copy
 import datetime
 import logging
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kubernetes
 import prometheus_client
 
-from gpuslice import config
+from gpuslice import config, listwatch
 from gpuslice import contract as contract_
 
 __all__ = ["Requeuer", "replacement", "requeueable"]
@@ -89,10 +88,9 @@ class Requeuer:
         self.contract = settings.contract
         self.max_attempts = settings.requeue.max_attempts
         self.backoff_seconds = settings.requeue.backoff_seconds
-        self.watch_timeout_seconds = watch_timeout_seconds
         self._pending: set[str] = set()  # UIDs being requeued by this replica
         self._tasks: set[asyncio.Task[None]] = set()
-        self._stopping = threading.Event()
+        self._failed = _FailedPods(api, self._consider, watch_timeout_seconds=watch_timeout_seconds)
         self._requeued = prometheus_client.Counter(
             "gpuslice_webhook_requeues",
             "Converted pods refused by kubelet and recreated (result: requeued, gone, given_up, error)",
@@ -101,33 +99,11 @@ class Requeuer:
         )
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            while True:
-                try:
-                    await asyncio.to_thread(self._watch, loop)
-                except Exception as exc:  # noqa: BLE001 - any API failure: watch again after a pause
-                    log.warning("watch of refused pods failed, retrying: %s", exc)
-                    await asyncio.sleep(self.backoff_seconds)
+            await self._failed.run()
         finally:
-            self._stopping.set()
             for task in self._tasks:
                 task.cancel()
-
-    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """One watch without a resourceVersion: it begins with every current Failed pod, so a
-        restart or a 410 loses nothing."""
-        stream = kubernetes.watch.Watch().stream(
-            self.api.list_pod_for_all_namespaces,
-            field_selector="status.phase=Failed",
-            timeout_seconds=self.watch_timeout_seconds,
-            _preload_content=False,
-        )
-        for event in stream:
-            if self._stopping.is_set():
-                return
-            if event.get("type") in ("ADDED", "MODIFIED"):
-                loop.call_soon_threadsafe(self._consider, event["raw_object"])
 
     def _consider(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
@@ -216,3 +192,28 @@ class Requeuer:
             await asyncio.to_thread(self.api.create_namespaced_event, metadata.namespace, event)
         except kubernetes.client.ApiException as exc:
             log.warning("no event for requeued pod %s/%s: %s", metadata.namespace, metadata.name, exc.reason)
+
+
+class _FailedPods(listwatch.ListWatch):
+    """The cluster's Failed pods (field selector status.phase=Failed), each handed to `consider`
+    when listed and when it changes; a list after a restart or a 410 shows every one again."""
+
+    def __init__(
+        self, api: kubernetes.client.CoreV1Api, consider: Callable[[dict[str, Any]], None], **options: Any
+    ) -> None:
+        super().__init__(
+            lambda: api.list_pod_for_all_namespaces,
+            "refused pods",
+            field_selector="status.phase=Failed",
+            from_cache=True,
+            **options,
+        )
+        self._consider = consider
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        for pod in items:
+            self._consider(dict(pod))
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self._consider(dict(obj))
