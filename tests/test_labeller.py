@@ -342,8 +342,9 @@ async def test_api_server_errors_are_retried_with_backoff_until_written(demo_nod
     registry = prometheus_client.CollectorRegistry()
     kubelet_socket.kubelet.pods["a"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 1, 100)}
     async with Running(make(demo_node, kubelet_socket, api, registry=registry)) as running:
+        # The fake API server holds the labels before the labeller has read its answer: wait for both.
         await eventually(
-            lambda: CONTRACT.label_free_block_units in fake.labels,
+            lambda: CONTRACT.label_free_block_units in fake.labels and running.writes > 0,
             "written after failures",
         )
         assert running.write_errors == 3 and running.writes == 1
