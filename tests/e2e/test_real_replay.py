@@ -83,14 +83,17 @@ def _run(tmp_path: pathlib.Path, arrival: str, *, steering: bool) -> kube_replay
         arrival=kube_replay.parse_arrival(arrival),
         binaries=binaries,
         workdir=tmp_path / "k8s",
-        settle_limit=90,
+        settle_limit=180,  # a loaded CI machine: the run usually settles in seconds
     )
     left = set(_children()) - before
     assert not left, f"processes left behind: {sorted(left)}"
     assert controlplane._LIVE == live_before
     kube = result.kube
     assert not result.errors, result.errors[:5]
-    assert not result.unaccounted, f"pods with no outcome: {result.unaccounted[:5]}"
+    assert not result.unaccounted, (
+        f"{len(result.unaccounted)} pods with no outcome, e.g. {result.unaccounted[:5]}; creates done after "
+        f"{result.arrivals_s:.1f} s, replay {result.kube.runtime_s:.1f} s, {result.label_writes} label writes"
+    )
     # Every pod ends placed, waiting (unschedulable), denied or lost; none is lost: a pod a kubelet
     # refused is recreated by the webhook's requeuer and judged by what became of it.
     assert kube.placed_pods + kube.failed_pods + result.lost_pods + kube.denied_pods == len(arrivals)
