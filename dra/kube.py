@@ -48,6 +48,10 @@ class KubernetesApi:
             self._core = kubernetes.client.CoreV1Api(self._api_client)
         return self._resource, self._core
 
+    def resource_api(self) -> Any:
+        """The client's resource.k8s.io API, for the slice watch (dra.slicewatch)."""
+        return self._apis()[0]
+
     def close(self) -> None:
         if self._owns_client and self._api_client is not None:
             self._api_client.close()

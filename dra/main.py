@@ -33,7 +33,7 @@ import yaml
 
 from gpuslice import config as config_
 from gpuslice.deviceplugin import health, inventory, metrics, nvml_source, startup
-from gpuslice.dra import checkpoint, kube, preparer, publisher, server, slices
+from gpuslice.dra import checkpoint, kube, preparer, publisher, server, slices, slicewatch
 
 __all__ = ["Options", "main", "parse_args", "run"]
 
@@ -186,6 +186,8 @@ async def run(
         claims.recover()
     except checkpoint.CheckpointError as exc:
         log.error("%s (move it aside to start empty: kubelet then prepares its claims again)", exc)
+        if own_api:
+            api.close()
         return 2
     claims.listeners.append(lambda: prepared.set(len(state.claims)))
     prepared.set(len(state.claims))
@@ -197,6 +199,12 @@ async def run(
         unhealthy=lambda: dict(health_state.reasons),  # UUID (or "*", the whole node) -> reason
     )
     health_state.add_listener(slice_publisher.notify)
+    # Kubelet deletes the node's slices when it restarts: republish at once, not at the next resync.
+    slice_watch = (
+        slicewatch.NodeSlices(api.resource_api, options.node_name, driver, slice_publisher.notify)
+        if isinstance(api, kube.KubernetesApi)
+        else None
+    )
     monitor = health.HealthMonitor(nvml, node, settings.health, health_state) if nvml is not None else None
     grpc_server = server.DraServer(
         claims, driver=driver, plugin_dir=options.plugin_dir(driver), registry_dir=options.registry_dir, counter=calls
@@ -210,6 +218,7 @@ async def run(
 
     runner = None
     publisher_task: asyncio.Task[None] | None = None
+    watch_task: asyncio.Task[None] | None = None
     try:
         try:
             if options.http_port:
@@ -221,6 +230,8 @@ async def run(
             log.debug("start failed", exc_info=True)
             raise startup.StartupError(f"cannot start serving: {exc}") from None
         publisher_task = asyncio.create_task(slice_publisher.run(), name="dra-slice-publisher")
+        if slice_watch is not None:
+            watch_task = asyncio.create_task(slice_watch.run(), name="dra-slice-watch")
         log.info(
             "DRA driver %s on node %s: %d devices from %s",
             driver,
@@ -231,12 +242,13 @@ async def run(
         await stop.wait()
         log.info("stopping: removing the plugin sockets")
     finally:
-        if publisher_task is not None:
-            publisher_task.cancel()
-            try:
-                await publisher_task
-            except asyncio.CancelledError:
-                pass
+        for task in (watch_task, publisher_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         await grpc_server.stop()
         if monitor is not None:
             await monitor.stop()

@@ -149,7 +149,8 @@ def start_dra_plugin(
             "PYTHONUNBUFFERED": "1",
             "KUBECONFIG": plane.admin_kubeconfig,
             "GPUSLICE_DRA_ENABLED": "true",
-            # Repairs slices someone deleted (kubelet wipes them when it starts) within seconds, not minutes.
-            "GPUSLICE_DRA_SLICE_RESYNC_SECONDS": "2",
+            # The chart's default resync (300 s): slices kubelet wipes when it restarts must come back
+            # through the plugin's slice watch, within seconds.
+            "GPUSLICE_DRA_SLICE_RESYNC_SECONDS": "300",
         },
     )
