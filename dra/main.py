@@ -32,8 +32,9 @@ import prometheus_client
 import yaml
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import health, inventory, metrics, nvml_source, startup
+from gpuslice.deviceplugin import health, inventory, labeller, metrics, nvml_source, startup
 from gpuslice.dra import checkpoint, kube, preparer, publisher, server, slices, slicewatch
+from gpuslice.dra import labeller as dra_labeller
 
 __all__ = ["Options", "main", "parse_args", "run"]
 
@@ -154,10 +155,12 @@ async def run(
     nvml: nvml_source.Nvml | None = None,
     stop: asyncio.Event | None = None,
     api: Api | None = None,
+    node_api: labeller.NodeApi | None = None,
 ) -> int:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None); returns the exit status.
 
-    `api` replaces the Kubernetes client (tests pass a fake with the same methods).
+    `api` replaces the Kubernetes client (tests pass a fake with the same methods); `node_api` the
+    steering labeller's.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -199,6 +202,20 @@ async def run(
         unhealthy=lambda: dict(health_state.reasons),  # UUID (or "*", the whole node) -> reason
     )
     health_state.add_listener(slice_publisher.notify)
+    node_labeller = None
+    if settings.steering.enabled and node.gpus:
+        # The steering labels, from the claims prepared here (dra/labeller.py says why DRA needs them).
+        node_labeller = dra_labeller.ClaimLabeller(
+            lambda: dra_labeller.in_use(claims.prepared_shares(), settings.contract.unit_mib),
+            node=node,
+            settings=settings,
+            node_name=options.node_name,
+            api=node_api,
+            registry=plugin_metrics.registry,
+            unhealthy=lambda: health_state.unhealthy,
+        )
+        health_state.add_listener(node_labeller.notify)
+        claims.listeners.append(node_labeller.notify)
     # Kubelet deletes the node's slices when it restarts: republish at once, not at the next resync.
     slice_watch = (
         slicewatch.NodeSlices(api.resource_api, options.node_name, driver, slice_publisher.notify)
@@ -219,6 +236,7 @@ async def run(
     runner = None
     publisher_task: asyncio.Task[None] | None = None
     watch_task: asyncio.Task[None] | None = None
+    labeller_task: asyncio.Task[None] | None = None
     try:
         try:
             if options.http_port:
@@ -232,6 +250,8 @@ async def run(
         publisher_task = asyncio.create_task(slice_publisher.run(), name="dra-slice-publisher")
         if slice_watch is not None:
             watch_task = asyncio.create_task(slice_watch.run(), name="dra-slice-watch")
+        if node_labeller is not None:
+            labeller_task = asyncio.create_task(node_labeller.run(), name="dra-node-labeller")
         log.info(
             "DRA driver %s on node %s: %d devices from %s",
             driver,
@@ -242,13 +262,15 @@ async def run(
         await stop.wait()
         log.info("stopping: removing the plugin sockets")
     finally:
-        for task in (watch_task, publisher_task):
+        for task in (labeller_task, watch_task, publisher_task):
             if task is not None:
                 task.cancel()
                 try:
                     await task
                 except asyncio.CancelledError:
                     pass
+        if node_labeller is not None:
+            await node_labeller.shutdown(withdraw=True)  # a node whose plugin is gone must not draw pods
         await grpc_server.stop()
         if monitor is not None:
             await monitor.stop()

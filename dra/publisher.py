@@ -6,8 +6,9 @@ the wanted ones (timestamps and the pool generation aside) writes all of them wi
 generation one higher, then deletes slices that are no longer wanted, so the allocator, which
 trusts only the highest generation, never mixes old and new devices.
 
-Syncs run when `notify()` is called (health changed, or dra.slicewatch saw a slice deleted), every `dra.sliceResyncSeconds` (repairs
-slices someone changed or deleted), and at most once per `dra.sliceMinIntervalSeconds`:
+Syncs run when `notify()` is called (health changed, or dra.slicewatch saw a slice deleted),
+every `dra.sliceResyncSeconds` (repairs slices someone changed), and at most once per
+`dra.sliceMinIntervalSeconds`:
 notifications in between coalesce into one sync of the latest state. A failed sync is retried
 with jittered exponential backoff (capped at a minute).
 

@@ -469,7 +469,7 @@ class ControlPlane:
         self._wait(process, name, ready)
         return process
 
-    def start_controller_manager(self, controllers: Sequence[str] = CONTROLLERS) -> _Process:
+    def start_controller_manager(self, controllers: Sequence[str] = CONTROLLERS, *, qps: int = 200) -> _Process:
         """kube-controller-manager running `controllers` (never the node lifecycle controller: with no
         kubelet posting status it would taint every node unreachable)."""
         kubeconfig = self.admin_kubeconfig
@@ -488,8 +488,8 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 f"--service-account-private-key-file={self.workdir / 'sa.key'}",
                 f"--root-ca-file={self.ca_file}",
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
+                f"--kube-api-qps={qps}",
+                f"--kube-api-burst={2 * qps}",
                 "--concurrent-deployment-syncs=5",
                 "--v=1",
             ],

@@ -13,6 +13,11 @@ There is no kubelet (no container runtime), so this plays each node's part, in o
   node's CPU/memory headroom (GET node + list its pods) by this process's own record of the same
   pods, which saves two requests per refresh and gives the same figures.
 
+In DRA mode (`dra=True`) the nodes offer no extended resources: each publishes ResourceSlices
+(sim/kube_dra.py), and a bound pod's grant is read from its allocated claims instead of the
+simulated device manager; kubelet has nothing left to refuse. Each node's DRA plugin labeller
+(dra/labeller.py) counts the claims as its plugin would once prepared.
+
 May import aiohttp (through sim.kube_api), gpuslice.config/contract, gpuslice.deviceplugin and the
 other gpuslice.sim modules.
 """
@@ -20,6 +25,7 @@ other gpuslice.sim modules.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -29,7 +35,9 @@ from typing import Any
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.deviceplugin import labeller
-from gpuslice.sim import kube_api, scheduler, trace
+from gpuslice.dra import labeller as dra_labeller
+from gpuslice.dra import slices
+from gpuslice.sim import kube_api, kube_dra, scheduler, trace
 from gpuslice.sim import node as node_
 
 __all__ = ["Decision", "Fleet"]
@@ -94,11 +102,13 @@ class Fleet:
         namespace: str,
         gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
         status_writers: int = 16,
+        dra: bool = False,
     ) -> None:
         self.api = api
         self.settings = settings
         self.contract = settings.contract
         self.sharing = sharing
+        self.dra = dra and sharing
         self.steering = settings.steering.enabled and sharing
         self.namespace = namespace
         self.trace_nodes = {n.name: n for n in nodes}
@@ -117,8 +127,10 @@ class Fleet:
         self.label_writes = 0
         self._status: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._status_writers = status_writers
-        self._labellers: dict[str, _Labeller] = {}
+        self._labellers: dict[str, labeller.NodeLabeller] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.ledger = kube_dra.DeviceLedger(self.contract)
+        self._claim_reads: set[asyncio.Task[None]] = set()
 
     # --- what the nodes look like ----------------------------------------------------------
 
@@ -135,7 +147,8 @@ class Fleet:
         """The Node as kubelet registers it with the plugin's resources and labels; no addresses."""
         node = self.trace_nodes[name]
         resources = {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi", "pods": _POD_CAPACITY}
-        resources.update({r: str(n) for r, n in self.sims[name].allocatable().items()})
+        if not self.dra:
+            resources.update({r: str(n) for r, n in self.sims[name].allocatable().items()})
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -157,6 +170,16 @@ class Fleet:
                 await self.api.create("/api/v1/nodes", self.node_object(name))
 
         await asyncio.gather(*(create(name) for name in self.trace_nodes))
+        if self.dra:
+            await self.api.create(kube_dra.DEVICE_CLASSES_PATH, kube_dra.device_class(self.contract))
+            objects = [o for n, sim in self.sims.items() for o in kube_dra.node_slices(sim.node, self.contract, n)]
+            self.ledger.add_slices(objects)
+
+            async def publish(obj: dict[str, Any]) -> None:
+                async with gate:
+                    await self.api.create(kube_dra.SLICES_PATH, obj)
+
+            await asyncio.gather(*(publish(o) for o in objects))
 
     # --- running ----------------------------------------------------------------------------
 
@@ -167,7 +190,14 @@ class Fleet:
             for name, sim in self.sims.items():
                 if not sim.node.gpus:
                     continue
-                one = _Labeller(sim, node=sim.node, settings=self.settings, node_name=name, api=node_api)
+                one: labeller.NodeLabeller
+                if self.dra:
+                    usage = self._dra_usage(name, sim)
+                    one = dra_labeller.ClaimLabeller(
+                        usage, node=sim.node, settings=self.settings, node_name=name, api=node_api
+                    )
+                else:
+                    one = _Labeller(sim, node=sim.node, settings=self.settings, node_name=name, api=node_api)
                 # The Node was created with these labels: the plugin has been running before the replay.
                 one.written = {k: v for k, v in self.labels(name).items() if k != "kubernetes.io/hostname"}
                 self._labellers[name] = one
@@ -191,9 +221,10 @@ class Fleet:
         await self._status.join()
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._claim_reads]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
@@ -205,6 +236,19 @@ class Fleet:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 out.append(f"{task.get_name()}: {task.exception()!r}")
         return out
+
+    def _dra_usage(self, name: str, sim: node_.SimNode) -> Callable[[], dra_labeller.InUse]:
+        """What this node's DRA plugin would count from the claims it prepared: the ledger's."""
+        unit = self.contract.unit_mib
+        devices = {(name, slices.device_name(g)): g.uuid for g in sim.node.memory_gpus}
+
+        def usage() -> dra_labeller.InUse:
+            units: collections.Counter[str] = collections.Counter()
+            for key, uuid in devices.items():
+                units[uuid] = -(-round(self.ledger.consumed.get(key, 0.0)) // unit)
+            return units, set()
+
+        return usage
 
     # --- kubelet's pod loop -------------------------------------------------------------------
 
@@ -225,9 +269,17 @@ class Fleet:
         if sim is None:
             self.errors.append(f"{key} bound to unknown node {node}")
             return
-        decision = self._admit(key, node, sim, pod)
-        self.decisions[key] = decision
         self._decided_uid[key] = uid
+        if self.dra:
+            task = asyncio.create_task(self._admit_dra(key, node, pod), name=f"claims-of-{key}")
+            self._claim_reads.add(task)
+            task.add_done_callback(self._claim_reads.discard)
+            return
+        self._decide(key, node, pod, self._admit(key, node, sim, pod))
+
+    def _decide(self, key: str, node: str, pod: dict[str, Any], decision: Decision) -> None:
+        meta = pod["metadata"]
+        self.decisions[key] = decision
         if not decision.admitted:
             self.refusals += 1
         if decision.admitted:
@@ -257,6 +309,32 @@ class Fleet:
         if one is not None:
             one.notify()  # the plugin's Allocate notifies its labeller
         return Decision(key, node, True, "", granted)
+
+    async def _admit_dra(self, key: str, node: str, pod: dict[str, Any]) -> None:
+        """Kubelet's side in DRA mode: the pod runs; its grant is what its claims were allocated."""
+        granted = 0.0
+        statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+        try:
+            for status in statuses:
+                claim = await self.api.request(
+                    "GET",
+                    f"/apis/resource.k8s.io/v1/namespaces/{pod['metadata']['namespace']}"
+                    f"/resourceclaims/{status['resourceClaimName']}",
+                )
+                pool, share = self.ledger.grant(claim)
+                if pool != node:
+                    self.errors.append(f"{key} bound to {node}, its claim allocated on {pool}")
+                granted += share
+        except (kube_api.ApiError, OSError, TimeoutError, ValueError, KeyError) as exc:
+            self.errors.append(f"claims of {key}: {exc!r}")
+        request = scheduler.read_pod(pod)
+        held = self.requested[node]
+        held[0] += int(request.requests.get(scheduler.CPU, 0))
+        held[1] += int(request.requests.get(scheduler.MEMORY, 0))
+        one = self._labellers.get(node)
+        if one is not None:
+            one.notify()  # the plugin prepared the claim: its labeller counts it
+        self._decide(key, node, pod, Decision(key, node, True, "", granted))
 
     async def _write_status(self) -> None:
         while True:

@@ -42,7 +42,7 @@ import numpy as np
 import yaml
 
 from gpuslice import config
-from gpuslice.sim import controlplane, kube_api, kube_nodes, replay, scheduler, trace
+from gpuslice.sim import controlplane, kube_api, kube_dra, kube_nodes, replay, scheduler, trace
 
 __all__ = [
     "Arrival",
@@ -388,10 +388,11 @@ def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) ->
     return process, port, plane.pki.ca_pem
 
 
-def _webhook_configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
+def _webhook_configuration(port: int, ca_pem: bytes, *, side_effects: str = "None") -> dict[str, Any]:
     """One entry for every pod of the replay's namespace: the model hands every pod to `mutate` too.
     (The chart splits GPU pods and CPU pods into two entries by matchConditions; the webhook gives
-    each pod the same answer either way.)"""
+    each pod the same answer either way.) In DRA mode the webhook creates claim templates, except on
+    dry runs: `NoneOnDryRun`."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -400,7 +401,7 @@ def _webhook_configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
             {
                 "name": "pods.gpuslice.io",
                 "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
+                "sideEffects": side_effects,
                 "timeoutSeconds": 10,
                 "failurePolicy": "Fail",
                 "reinvocationPolicy": "Never",
@@ -435,8 +436,8 @@ async def _webhook_in_effect(api: kube_api.Api, contract_probe: dict[str, Any], 
     while time.monotonic() < deadline:
         answer = await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", contract_probe, dry_run=True)
         limits = answer["spec"]["containers"][0].get("resources", {}).get("limits", {})
-        if any(k not in ("cpu", "memory") for k in limits):
-            return
+        if any(k not in ("cpu", "memory") for k in limits) or answer["spec"].get("resourceClaims"):
+            return  # extended resources (device-plugin mode) or a claim (DRA mode)
         await asyncio.sleep(0.2)
     raise controlplane.ControlPlaneError("the API server never called the webhook (dry-run pod not converted)")
 
@@ -534,14 +535,20 @@ async def _drive(
     contract = settings.contract
     async with kube_api.Api(plane.server, plane.admin_token, plane.ca_file) as api:
         fleet = kube_nodes.Fleet(
-            api, nodes, settings, sharing=configuration.sharing, namespace=NAMESPACE, gpu_memory_mib=gpu_memory_mib
+            api,
+            nodes,
+            settings,
+            sharing=configuration.sharing,
+            namespace=NAMESPACE,
+            gpu_memory_mib=gpu_memory_mib,
+            dra=settings.dra.enabled,
         )
         await fleet.create_nodes()
         if configuration.sharing:
             _, port, ca_pem = await asyncio.to_thread(_start_webhook, plane, settings)
             await api.create(
                 "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-                _webhook_configuration(port, ca_pem),
+                _webhook_configuration(port, ca_pem, side_effects="NoneOnDryRun" if fleet.dra else "None"),
             )
             probe = trace.user_pod(trace.TracePod("gpuslice-sim-probe", 0, 0, 1, 500), contract, namespace=NAMESPACE)
             await _webhook_in_effect(api, probe)
@@ -568,7 +575,8 @@ async def _drive(
         finally:
             watch.cancel()
             await fleet.stop()
-            errors = [*fleet.failed_tasks(), *fleet.errors, *outcomes.errors]
+            # DRA mode: an allocation past a device's memory (the allocator's promise broken) is an error.
+            errors = [*fleet.failed_tasks(), *fleet.errors, *fleet.ledger.overruns, *outcomes.errors]
             if watch.done() and not watch.cancelled() and watch.exception() is not None:
                 errors.append(f"pods watch: {watch.exception()!r}")
         capacity = replay.gpu_capacity_milli(nodes)
@@ -598,7 +606,14 @@ def replay_on_kube(
     settle_limit: float = 1800.0,
 ) -> KubeResult:
     """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model."""
-    model = replay.replay(nodes, arrivals, configuration, seed=seed, gpu_memory_mib=gpu_memory_mib)
+    # The model knows device-plugin mode only: in DRA mode it gives the device-plugin figure beside it.
+    modelled = configuration
+    if configuration.settings.dra.enabled:
+        settings = configuration.settings
+        modelled = dataclasses.replace(
+            configuration, settings=dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, enabled=False))
+        )
+    model = replay.replay(nodes, arrivals, modelled, seed=seed, gpu_memory_mib=gpu_memory_mib)
     started = time.monotonic()
     plane = controlplane.ControlPlane(binaries, workdir)
     try:
@@ -609,6 +624,9 @@ def replay_on_kube(
             qps=SCHEDULER_QPS,
             burst=2 * SCHEDULER_QPS,
         )
+        if configuration.sharing and configuration.settings.dra.enabled:
+            # Pods' claims from the webhook's templates; as fast as the scheduler binds.
+            plane.start_controller_manager(kube_dra.DRA_CONTROLLERS, qps=SCHEDULER_QPS)
         version = plane.version()
         kube, setup, arrivals_s, unaccounted, writes, errors, (scheduled_at, converted_at), diagnosis, lost = (
             asyncio.run(
@@ -619,7 +637,7 @@ def replay_on_kube(
         plane.stop()
     paced = None
     settings = configuration.settings
-    if configuration.sharing and settings.steering.enabled and arrivals:
+    if configuration.sharing and settings.steering.enabled and not settings.dra.enabled and arrivals:
         pace = replay.LabelDelay(
             min_interval_seconds=settings.steering.label_min_interval_seconds,
             scheduled_at=scheduled_at,
@@ -649,6 +667,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="burst",
         help="kube: sequential (one pod at a time), burst (all at once; default) or compressed:<factor> "
         "(the trace's inter-arrival gaps divided by factor)",
+    )
+    group.add_argument(
+        "--mode",
+        choices=("device-plugin", "dra"),
+        default="device-plugin",
+        help="kube: how the gpuslice configurations offer GPUs: extended resources from the device plugin "
+        "(default), or ResourceSlices and ResourceClaims (DRA mode, docs/dra.md)",
     )
     group.add_argument(
         "--node-sample", type=int, metavar="N", help="kube: replay on N of the trace's nodes, evenly spaced"
@@ -682,6 +707,8 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except (ValueError, config.ConfigError) as exc:  # TraceError is a ValueError
         print(f"gpuslice-sim: {exc}", file=sys.stderr)
         return 2
+    if args.mode == "dra":
+        settings = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, enabled=True))
     chosen = replay.configurations(
         settings, percentage_of_nodes_to_score=args.percentage_of_nodes_to_score, binpack_strategy=args.binpack_strategy
     )
@@ -711,6 +738,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "gpus": capacity // 1000,
         "demand": args.demand,
         "arrival": str(arrival),
+        "mode": args.mode,
     }
     if args.json:
         print(json.dumps({**meta, "runs": [{"seed": s, **r.to_json()} for s, r in runs]}, indent=2))
@@ -722,7 +750,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]]) -> str:
     lines = [
         f"gpuslice-sim --scheduler kube: {meta['pods_file']} on {meta['nodes']} nodes / {meta['gpus']} GPUs, "
-        f"demand {meta['demand']:.0%}, arrival {meta['arrival']}"
+        f"demand {meta['demand']:.0%}, arrival {meta['arrival']}, mode {meta.get('mode', 'device-plugin')}"
         + (f", Kubernetes {runs[0][1].kubernetes}" if runs else ""),
         "",
         f"{'configuration':<18}{'seed':>5} {'run':<6}{'pods':>7}{'alloc@100%':>11}{'alloc@end':>10}"

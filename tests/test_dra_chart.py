@@ -89,6 +89,27 @@ def test_the_dra_plugin_gets_what_kubelet_dra_needs():
     assert any("resourceslices" in r["resources"] and "create" in r["verbs"] and "delete" in r["verbs"] for r in rules)
 
 
+@pytest.mark.parametrize("steering", [True, False])
+def test_with_steering_the_dra_plugin_may_label_only_its_own_node_as_the_device_plugin(steering):
+    manifests = chartkit.render({**DRA, "config": {"steering": {"enabled": steering}}}, "1.37.0")
+    rules = manifests.named("ClusterRole", "gpuslice-dra-plugin")["rules"]
+    nodes = next(r for r in rules if r["resources"] == ["nodes"])
+    assert ("patch" in nodes["verbs"]) is steering
+    assert any(r["resources"] == ["pods"] and r["verbs"] == ["list", "watch"] for r in rules) is steering
+    policies = manifests.all("ValidatingAdmissionPolicy")
+    if not steering:
+        assert policies == []
+        return
+    (policy,) = policies
+    (condition,) = policy["spec"]["matchConditions"]
+    plugin_sa = manifests.one("ServiceAccount", "dra-plugin")["metadata"]["name"]
+    username = f"system:serviceaccount:{chartkit.NAMESPACE}:{plugin_sa}"
+    program = celpy.Environment().program(celpy.Environment().compile(condition["expression"]))
+    request = celpy.json_to_cel({"userInfo": {"username": username}})
+    assert program.evaluate({"request": request})
+    assert not program.evaluate({"request": celpy.json_to_cel({"userInfo": {"username": "system:node:gpu-1"}})})
+
+
 def test_both_modes_split_the_nodes_by_label_and_the_webhook_follows_config():
     manifests = chartkit.render(BOTH, "1.37.0")
     assert chartkit.pod_spec(manifests.one("DaemonSet", "dra-plugin"))["nodeSelector"] == {"gpuslice.io/dra": "true"}

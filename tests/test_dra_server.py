@@ -223,3 +223,61 @@ async def test_the_plugin_refuses_to_start_on_a_damaged_checkpoint(demo_node, di
     )
     assert await main.run(config.Config(), options, demo_node, stop=asyncio.Event(), api=dra_kit.FakeApi()) == 2
     assert not (dirs["registry"]).exists() or list(dirs["registry"].iterdir()) == []
+
+
+class RecordingNodeApi:
+    """The steering labeller's NodeApi: the merged labels of node-a as the API server would hold them."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {}
+        self.changed = asyncio.Event()
+
+    async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
+        assert node_name == "node-a"
+        for key, value in labels.items():
+            if value is None:
+                self.labels.pop(key, None)
+            else:
+                self.labels[key] = value
+        self.changed.set()
+
+    async def until(self, check) -> None:  # type: ignore[no-untyped-def]
+        while not check(self.labels):
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), 5)
+
+
+async def test_the_plugin_publishes_steering_labels_from_the_claims_it_prepared_and_withdraws_them(demo_node, dirs):
+    contract = config.Config().contract
+    api = dra_kit.FakeApi()
+    share = claim(uid(6), [result("gpu", "gpu-0", "2Gi", share_id=SHARE_ID)])
+    api.add_claim(share)
+    node_api = RecordingNodeApi()
+    options = main.Options(
+        node_name="node-a",
+        plugins_dir=str(dirs["plugins"]),
+        registry_dir=str(dirs["registry"]),
+        cdi_dir=str(dirs["cdi"]),
+        state_dir=str(dirs["state"]),
+        http_port=0,
+    )
+    settings = config.load(overrides={"steering.labelMinIntervalSeconds": 0.01}, environ={})
+    stop = asyncio.Event()
+    task = asyncio.create_task(main.run(settings, options, demo_node, stop=stop, api=api, node_api=node_api))
+    socket = dirs["plugins"] / "gpu.gpuslice.io" / "dra.sock"
+    try:
+        await node_api.until(lambda labels: contract.label_free_units in labels)
+        free_before = int(node_api.labels[contract.label_free_units])
+        whole_gpus = int(node_api.labels[contract.label_free_gpus])
+        for _ in range(200):
+            if socket.exists():
+                break
+            await asyncio.sleep(0.02)
+        await dra_kit.prepare(socket, [share])
+        # 2 GiB of gpu-0 at 256 MiB units: 8 units fewer, and gpu-0 is no longer whole.
+        await node_api.until(lambda labels: int(labels[contract.label_free_units]) == free_before - 8)
+        assert int(node_api.labels[contract.label_free_gpus]) == whole_gpus - 1
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 10) == 0
+    assert node_api.labels == {}, node_api.labels  # withdrawn at exit

@@ -351,6 +351,20 @@ def test_gpu_fraction_takes_the_class_chosen_as_in_device_plugin_mode_as_a_devic
     assert request["exactly"]["capacity"]["requests"]["memory"] == f"{plugin_mode.decision['memoryMiB']}Mi"
 
 
+def test_shares_get_the_steering_preferences_of_device_plugin_mode_but_none_of_its_requirements():
+    annotations = {"gpu-fraction": "0.25"}
+    _, plugin_mode = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
+    _, patched = mutate(pod(annotations=annotations))
+    plugin_affinity = plugin_mode["spec"]["affinity"]["nodeAffinity"]
+    affinity = patched["spec"]["affinity"]["nodeAffinity"]
+    # The preferred terms pack; the allocator, not a required label term, keeps the share on one GPU.
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == (
+        plugin_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    )
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in plugin_affinity
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
+
+
 def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
     mig, _ = mutate(pod(annotations={"gpu-memory": "9000", "gpuslice.io/isolation": "mig"}))
     (request,) = mig.objects[0]["spec"]["spec"]["devices"]["requests"]

@@ -75,8 +75,13 @@ class ClusterView:
         *,
         default_gpu_memory_mib: int,
         clock: Callable[[], float] = time.monotonic,
+        extended_resources: bool = True,
     ) -> None:
         self.contract = contract
+        # Device-plugin mode: nodes' labels are checked against kubelet's counts of our extended
+        # resources (a node without them has its plugin down). DRA mode: nodes offer ResourceSlices,
+        # not extended resources, so there is nothing to check the labels against.
+        self.extended_resources = extended_resources
         self.clock = clock  # promises' clock (the simulator passes its own)
         self.default_gpu_memory_mib = default_gpu_memory_mib
         self._nodes: dict[str, nodelabels.NodeGpus] = {}
@@ -102,7 +107,7 @@ class ClusterView:
         object's status, when given); a node without GPU labels, or with labels that cannot be
         believed (`untrusted` says why), is dropped."""
         try:
-            gpus = nodelabels.read(labels, self.contract, status=status)
+            gpus = nodelabels.read(labels, self.contract, status=status if self.extended_resources else None)
         except nodelabels.Distrusted as exc:
             self.untrusted[name] = (exc.reason, str(exc))
             gpus = None

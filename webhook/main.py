@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import kubernetes
 
 from gpuslice import config
-from gpuslice.webhook import certs, nodewatch, requeue, server
+from gpuslice.webhook import certs, claim_templates, nodewatch, requeue, server
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
@@ -55,7 +55,11 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     reloader = certs.CertificateReloader(
         context, args.tls_cert_file, args.tls_private_key_file, interval=args.cert_reload_seconds
     )
-    view = cluster_.ClusterView(settings.contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
+    view = cluster_.ClusterView(
+        settings.contract,
+        default_gpu_memory_mib=settings.default_gpu_memory_mib,
+        extended_resources=not settings.dra.enabled,
+    )
     watcher = nodewatch.NodeWatcher(api, view) if api is not None else None
     if watcher is None:
         log.info("no cluster found: gpu-fraction uses defaultGpuMemoryMiB=%d", settings.default_gpu_memory_mib)
@@ -63,7 +67,15 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     background = []
     if api is not None and settings.requeue.enabled and not settings.dra.enabled:
         background.append(requeue.Requeuer(api, settings, registry=metrics.registry).run)
-    app = server.make_app(settings, view, metrics=metrics, watcher=watcher, reloader=reloader, background=background)
+    # DRA mode: claim templates are created with the same credentials as the node watch (--kubeconfig).
+    templates = (
+        claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(api.api_client))
+        if api is not None and settings.dra.enabled
+        else None
+    )
+    app = server.make_app(
+        settings, view, metrics=metrics, watcher=watcher, reloader=reloader, templates=templates, background=background
+    )
     # Everything built so far (the Kubernetes client's many modules included) lives as long as the
     # process: keep it out of the garbage collector's full scans, which each admission's JSON triggers.
     gc.freeze()

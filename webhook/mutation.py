@@ -705,6 +705,22 @@ def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config, contract: co
     return Outcome(allowed=True, patch=[{"op": "add", "path": "/spec/affinity", "value": affinity}], kind=KIND_CPU_POD)
 
 
+def _dra_steering(
+    pod: Mapping[str, Any], conversion: _Conversion, settings: config.Config, contract: contract_.Contract
+) -> list[dict[str, Any]]:
+    """DRA mode: the allocator keeps every share on one GPU by itself but scores no node by what is
+    left on it, so the steering's preferred terms (never its required ones, which exist for
+    kubelet's sake in device-plugin mode) are what makes the stock scheduler pack."""
+    if not settings.steering.enabled or conversion.steering_request is None:
+        return []
+    request = conversion.steering_request
+    if not settings.steering.cpu_pods:
+        request = dataclasses.replace(request, largest_node_gpus=0)  # as in _build_patch
+    _, preferred = steering.placement_affinity(request, contract)
+    affinity = merge_node_affinity((pod.get("spec") or {}).get("affinity"), (), preferred)
+    return [] if affinity is None else [{"op": "add", "path": "/spec/affinity", "value": affinity}]
+
+
 def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
     """Convert one pod (a Pod object as JSON) or say why it is refused."""
     metadata = pod.get("metadata") or {}
@@ -733,7 +749,7 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
         need = dra_claims.need_from_conversion(conversion, contract, pod)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
         objects = (claims.template,)
-        patch = claims.patch + toleration_ops
+        patch = claims.patch + toleration_ops + _dra_steering(pod, conversion, settings, contract)
         return Outcome(True, patch, "", claims.decision, claims.warnings, conversion.kind, objects)
     patch, warnings = _build_patch(pod, conversion, settings, contract)
     return Outcome(

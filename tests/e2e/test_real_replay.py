@@ -64,14 +64,14 @@ def _children() -> list[int]:
     return found
 
 
-def _run(tmp_path: pathlib.Path, arrival: str, *, steering: bool) -> kube_replay.KubeResult:
+def _run(tmp_path: pathlib.Path, arrival: str, *, steering: bool, dra: bool = False) -> kube_replay.KubeResult:
     binaries = controlplane.find_binaries()
     if binaries is None:
         pytest.skip("real Kubernetes components not built")
     nodes, pods = _input()
     arrivals = replay.workload(pods, replay.gpu_capacity_milli(nodes), 1.3, np.random.default_rng(SEED))
     assert 200 <= len(arrivals) <= 400
-    settings = config.load(overrides={"steering.enabled": steering})
+    settings = config.load(overrides={"steering.enabled": steering, "dra.enabled": dra})
     configuration = replay.configurations(settings)["gpuslice-default"]
     before = set(_children())
     live_before = list(controlplane._LIVE)  # the session's control plane, when other e2e tests run first
@@ -131,3 +131,16 @@ def test_a_burst_with_steering_accounts_for_every_pod(tmp_path: pathlib.Path) ->
     result = _run(tmp_path, "burst", steering=True)
     assert result.label_writes > 0
     assert result.difference_points <= TOLERANCE_POINTS
+
+
+def test_dra_mode_places_every_share_on_one_device_within_its_memory_and_refuses_none(tmp_path: pathlib.Path) -> None:
+    # DRA mode: the nodes publish ResourceSlices, the webhook makes claim templates, the real
+    # resource-claim controller makes each pod's claim and the real scheduler's DRA allocator places
+    # it. What each pod was granted is read from its allocated claim; an allocation past a device's
+    # memory, or on another node than the pod's, would be in the errors (_run asserts there are none).
+    result = _run(tmp_path, "burst", steering=True, dra=True)
+    kube = result.kube
+    assert kube.admission_failures == 0 and result.lost_pods == 0  # nothing left for a kubelet to refuse
+    assert result.label_writes > 0  # the DRA plugins' labellers steer, as in device-plugin mode
+    assert kube.gpu_allocation_ratio > 0.5, f"{kube.gpu_allocation_ratio:.2%}"
+    assert result.model_paced is None  # the model knows device-plugin mode only
