@@ -33,6 +33,7 @@ __all__ = [
     "SteeringConfig",
     "MonitorConfig",
     "DraConfig",
+    "MIG_STRATEGIES",
     "WebhookConfig",
     "ConfigError",
     "FIELDS",
@@ -42,6 +43,8 @@ __all__ = [
 
 SCHEMA_VERSION = "v1"
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
+# NVIDIA's MIG strategies, mapped onto gpuslice's resources (deviceplugin/migstrategy.py).
+MIG_STRATEGIES = ("none", "single", "mixed")
 OVERUSE_POLICIES = ("warn", "evict", "kill")
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule; Kubernetes adds the matching toleration
@@ -161,6 +164,8 @@ class Config:
     resource_prefix: str = contract.DEFAULT_PREFIX
     memory_unit_mib: int = contract.DEFAULT_UNIT_MIB
     device_list_strategy: str = "envvar"
+    # Mixed is what the plugin always did: MIG devices as <prefix>/mig-<profile>, other GPUs as units.
+    mig_strategy: str = "mixed"
     cdi_kind: str = "nvidia.com/gpu"
     mps: MpsConfig = MpsConfig()
     health: HealthConfig = HealthConfig()
@@ -312,6 +317,15 @@ FIELDS: tuple[Field, ...] = (
         "how a container is given its GPU: envvar (NVIDIA_VISIBLE_DEVICES) or cdi-cri (CDI devices)",
     ),
     Field("cdiKind", "cdi_kind", str, _cdi_kind, "CDI kind of the GPU devices for cdi-cri"),
+    Field(
+        "migStrategy",
+        "mig_strategy",
+        str,
+        _one_of(*MIG_STRATEGIES),
+        "device plugin: how MIG devices are advertised: mixed (one mig-<profile> resource per profile), "
+        "single (every GPU in MIG mode with one profile; each MIG device shared as gpu-memory units) or "
+        "none (MIG-mode GPUs left out)",
+    ),
     Field("mps.enabled", "mps.enabled", bool, _always_ok, "give each container a per-pod MPS memory and SM limit"),
     Field("mps.pipeDirectory", "mps.pipe_directory", str, _absolute, "host directory of the MPS control pipe"),
     Field(
@@ -671,6 +685,7 @@ def _build(values: Mapping[str, Any]) -> Config:
 _NODE_KEYS = (
     "deviceListStrategy",
     "cdiKind",
+    "migStrategy",
     "mps.",
     "health.",
     "monitor.",
@@ -689,6 +704,8 @@ _WEBHOOK_KEYS = (
     "requeue.",
     "webhook.",
 )
+# Node keys the DRA plugin does not read (it publishes every MIG device as its own device).
+_DEVICE_PLUGIN_KEYS = ("migStrategy",)
 COMPONENTS = ("webhook", "device-plugin", "dra-plugin")
 
 
@@ -704,6 +721,8 @@ def reads(component: str | None, field: Field) -> bool:
     if component == "webhook":
         return not node_only
     if component == "device-plugin" and field.path.startswith("dra."):
+        return False
+    if component == "dra-plugin" and field.path.startswith(_DEVICE_PLUGIN_KEYS):
         return False
     return not webhook_only
 
