@@ -49,9 +49,7 @@ def _check_uniform(node: inventory.NodeInventory) -> None:
     where = "migStrategy single needs every GPU in MIG mode with MIG devices of one profile"
     plain = [g for g in node.gpus if not g.mig_enabled]
     if plain:
-        raise MigStrategyError(
-            f"{where}, but {_name(plain[0])} is not in MIG mode: use migStrategy mixed on this node"
-        )
+        raise MigStrategyError(f"{where}, but {_name(plain[0])} is not in MIG mode: use migStrategy mixed on this node")
     empty = [g for g in node.gpus if not g.mig]
     if empty:
         raise MigStrategyError(f"{where}, but {_name(empty[0])} has no MIG devices: create them or use mixed")

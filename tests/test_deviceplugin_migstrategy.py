@@ -18,8 +18,13 @@ A100 = "NVIDIA A100-SXM4-80GB"
 
 def a100(index: int, profiles: list[str] | None) -> dict:
     """A node-file GPU entry: in MIG mode with one MIG device per profile (None: not in MIG mode)."""
-    gpu: dict = {"uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000", "model": A100, "memoryMiB": 81920,
-                 "index": index, "numaNode": index % 2}
+    gpu: dict = {
+        "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
+        "model": A100,
+        "memoryMiB": 81920,
+        "index": index,
+        "numaNode": index % 2,
+    }
     if profiles is not None:
         memory = {"3g.40gb": 40192, "2g.20gb": 19968, "1g.10gb": 9728}
         gpu["mig"] = [
@@ -63,7 +68,9 @@ def test_single_shares_each_mig_device_by_memory_units_as_the_plain_resource():
     view = migstrategy.advertised(UNIFORM, "single")
     first = view.gpus[0]
     assert (first.uuid, first.memory_mib, first.parent_uuid) == (
-        "MIG-00000000-0000-0000-0000-000000000000", 40192, "GPU-00000000-0000-0000-0000-000000000000"
+        "MIG-00000000-0000-0000-0000-000000000000",
+        40192,
+        "GPU-00000000-0000-0000-0000-000000000000",
     )
     assert first.model == f"{A100} MIG 3g.40gb" and not first.mig_enabled
     assert [g.numa_node for g in view.gpus] == [0, 0, 1, 1]
@@ -73,7 +80,8 @@ def test_under_single_a_unit_fails_with_its_mig_device_and_with_the_gpu_holding_
     (memory,) = manager.build_resources(migstrategy.advertised(UNIFORM, "single"), config.Config(mig_strategy="single"))
     unit = contract.unit_device_id("MIG-00010000-0000-0000-0000-000000000000", 0, 256)
     assert memory.health_units[unit] == (
-        "MIG-00010000-0000-0000-0000-000000000000", "GPU-00000001-0000-0000-0000-000000000000"
+        "MIG-00010000-0000-0000-0000-000000000000",
+        "GPU-00000001-0000-0000-0000-000000000000",
     )
     assert memory.numa_nodes[unit] == 1
 
@@ -96,8 +104,16 @@ def test_single_refuses_a_node_that_is_not_uniform_naming_what_differs(gpus, mes
 def test_the_plugin_refuses_single_on_a_mixed_node_in_one_line_and_exits_2(tmp_path, capsys):
     from conftest import EXAMPLES
 
-    argv = ["--node-file", str(EXAMPLES / "demo-node.yaml"), "--kubelet-dir", str(tmp_path), "--http-port", "0",
-            "--mig-strategy", "single"]
+    argv = [
+        "--node-file",
+        str(EXAMPLES / "demo-node.yaml"),
+        "--kubelet-dir",
+        str(tmp_path),
+        "--http-port",
+        "0",
+        "--mig-strategy",
+        "single",
+    ]
     assert main.main(argv) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("gpuslice-device-plugin: migStrategy single needs every GPU in MIG mode")
@@ -140,5 +156,6 @@ def test_health_of_the_physical_gpu_reaches_the_units_of_its_mig_devices():
     (memory,) = manager.build_resources(migstrategy.advertised(UNIFORM, "single"), config.Config(mig_strategy="single"))
     sick = {d for d, units in memory.health_units.items() if set(units) & set(state.unhealthy)}
     assert {contract.parse_unit_device_id(d).gpu_uuid for d in sick} == {
-        "MIG-00000000-0000-0000-0000-000000000000", "MIG-00000001-0000-0000-0000-000000000000"
+        "MIG-00000000-0000-0000-0000-000000000000",
+        "MIG-00000001-0000-0000-0000-000000000000",
     }
