@@ -56,7 +56,7 @@ class DeviceSample:
 
 def shared_devices(node: inventory.NodeInventory) -> tuple[tuple[str, str], ...]:
     """(device UUID, GPU UUID) of every device pods get a share of: GPUs not in MIG mode and MIG devices."""
-    gpus = tuple((g.uuid, g.uuid) for g in node.memory_gpus)
+    gpus = tuple((g.uuid, g.parent_uuid or g.uuid) for g in node.memory_gpus)
     return gpus + tuple((m.uuid, m.parent_uuid) for m in node.mig_devices())
 
 

@@ -31,6 +31,9 @@ class Gpu:
     nvlinks: Mapping[str, int] = dataclasses.field(default_factory=dict)
     mig_enabled: bool = False
     mig: tuple[MigDevice, ...] = ()
+    # Set when this "GPU" is a MIG device shared by memory units (migStrategy single): the physical
+    # GPU, whose failures are this device's too.
+    parent_uuid: str = ""
 
     def nvlinks_to(self, other: str) -> int:
         return self.nvlinks.get(other, 0)

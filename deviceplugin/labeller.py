@@ -205,6 +205,8 @@ class NodeLabeller:
         self._min_interval = settings.steering.label_min_interval_seconds
         self._poll = settings.steering.pod_resources_poll_seconds
         self._units = allocation.MemoryUnits(node, self._contract.unit_mib)
+        # MIG devices shared by units (migStrategy single) are down when their GPU is
+        self._parent_of = {g.uuid: g.parent_uuid for g in node.gpus if g.parent_uuid}
         self._mig_ids = {m.uuid for m in node.mig_devices()}
         self._wake = asyncio.Event()
         self._random = random.Random()
@@ -318,7 +320,9 @@ class NodeLabeller:
         sick = set(self._unhealthy()) if self._unhealthy is not None else set()
         if sick:
             every = health.ALL in sick
-            taken_units |= {d for d, gpu in self._units.gpu_of.items() if every or gpu in sick}
+            taken_units |= {
+                d for d, gpu in self._units.gpu_of.items() if every or gpu in sick or self._parent_of.get(gpu) in sick
+            }
             taken_mig |= {m.uuid for m in self._node.mig_devices() if every or m.uuid in sick or m.parent_uuid in sick}
         if allocatable is not None:
             # Only trust the allocatable view for a resource kubelet reports at all: right after

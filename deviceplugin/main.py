@@ -4,7 +4,9 @@
                            [--pod-resources-socket PATH] [--node-name NAME] [--http-port N]
                            [every configuration flag, see docs/configuration.md]
 
-Configuration, node-file and start-up check errors (deviceplugin/startup.py: e.g. pods still
+The `<prefix>/config` label of the plugin's Node (--node-name) names the entry of the file's
+`nodeConfigs` layered over the file (deviceplugin/nodeconfig.py); a label naming no entry stops the
+plugin. Configuration, node-file and start-up check errors (deviceplugin/startup.py: e.g. pods still
 hold units of another `memoryUnitMiB`) print one line and exit 2. SIGTERM/SIGINT stop serving,
 remove the node labels the plugin published and the plugin sockets, cancel and await every task,
 and exit 0.
@@ -20,11 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gpuslice import config as config_
 from gpuslice.deviceplugin import (
@@ -33,7 +36,9 @@ from gpuslice.deviceplugin import (
     labeller,
     manager,
     metrics,
+    migstrategy,
     monitor,
+    nodeconfig,
     nvml_source,
     placement,
     podapi,
@@ -134,6 +139,9 @@ async def run(
     startup.StartupError (before anything is served, or when serving cannot start) says why the
     plugin must not run.
     """
+    # What is served under migStrategy; health alone watches the real GPUs (it maps NVML's MIG
+    # instance IDs to MIG devices, and reports the MIG devices or GPUs the view is made of).
+    physical, node = node, _served(node, settings)
     startup.check_device_list(node, settings.contract)  # before the device IDs are built
     resources = manager.build_resources(node, settings)
     await _check_held_units(settings, options, node, resources)
@@ -152,7 +160,7 @@ async def run(
         plugin_metrics=plugin_metrics,
         poll_interval=options.poll_interval,
     )
-    health_monitor = health.HealthMonitor(nvml, node, settings.health, health_state) if nvml is not None else None
+    health_monitor = health.HealthMonitor(nvml, physical, settings.health, health_state) if nvml is not None else None
     usage_monitor = None
     if nvml is not None and settings.monitor.enabled and resources:
         usage_monitor = monitor.UsageMonitor(
@@ -231,6 +239,30 @@ async def run(
     return 0
 
 
+def _served(node: inventory.NodeInventory, settings: config_.Config) -> inventory.NodeInventory:
+    """The node as `settings.mig_strategy` serves it; StartupError when the layout does not fit."""
+    strategy = settings.mig_strategy
+    if strategy == "single" and settings.mps.enabled:
+        # NVIDIA's plugin has no MPS on MIG either; the chart's MPS daemon skips MIG-mode GPUs.
+        raise startup.StartupError(
+            "mps.enabled cannot be used with migStrategy single: MPS limits are per GPU, "
+            "not per MIG device; turn one of them off"
+        )
+    try:
+        served = migstrategy.advertised(node, strategy)
+    except migstrategy.MigStrategyError as exc:
+        raise startup.StartupError(str(exc)) from None
+    skipped = migstrategy.left_out(node, strategy)
+    if skipped:
+        log.warning(
+            "migStrategy none: not advertising %d GPU(s) in MIG mode (%s): their memory belongs to their MIG "
+            "devices; use migStrategy mixed or single to serve them",
+            len(skipped),
+            ", ".join(g.uuid for g in skipped),
+        )
+    return served
+
+
 async def _check_held_units(
     settings: config_.Config, options: Options, node: inventory.NodeInventory, resources: Sequence[server.Resource]
 ) -> None:
@@ -244,9 +276,32 @@ async def _check_held_units(
         startup.check_held_units(startup.foreign_held_units(holdings, frozenset(memory.device_ids), node, names), names)
 
 
+def node_settings(
+    argv: Sequence[str] | None,
+    settings: config_.Config,
+    options: Options,
+    read_labels: Callable[[str], Mapping[str, str]] | None = None,
+) -> config_.Config:
+    """`settings` with the nodeConfigs entry this node's label names layered in (nodeconfig.py);
+    NodeConfigError when it cannot be chosen. `read_labels` replaces the API server (tests)."""
+    if read_labels is None:
+        # retried only where the choice matters; without nodeConfigs a failed read is a warning
+        read_labels = functools.partial(nodeconfig.api_labels, attempts=3 if settings.node_config_names else 1)
+
+    def reload(name: str) -> config_.Config:
+        return config_.from_args(_parser().parse_args(argv), node_config=name)
+
+    return nodeconfig.select(settings, options.node_name, read_labels=read_labels, reload=reload)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings, options, level = parse_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = node_settings(argv, settings, options)
+    except nodeconfig.NodeConfigError as exc:
+        print(f"gpuslice-device-plugin: {exc}", file=sys.stderr)
+        return 2
     try:
         node, nvml = nvml_source.load_node(options.node_file)
     except nvml_source.DiscoveryFailed as exc:

@@ -1,8 +1,8 @@
 """The set of device plugins of one node: one PluginServer per resource, kept registered.
 
-`build_resources` turns a NodeInventory and the Config into the resources we advertise:
-`<prefix>/gpu-memory` (memory units of every GPU not in MIG mode) and one
-`<prefix>/mig-<profile>` per MIG profile present.
+`build_resources` turns a NodeInventory (the `migStrategy` view of deviceplugin/migstrategy.py)
+and the Config into the resources we advertise: `<prefix>/gpu-memory` (memory units of every GPU
+not in MIG mode) and one `<prefix>/mig-<profile>` per MIG profile present.
 
 `PluginManager` serves and registers them all, then watches kubelet's device-plugin
 directory. Kubelet, when it restarts, deletes every plugin socket there and re-creates
@@ -36,6 +36,8 @@ def build_resources(node: inventory.NodeInventory, settings: config_.Config) -> 
     """The resources a node advertises; none for a node without GPUs."""
     names = settings.contract
     numa_of_gpu = {g.uuid: g.numa_node for g in node.gpus}
+    # a MIG device shared by units (migStrategy single) fails with its own XIDs and its GPU's
+    failing_with = {g.uuid: (g.uuid, g.parent_uuid) if g.parent_uuid else (g.uuid,) for g in node.gpus}
     resources = []
     units = allocation.MemoryUnits(node, settings.memory_unit_mib)
     if units.device_ids:
@@ -49,7 +51,7 @@ def build_resources(node: inventory.NodeInventory, settings: config_.Config) -> 
             server.Resource(
                 name=names.gpu_memory_resource,
                 device_ids=units.device_ids,
-                health_units={d: (gpu,) for d, gpu in units.gpu_of.items()},
+                health_units={d: failing_with[gpu] for d, gpu in units.gpu_of.items()},
                 numa_nodes={d: numa_of_gpu[gpu] for d, gpu in units.gpu_of.items()},
                 preferred=units.preferred,
                 allocate=allocate_units,

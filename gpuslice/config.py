@@ -1,9 +1,14 @@
 """The one configuration schema shared by the webhook and the device plugin.
 
-Sources, highest first: command-line flag > environment variable > YAML file > default.
-Every key is declared once in `FIELDS` (YAML path, type, default, check, help); from that
-table come the flags (`--memory-unit-mib`), the environment variables
+Sources, highest first: command-line flag > environment variable > named node configuration >
+YAML file > default. Every key is declared once in `FIELDS` (YAML path, type, default, check,
+help); from that table come the flags (`--memory-unit-mib`), the environment variables
 (`GPUSLICE_MEMORY_UNIT_MIB`) and the documentation in docs/configuration.md.
+
+The file may hold `nodeConfigs`: named partial configurations of the node-side keys in
+`PER_NODE_KEYS`, of which a node picks one with its `<prefix>/config` label (the device plugin
+reads the label; `load(node_config=...)` layers the entry over the file). Every entry is
+validated whenever the file is loaded, by every component, whichever entry a node picks.
 
 `load()` returns a frozen `Config` or raises `ConfigError` with a message naming the key,
 the value and what is accepted. Nothing here imports other gpuslice modules except the
@@ -33,8 +38,11 @@ __all__ = [
     "SteeringConfig",
     "MonitorConfig",
     "DraConfig",
+    "MIG_STRATEGIES",
     "WebhookConfig",
     "ConfigError",
+    "UnknownNodeConfig",
+    "PER_NODE_KEYS",
     "FIELDS",
     "load",
     "add_arguments",
@@ -42,6 +50,8 @@ __all__ = [
 
 SCHEMA_VERSION = "v1"
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
+# NVIDIA's MIG strategies, mapped onto gpuslice's resources (deviceplugin/migstrategy.py).
+MIG_STRATEGIES = ("none", "single", "mixed")
 OVERUSE_POLICIES = ("warn", "evict", "kill")
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule; Kubernetes adds the matching toleration
@@ -64,6 +74,16 @@ _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 class ConfigError(ValueError):
     """A configuration value is missing, of the wrong type or out of range."""
+
+
+class UnknownNodeConfig(ConfigError):
+    """The node configuration asked for is not among the file's `nodeConfigs`."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        self.name = name
+        self.known = tuple(known)
+        listed = ", ".join(self.known) if self.known else "none: the file has no nodeConfigs"
+        super().__init__(f"nodeConfigs has no entry {name!r} (known: {listed})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +181,8 @@ class Config:
     resource_prefix: str = contract.DEFAULT_PREFIX
     memory_unit_mib: int = contract.DEFAULT_UNIT_MIB
     device_list_strategy: str = "envvar"
+    # Mixed is what the plugin always did: MIG devices as <prefix>/mig-<profile>, other GPUs as units.
+    mig_strategy: str = "mixed"
     cdi_kind: str = "nvidia.com/gpu"
     mps: MpsConfig = MpsConfig()
     health: HealthConfig = HealthConfig()
@@ -179,6 +201,9 @@ class Config:
     scheduler_name: str = ""
     # Webhook: tolerations added to every converted pod that does not already tolerate them.
     converted_pod_tolerations: tuple[dict[str, Any], ...] = DEFAULT_CONVERTED_POD_TOLERATIONS
+    # The names of the file's nodeConfigs, and the one layered into this Config ("" for none).
+    node_config_names: tuple[str, ...] = ()
+    node_config: str = ""
 
     @property
     def contract(self) -> contract.Contract:
@@ -312,6 +337,15 @@ FIELDS: tuple[Field, ...] = (
         "how a container is given its GPU: envvar (NVIDIA_VISIBLE_DEVICES) or cdi-cri (CDI devices)",
     ),
     Field("cdiKind", "cdi_kind", str, _cdi_kind, "CDI kind of the GPU devices for cdi-cri"),
+    Field(
+        "migStrategy",
+        "mig_strategy",
+        str,
+        _one_of(*MIG_STRATEGIES),
+        "device plugin: how MIG devices are advertised: mixed (one mig-<profile> resource per profile), "
+        "single (every GPU in MIG mode with one profile; each MIG device shared as gpu-memory units) or "
+        "none (MIG-mode GPUs left out)",
+    ),
     Field("mps.enabled", "mps.enabled", bool, _always_ok, "give each container a per-pod MPS memory and SM limit"),
     Field("mps.pipeDirectory", "mps.pipe_directory", str, _absolute, "host directory of the MPS control pipe"),
     Field(
@@ -509,6 +543,38 @@ FIELDS: tuple[Field, ...] = (
 _BY_PATH = {f.path: f for f in FIELDS}
 _SECTIONS = {f.path.split(".")[0] for f in FIELDS if "." in f.path}
 
+NODE_CONFIGS_KEY = "nodeConfigs"
+# Keys a named node configuration may set: read only by the device plugin on its node, and
+# needing nothing the chart grants to every plugin pod alike. Why each other key may not differ
+# between nodes is in `_NOT_PER_NODE` (docs/configuration.md, "Per-node configuration").
+PER_NODE_KEYS = (
+    "deviceListStrategy",
+    "cdiKind",
+    "migStrategy",
+    "health.enabled",
+    "health.ignoredXids",
+    "health.recoveryIntervalSeconds",
+    "health.eventTimeoutMs",
+    "steering.labelMinIntervalSeconds",
+    "steering.podResourcesPollSeconds",
+    "monitor.intervalSeconds",
+    "monitor.overuseToleranceMiB",
+    "monitor.overuseSeconds",
+)
+_NOT_PER_NODE = (
+    (
+        ("resourcePrefix", "memoryUnitMiB", "steering.enabled"),
+        "the webhook reads it too, with one value for the whole cluster",
+    ),
+    (
+        ("mps.", "monitor.enabled", "monitor.overusePolicy"),
+        "the chart grants what it needs (MPS daemon, host /proc, hostPID, eviction rights) to every plugin pod alike",
+    ),
+    (("dra.",), "the DRA plugin does not read node configurations"),
+)
+# A node configuration's name is a label value: at most 63 characters, alphanumeric at both ends.
+_NODE_CONFIG_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
 
 # --- parsing ------------------------------------------------------------------------------
 
@@ -573,6 +639,8 @@ def _flatten(document: Mapping[str, Any], source: str) -> dict[str, Any]:
     """YAML mapping -> {dotted path: raw value}; unknown keys are errors with a suggestion."""
     flat: dict[str, Any] = {}
     for key, value in document.items():
+        if key == NODE_CONFIGS_KEY:
+            continue  # read by _node_configs
         if key == "version":
             if value != SCHEMA_VERSION:
                 raise ConfigError(f"version: must be {SCHEMA_VERSION!r}, got {value!r} (from {source})")
@@ -595,12 +663,55 @@ def _flatten(document: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 
 def _unknown(path: str, source: str) -> str:
-    hint = difflib.get_close_matches(path, list(_BY_PATH) + ["version"], n=1)
+    hint = difflib.get_close_matches(path, list(_BY_PATH) + ["version", NODE_CONFIGS_KEY], n=1)
     suggestion = f" (did you mean {hint[0]}?)" if hint else ""
-    return f"{path}: unknown key{suggestion} (from {source}); known keys: version, " + ", ".join(_BY_PATH)
+    return f"{path}: unknown key{suggestion} (from {source}); known keys: version, {NODE_CONFIGS_KEY}, " + ", ".join(
+        _BY_PATH
+    )
 
 
-def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def _node_configs(document: Mapping[str, Any], source: str) -> dict[str, dict[str, Any]]:
+    """The file's nodeConfigs, each entry flattened, typed and checked like the file itself and
+    held to PER_NODE_KEYS: a bad entry stops every component, not only the node that picks it."""
+    raw = document.get(NODE_CONFIGS_KEY)
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{NODE_CONFIGS_KEY}: must be a mapping of names to partial configurations (from {source})")
+    entries: dict[str, dict[str, Any]] = {}
+    for name, entry in raw.items():
+        where = f"{NODE_CONFIGS_KEY}.{name}"
+        if not isinstance(name, str) or not _NODE_CONFIG_NAME_RE.match(name):
+            raise ConfigError(
+                f"{NODE_CONFIGS_KEY}: {name!r} is not a valid name: a label value (at most 63 letters, digits, "
+                f"'-', '_' or '.', alphanumeric at both ends), since the node label selects it (from {source})"
+            )
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where}: must be a mapping of configuration keys, got {entry!r} (from {source})")
+        if "version" in entry:
+            raise ConfigError(f"{where}.version: an entry has no version of its own (from {source})")
+        values: dict[str, Any] = {}
+        for path, value in _flatten(entry, f"{source}, {where}").items():
+            if path not in PER_NODE_KEYS:
+                reason = next(
+                    (why for keys, why in _NOT_PER_NODE if path.startswith(keys)), "only the webhook reads it"
+                )
+                raise ConfigError(
+                    f"{where}.{path}: cannot differ between nodes: {reason}; a node configuration may set "
+                    + ", ".join(PER_NODE_KEYS)
+                )
+            field = _BY_PATH[path]
+            values[path] = _coerce(field, value, f"{source}, {where}")
+            problem = field.check(values[path])
+            if problem:
+                raise ConfigError(f"{where}.{path}: {problem}, got {values[path]!r}")
+        entries[name] = values
+    return entries
+
+
+def _read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     source = str(path)
     try:
         text = pathlib.Path(path).read_text(encoding="utf-8")
@@ -611,10 +722,10 @@ def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"configuration file {source} is not valid YAML: {exc}") from None
     if document is None:
-        return {}
+        return {}, {}
     if not isinstance(document, Mapping):
         raise ConfigError(f"configuration file {source} must hold a mapping, not {type(document).__name__}")
-    return _flatten(document, source)
+    return _flatten(document, source), _node_configs(document, source)
 
 
 def load(
@@ -623,13 +734,21 @@ def load(
     environ: Mapping[str, str] | None = None,
     args: argparse.Namespace | None = None,
     overrides: Mapping[str, Any] | None = None,
+    node_config: str = "",
 ) -> Config:
-    """Build the Config: `overrides` (YAML paths) > flags in `args` > environment > file > defaults."""
+    """Build the Config: `overrides` (YAML paths) > flags in `args` > environment > the file's
+    `nodeConfigs` entry `node_config` ("" for none; UnknownNodeConfig when absent) > file > defaults."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    node_configs: dict[str, dict[str, Any]] = {}
     if file is not None:
-        for path, raw in _read_file(file).items():
+        flat, node_configs = _read_file(file)
+        for path, raw in flat.items():
             values[path] = _coerce(_BY_PATH[path], raw, f"file {file}")
+    if node_config:
+        if node_config not in node_configs:
+            raise UnknownNodeConfig(node_config, sorted(node_configs))
+        values.update(node_configs[node_config])
     for field in FIELDS:
         if field.env in environ:
             values[field.path] = _coerce(field, environ[field.env], f"environment {field.env}")
@@ -646,7 +765,7 @@ def load(
         problem = _BY_PATH[path].check(value)
         if problem:
             raise ConfigError(f"{path}: {problem}, got {value!r}")
-    return _build(values)
+    return dataclasses.replace(_build(values), node_config_names=tuple(sorted(node_configs)), node_config=node_config)
 
 
 def _build(values: Mapping[str, Any]) -> Config:
@@ -671,6 +790,7 @@ def _build(values: Mapping[str, Any]) -> Config:
 _NODE_KEYS = (
     "deviceListStrategy",
     "cdiKind",
+    "migStrategy",
     "mps.",
     "health.",
     "monitor.",
@@ -689,6 +809,8 @@ _WEBHOOK_KEYS = (
     "requeue.",
     "webhook.",
 )
+# Node keys the DRA plugin does not read (it publishes every MIG device as its own device).
+_DEVICE_PLUGIN_KEYS = ("migStrategy",)
 COMPONENTS = ("webhook", "device-plugin", "dra-plugin")
 
 
@@ -705,6 +827,8 @@ def reads(component: str | None, field: Field) -> bool:
         return not node_only
     if component == "device-plugin" and field.path.startswith("dra."):
         return False
+    if component == "dra-plugin" and field.path.startswith(_DEVICE_PLUGIN_KEYS):
+        return False
     return not webhook_only
 
 
@@ -720,11 +844,12 @@ def add_arguments(parser: argparse.ArgumentParser, component: str | None = None)
         group.add_argument(field.flag, dest=field.dest, metavar=metavar, help=f"{field.help} [{field.env}]")
 
 
-def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
-    """The Config for a parsed command line made with `add_arguments`."""
+def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *, node_config: str = "") -> Config:
+    """The Config for a parsed command line made with `add_arguments` (and the file's node
+    configuration `node_config`, if not "")."""
     environ = os.environ if environ is None else environ
     file = args.config or environ.get("GPUSLICE_CONFIG") or None
-    return load(file, environ=environ, args=args)
+    return load(file, environ=environ, args=args, node_config=node_config)
 
 
 def describe(fields: Sequence[Field] = FIELDS) -> str:

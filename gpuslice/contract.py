@@ -132,9 +132,7 @@ def parse_unit_device_id(device_id: str) -> UnitDeviceId:
     gpu_uuid, sep2, size = rest.rpartition(_UNIT_SEPARATOR)
     unit = size.removesuffix(_UNIT_SIZE_SUFFIX)
     if not (sep and sep2 and gpu_uuid and index.isdigit() and size.endswith(_UNIT_SIZE_SUFFIX) and unit.isdigit()):
-        raise ValueError(
-            f"{device_id!r} is not a gpuslice memory-unit device ID (<GPU UUID>::<unit MiB>Mi::<unit>)"
-        )
+        raise ValueError(f"{device_id!r} is not a gpuslice memory-unit device ID (<GPU UUID>::<unit MiB>Mi::<unit>)")
     return UnitDeviceId(gpu_uuid, int(unit), int(index))
 
 
@@ -273,6 +271,12 @@ class Contract:
         """A pod label: `"off"` keeps a pod that asks for no device exactly as written (no
         preference for nodes without a free GPU is added to it)."""
         return f"{self.prefix}/cpu-pod-steering"
+
+    @property
+    def label_node_config(self) -> str:
+        """Set by operators: the entry of the configuration's nodeConfigs that the device plugin of
+        this node layers over the file (docs/configuration.md, "Per-node configuration")."""
+        return f"{self.prefix}/config"
 
     @property
     def label_node_enabled(self) -> str:

@@ -1160,12 +1160,38 @@ def test_values_schema_checks_config_as_the_components_would():
     def leaves(node: dict[str, Any], prefix: str = ""):
         for key, prop in node["properties"].items():
             assert node["additionalProperties"] is False, prefix
+            if prefix + key == config.NODE_CONFIGS_KEY:
+                continue  # a map of partial configurations, checked below
             if prop["type"] == "object":
                 yield from leaves(prop, f"{prefix}{key}.")
             else:
-                yield prefix + key, prop["type"]
+                yield prefix + key, prop
 
-    assert dict(leaves(schema["properties"]["config"])) == {f.path: kinds[f.kind] for f in config.FIELDS}
+    config_leaves = dict(leaves(schema["properties"]["config"]))
+    assert {path: prop["type"] for path, prop in config_leaves.items()} == {
+        f.path: kinds[f.kind] for f in config.FIELDS
+    }
+    # a node configuration's keys are checked exactly as the same keys of config
+    entry = schema["properties"]["config"]["properties"][config.NODE_CONFIGS_KEY]["additionalProperties"]
+    assert dict(leaves(entry)) == {path: config_leaves[path] for path in config.PER_NODE_KEYS}
+
+
+def test_node_configs_reach_the_config_map_and_every_node_reads_them(tmp_path):
+    entries = {
+        "mig-single": {"migStrategy": "single"},
+        "cdi": {"deviceListStrategy": "cdi-cri", "health": {"eventTimeoutMs": 100}},
+    }
+    manifests = chartkit.render({"config": {"nodeConfigs": entries}})
+    document = yaml.safe_load(manifests.one("ConfigMap", "config")["data"]["config.yaml"])
+    assert document["nodeConfigs"] == entries
+    path = tmp_path / "config.yaml"
+    path.write_text(manifests.one("ConfigMap", "config")["data"]["config.yaml"])
+    assert config.load(path, environ={}).node_config_names == ("cdi", "mig-single")
+    settings = config.load(path, environ={}, node_config="cdi")
+    assert (settings.device_list_strategy, settings.health.event_timeout_ms) == ("cdi-cri", 100)
+    plain = rendered("defaults").one("DaemonSet", "device-plugin")["spec"]["template"]["metadata"]["annotations"]
+    with_entries = manifests.one("DaemonSet", "device-plugin")["spec"]["template"]["metadata"]["annotations"]
+    assert plain["checksum/config"] != with_entries["checksum/config"]  # a new entry restarts the plugins
 
 
 def test_webhook_tolerations_and_connection_bounds_reach_the_shared_config(tmp_path):
@@ -1192,6 +1218,11 @@ def test_config_changes_roll_the_pods():
         ({"config": {"resourcePrefix": "gpu.kubernetes.io"}}, "resourcePrefix"),
         ({"config": {"memoryUnitMiB": 0}}, "memoryUnitMiB"),
         ({"config": {"deviceListStrategy": "volume-mounts"}}, "deviceListStrategy"),
+        ({"config": {"migStrategy": "all"}}, "migStrategy"),
+        ({"config": {"nodeConfigs": {"a": {"migStrategie": "single"}}}}, "migStrategie"),
+        ({"config": {"nodeConfigs": {"a": {"migStrategy": "all"}}}}, "migStrategy"),
+        ({"config": {"nodeConfigs": {"a": {"memoryUnitMiB": 512}}}}, "memoryUnitMiB"),
+        ({"config": {"nodeConfigs": {"-a": {}}}}, "-a"),
         ({"config": {"mps": {"enable": True}}}, "enable"),
         ({"config": {"memoryUnitMb": 512}}, "memoryUnitMb"),
         ({"scheduler": {"weights": {"gpuMemory": 500}}}, "gpuMemory"),
@@ -1215,6 +1246,11 @@ def test_config_changes_roll_the_pods():
         "reserved-prefix",
         "zero-unit",
         "unknown-strategy",
+        "unknown-mig-strategy",
+        "node-config-typo",
+        "node-config-bad-value",
+        "node-config-cluster-wide-key",
+        "node-config-bad-name",
         "misspelt-nested-key",
         "misspelt-key",
         "weight-over-100",

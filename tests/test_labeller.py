@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import allocation, health, labeller, labels
+from gpuslice.deviceplugin import allocation, health, labeller, labels, migstrategy, nodefile
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 NODE = "gpu-node-1"
@@ -521,6 +521,25 @@ async def test_an_unhealthy_gpu_offers_no_free_block(demo_node, kubelet_socket, 
         sick.add(health.ALL)  # NVML itself failing: nothing is free
         running.notify()
         await eventually(lambda: fake.labels.get(CONTRACT.label_free_block_units) == "0", "everything withdrawn")
+
+
+async def test_under_mig_strategy_single_a_sick_gpu_withdraws_the_units_of_its_mig_devices(kubelet_socket, api_server):
+    fake, api = api_server
+    mig = {"profile": "3g.40gb", "memoryMiB": 40192}
+    gpus = [
+        {"uuid": f"GPU-{i}", "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "index": i,
+         "mig": [dict(mig, uuid=f"MIG-{i}-{j}") for j in range(2)]}
+        for i in range(2)
+    ]
+    view = migstrategy.advertised(nodefile.parse({"gpus": gpus}), "single")
+    sick: set[str] = set()
+    settings = steering_settings(poll=3600)
+    async with Running(make(view, kubelet_socket, api, settings=settings, unhealthy=lambda: sick)) as running:
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "4", "every MIG device free")
+        assert fake.labels[CONTRACT.label_gpu_memory_mib] == "40192"
+        sick.add("GPU-1")  # the physical GPU: both its MIG devices go with it
+        running.notify()
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "sick GPU's MIG devices withdrawn")
 
 
 async def test_notify_from_another_thread_wakes_the_labeller(demo_node, kubelet_socket, api_server):

@@ -68,11 +68,12 @@ def test_the_plugin_may_not_change_another_node(plugin_identity: tuple[kubernete
     [
         ({"metadata": {"labels": {"team": "ml"}}}, "may change only labels under"),
         ({"metadata": {"labels": {CONTRACT.label_node_enabled: "false"}}}, "may change only labels under"),
+        ({"metadata": {"labels": {CONTRACT.label_node_config: "other"}}}, "may change only labels under"),
         ({"metadata": {"annotations": {"example.com/note": "x"}}}, "may not change node annotations"),
         ({"spec": {"taints": [{"key": "evil", "effect": "NoSchedule"}]}}, "may not change the node's spec"),
         ({"spec": {"unschedulable": True}}, "may not change the node's spec"),
     ],
-    ids=["foreign-label", "opt-in-label", "annotation", "taint", "cordon"],
+    ids=["foreign-label", "opt-in-label", "node-config-label", "annotation", "taint", "cordon"],
 )
 def test_the_plugin_may_not_change_anything_else_of_its_own_node(
     plugin_identity: tuple[kubernetes.client.CoreV1Api, str, str], patch: dict[str, Any], expected: str
