@@ -59,7 +59,7 @@ class Options:
     node_name: str = ""
     node_file: str | None = None
     http_port: int = DEFAULT_HTTP_PORT
-    poll_interval: float = 0.5
+    poll_interval: float = manager.RESYNC_SECONDS  # the kubelet directory's safety-net pass
     proc_root: str = "/proc"  # the host's /proc (the chart mounts it at /host/proc)
 
 
