@@ -247,6 +247,8 @@ async def _check_held_units(
 def main(argv: Sequence[str] | None = None) -> int:
     settings, options, level = parse_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":  # watchfiles logs each batch of changes at INFO; the manager logs what it did about them
+        logging.getLogger("watchfiles").setLevel(logging.WARNING)
     try:
         node, nvml = nvml_source.load_node(options.node_file)
     except nvml_source.DiscoveryFailed as exc:
