@@ -22,7 +22,7 @@ The node's CPU and memory headroom comes from its allocatable (one GET of the No
 and its pods, which `KubernetesNodeApi.watch_pods` keeps by list + watch with the field selector
 `spec.nodeName=<node>` (deviceplugin/nodepods.py) while the labeller runs.
 
-May import gpuslice.config, gpuslice.contract and gpuslice.deviceplugin.{allocation, health (its
+May import gpuslice.{backoff,config,contract} and gpuslice.deviceplugin.{allocation, health (its
 ALL marker), inventory, labels, nodepods, podresources}; the `kubernetes` client is used only by
 `KubernetesNodeApi`, in a thread.
 """
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import Callable, Collection, Iterable, Mapping
 from decimal import Decimal
 from typing import Any, Protocol
@@ -40,7 +39,7 @@ from typing import Any, Protocol
 import prometheus_client
 from kubernetes.utils import quantity
 
-from gpuslice import config, kubeclient
+from gpuslice import backoff, config, kubeclient
 from gpuslice.deviceplugin import allocation, health, inventory, labels, nodepods, podresources
 
 __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "headroom_from"]
@@ -209,7 +208,6 @@ class NodeLabeller:
         self._parent_of = {g.uuid: g.parent_uuid for g in node.gpus if g.parent_uuid}
         self._mig_ids = {m.uuid for m in node.mig_devices()}
         self._wake = asyncio.Event()
-        self._random = random.Random()
         # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
         # are never in here, so they are never removed.
         self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0, headroom=(0, 0)))
@@ -219,7 +217,9 @@ class NodeLabeller:
         self.writes = 0
         self.write_errors = 0
         self.read_errors = 0
-        self._failures = 0
+        # A failed write waits twice the rate limit, doubling to a minute (the rate limit when longer),
+        # jittered: nodes recovering from the same API server outage spread out.
+        self._retry = backoff.Backoff(2 * self._min_interval, max(MAX_BACKOFF_SECONDS, self._min_interval), jitter=0.5)
         self._metrics = _Metrics(registry) if registry is not None else None
 
     def notify(self) -> None:
@@ -250,13 +250,15 @@ class NodeLabeller:
                 # labels now promise capacity the node no longer has and the last write worked: a
                 # scheduler binds a burst in milliseconds, and every pod it sends by stale labels
                 # is one kubelet refuses. The rate limit still holds back loosening writes.
-                if wait > 0 and (self._failures or not labels.over_promises(self.written or {}, delta, self._contract)):
+                if wait > 0 and (
+                    self._retry.failures or not labels.over_promises(self.written or {}, delta, self._contract)
+                ):
                     await self._sleep_or_wake(wait)
                     continue
                 if await self._write(delta):
                     next_write_at = loop.time() + self._min_interval
                 else:
-                    next_write_at = loop.time() + self._backoff()
+                    next_write_at = loop.time() + self._retry.next()
         finally:
             if pods_task is not None:
                 pods_task.cancel()
@@ -388,28 +390,22 @@ class NodeLabeller:
             await self._api.patch_labels(self._node_name, delta)
         except Exception as exc:  # noqa: BLE001 - any NodeApi failure is retried with backoff
             self.write_errors += 1
-            self._failures += 1
             if self._metrics:
                 self._metrics.writes.labels("error").inc()
             log.warning(
                 "node %s labels not written (attempt %d): %s",
                 self._node_name,
-                self._failures,
+                self._retry.failures + 1,
                 exc,
             )
             return False
         self.writes += 1
-        self._failures = 0
+        self._retry.reset()
         if self._metrics:
             self._metrics.writes.labels("ok").inc()
         self.written = desired
         self._owned_keys |= desired.keys()
         return True
-
-    def _backoff(self) -> float:
-        ceiling = max(MAX_BACKOFF_SECONDS, self._min_interval)
-        delay = min(ceiling, self._min_interval * 2 ** min(self._failures, 30))
-        return delay * self._random.uniform(0.5, 1.0)  # jitter: nodes recovering together spread out
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         try:

@@ -64,7 +64,7 @@ class Options:
     node_name: str = ""
     node_file: str | None = None
     http_port: int = DEFAULT_HTTP_PORT
-    poll_interval: float = 0.5
+    poll_interval: float = manager.RESYNC_SECONDS  # the kubelet directory's safety-net pass
     proc_root: str = "/proc"  # the host's /proc (the chart mounts it at /host/proc)
 
 
@@ -297,6 +297,8 @@ def node_settings(
 def main(argv: Sequence[str] | None = None) -> int:
     settings, options, level = parse_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":  # watchfiles logs each batch of changes at INFO; the manager logs what it did about them
+        logging.getLogger("watchfiles").setLevel(logging.WARNING)
     try:
         settings = node_settings(argv, settings, options)
     except nodeconfig.NodeConfigError as exc:

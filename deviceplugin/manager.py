@@ -4,14 +4,15 @@
 and the Config into the resources we advertise: `<prefix>/gpu-memory` (memory units of every GPU
 not in MIG mode) and one `<prefix>/mig-<profile>` per MIG profile present.
 
-`PluginManager` serves and registers them all, then watches kubelet's device-plugin
-directory. Kubelet, when it restarts, deletes every plugin socket there and re-creates
-kubelet.sock; the manager notices either (polling the two files' identities every
-`poll_interval` seconds: no inotify dependency, and it also catches the case where kubelet.sock
-came back before we looked) and re-serves and re-registers the affected plugins. A failed
-registration (kubelet not up yet) is retried on the next poll.
+`PluginManager` serves and registers them all, then watches kubelet's device-plugin directory
+(inotify, through watchfiles). Kubelet, when it restarts, deletes every plugin socket there and
+re-creates kubelet.sock; a created or deleted kubelet.sock or plugin socket wakes the manager,
+which compares the files' identities with what it served and registered with, and re-serves and
+re-registers the affected plugins. A failed registration (kubelet not up yet) is retried with
+backoff; a slow periodic pass is the safety net for what a watch can miss.
 
-May import gpuslice.config and gpuslice.deviceplugin.{allocation,health,metrics,response,server}.
+May import gpuslice.{backoff,config}, gpuslice.deviceplugin.{allocation,health,metrics,response,server}
+and watchfiles.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ import asyncio
 import logging
 import os
 import pathlib
+import threading
 from collections.abc import Callable, Collection, Sequence
 
+import watchfiles
+
+from gpuslice import backoff
 from gpuslice import config as config_
 from gpuslice.deviceplugin import allocation, health, inventory, metrics, response, server
 
@@ -30,6 +35,14 @@ __all__ = ["KUBELET_SOCKET", "PluginManager", "build_resources"]
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
+# The safety net's period: a full pass even when the watch reported nothing. A watch can miss a
+# change: inotify drops events when its queue overflows, the directory can be replaced under a
+# hostPath mount, and a change between the first pass and the watch starting is never reported.
+RESYNC_SECONDS = 10.0
+# Without a watch (inotify limits, a filesystem without it) the manager polls, this often.
+FALLBACK_POLL_SECONDS = 0.5
+# A failed registration is retried after this, doubling up to the safety net's period.
+REGISTER_RETRY_SECONDS = 0.5
 
 
 def build_resources(node: inventory.NodeInventory, settings: config_.Config) -> list[server.Resource]:
@@ -101,11 +114,11 @@ class PluginManager:
         kubelet_dir: str | os.PathLike[str],
         health_state: health.HealthState,
         plugin_metrics: metrics.Metrics,
-        poll_interval: float = 0.5,
+        poll_interval: float = RESYNC_SECONDS,
     ) -> None:
         self.kubelet_dir = pathlib.Path(kubelet_dir)
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
-        self.poll_interval = poll_interval
+        self.poll_interval = poll_interval  # the safety net's period (RESYNC_SECONDS)
         self.servers = [
             server.PluginServer(
                 r, socket_dir=self.kubelet_dir, health_state=health_state, plugin_metrics=plugin_metrics
@@ -116,7 +129,9 @@ class PluginManager:
         self._registered_with: dict[str, tuple[int, int] | None] = {}
         self._last_error: dict[str, str] = {}
         self._watch_task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
+        # A threading.Event: the file watch's thread reads it to end its wait.
+        self._stopping = threading.Event()
+        self._wake = asyncio.Event()  # a watched file changed, or stop() was called
         self.registered_event = asyncio.Event()
 
     def add_allocation_listener(self, listener: Callable[[str], None]) -> None:
@@ -132,6 +147,7 @@ class PluginManager:
     async def start(self) -> None:
         """Serve every resource, try to register, then keep watching the kubelet directory."""
         self._stopping.clear()
+        self._wake.clear()
         await self.reconcile()
         self._watch_task = asyncio.create_task(self._watch(), name="deviceplugin-kubelet-watch")
 
@@ -140,22 +156,58 @@ class PluginManager:
         # Not task.cancel(): a pass interrupted inside gRPC's server start/stop leaves gRPC's
         # own shutdown task dangling. The watch ends at its next wake-up instead.
         self._stopping.set()
+        self._wake.set()
         task, self._watch_task = self._watch_task, None
         if task is not None:
             await task
         await asyncio.gather(*(plugin.stop() for plugin in self.servers))
 
     async def _watch(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await self.reconcile()
-            except Exception:  # keep watching; the next poll retries
-                log.exception("device plugin reconcile failed")
+        """A pass on every reported change, on each retry of a failed registration, and every
+        `poll_interval` (the safety net; FALLBACK_POLL_SECONDS when the directory is not watched)."""
+        events = asyncio.create_task(self._watch_directory(), name="deviceplugin-kubelet-dir-events")
+        retry = backoff.Backoff(REGISTER_RETRY_SECONDS, self.poll_interval)
+        try:
+            while not self._stopping.is_set():
+                if all(s.registered for s in self.servers):
+                    retry.reset()
+                    timeout = self.poll_interval
+                else:
+                    timeout = retry.next()
+                if events.done():  # the watch failed to start or ended: poll
+                    timeout = min(timeout, FALLBACK_POLL_SECONDS)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+                if self._stopping.is_set():
+                    return
+                self._wake.clear()
+                try:
+                    await self.reconcile()
+                except Exception:  # keep watching; the next wake-up retries
+                    log.exception("device plugin reconcile failed")
+        finally:
+            self._stopping.set()  # ends the watch's thread within its step (50 ms)
+            await events
+
+    async def _watch_directory(self) -> None:
+        """Wake the manager when kubelet.sock or one of our sockets is created or deleted."""
+        names = {KUBELET_SOCKET, *(s.socket_path.name for s in self.servers)}
+
+        def ours(change: watchfiles.Change, path: str) -> bool:
+            return pathlib.PurePath(path).name in names  # not kubelet's checkpoint writes
+
+        try:
+            async for _ in watchfiles.awatch(
+                self.kubelet_dir, watch_filter=ours, stop_event=self._stopping, recursive=False
+            ):
+                self._wake.set()
+        except Exception as exc:  # noqa: BLE001 - no watch (e.g. fs.inotify.max_user_watches): poll instead
+            log.warning(
+                "cannot watch %s (%s): looking every %.1f s instead", self.kubelet_dir, exc, FALLBACK_POLL_SECONDS
+            )
+            self._wake.set()
 
     async def reconcile(self) -> None:
         """One pass: re-serve plugins whose socket is gone or whose kubelet changed, register

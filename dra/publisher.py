@@ -10,9 +10,9 @@ Syncs run when `notify()` is called (health changed, or dra.slicewatch saw a sli
 every `dra.sliceResyncSeconds` (repairs slices someone changed), and at most once per
 `dra.sliceMinIntervalSeconds`:
 notifications in between coalesce into one sync of the latest state. A failed sync is retried
-with jittered exponential backoff (capped at a minute).
+with jittered exponential backoff (gpuslice.backoff, capped at a minute).
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin.inventory and gpuslice.dra.slices.
+May import gpuslice.{backoff,config,contract}, gpuslice.deviceplugin.inventory and gpuslice.dra.slices.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from gpuslice import backoff
 from gpuslice import config as config_
 from gpuslice.deviceplugin import inventory
 from gpuslice.dra import slices
@@ -75,7 +75,8 @@ class SlicePublisher:
         self._since: dict[str, str] = {}  # unhealthy UUID -> when this plugin first saw it
         self._owner: dict[str, str] | None = None
         self._wake = asyncio.Event()
-        self._random = random.Random()
+        # The first retry waits twice the rate limit, then doubling to a minute, jittered.
+        self._retry = backoff.Backoff(2 * self._min_interval, MAX_BACKOFF_SECONDS, jitter=0.5)
         self.writes = 0  # slices created, replaced or deleted (tests, metrics)
         self.synced = asyncio.Event()  # set after the first successful sync
 
@@ -131,19 +132,17 @@ class SlicePublisher:
     async def run(self) -> None:
         """Sync now, then on every notification (rate-limited), every resync period and after
         failures (with backoff), until cancelled."""
-        failures = 0
         last_write = -float("inf")
         while True:
             self._wake.clear()
             try:
                 if await self.sync():
                     last_write = self._clock()
-                failures = 0
+                self._retry.reset()
                 self.synced.set()
                 timeout = self._resync
             except Exception as exc:  # API errors, or a slice the API would refuse: retry later
-                failures += 1
-                timeout = min(MAX_BACKOFF_SECONDS, self._min_interval * 2**failures) * self._random.uniform(0.5, 1.0)
+                timeout = self._retry.next()
                 log.warning("publishing ResourceSlices failed (retry in %.1fs): %s", timeout, exc)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)

@@ -1,13 +1,14 @@
 """List + watch one kind of Kubernetes object, the way informers do: list (paged, or from the API
 server's watch cache), then watch from the list's resourceVersion; on 410 Gone list again; on any
-other error keep the last view and list again after a backoff (doubling, capped, cut short by
-`stop()`). The webhook's node view and the device plugin's pods of its node are both kept this way.
+other error keep the last view and list again after a backoff (gpuslice.backoff: doubling, capped,
+cut short by `stop()`). The webhook's node view and the device plugin's pods of its node are both
+kept this way.
 
 The official client blocks, so its calls run in a thread; responses are read raw and parsed as
 JSON (building client model objects for thousands of nodes would cost more than what is read), and
 events are handed to the subclass on the event loop, so its view is only touched from one thread.
 
-May import only the kubernetes client.
+May import gpuslice.backoff and the kubernetes client.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kubernetes
+
+from gpuslice import backoff
 
 __all__ = ["ListWatch"]
 
@@ -94,7 +97,7 @@ class ListWatch:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
-        backoff = self.backoff_initial_seconds
+        retry = backoff.Backoff(self.backoff_initial_seconds, self.backoff_max_seconds)
         try:
             while not self._stopping.is_set():
                 try:
@@ -102,7 +105,7 @@ class ListWatch:
                     self.replace(items)
                     self.lists += 1
                     self.synced.set()
-                    backoff = self.backoff_initial_seconds
+                    retry.reset()
                     while not self._stopping.is_set():
                         started = loop.time()
                         version = await asyncio.to_thread(self._watch, loop, version)
@@ -114,9 +117,9 @@ class ListWatch:
                     if self._stopping.is_set():
                         break
                     self.failures += 1
-                    log.warning("%s not watched, retrying in %.1f s: %s", self.what, backoff, exc)
-                    await self._pause(backoff)
-                    backoff = min(backoff * 2, self.backoff_max_seconds)
+                    delay = retry.next()
+                    log.warning("%s not watched, retrying in %.1f s: %s", self.what, delay, exc)
+                    await self._pause(delay)
         finally:
             self.stop()  # a cancelled run must not leave a thread reading the stream
 

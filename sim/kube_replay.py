@@ -15,7 +15,7 @@ with a url), then the arrivals created through the API server in one of three mo
 The same seed's arrivals also go through the Python model (sim/replay.py) and both sets of figures
 are reported side by side.
 
-May import aiohttp (through sim.kube_api), PyYAML, numpy, gpuslice.config and the other
+May import aiohttp (through sim.kube_api), PyYAML, numpy, tqdm (a run's bar), gpuslice.config and the other
 gpuslice.sim modules; the webhook runs as `python -m gpuslice.webhook.main`.
 """
 
@@ -27,6 +27,7 @@ import base64
 import collections
 import csv
 import dataclasses
+import functools
 import json
 import operator
 import os
@@ -35,14 +36,16 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import tqdm
 import yaml
 
 from gpuslice import config
 from gpuslice.sim import controlplane, kube_api, kube_dra, kube_nodes, replay, scheduler, trace
+from gpuslice.sim import progress as progress_
 
 __all__ = [
     "Arrival",
@@ -337,14 +340,24 @@ async def _arrive(
     await asyncio.gather(*(one(m, at) for m, at in zip(manifests, offsets, strict=True)))
 
 
-async def _until_settled(keys: Sequence[str], outcomes: _Outcomes, fleet: kube_nodes.Fleet, limit: float) -> None:
+async def _until_settled(
+    keys: Sequence[str],
+    outcomes: _Outcomes,
+    fleet: kube_nodes.Fleet,
+    limit: float,
+    progress: Callable[[int], object] | None = None,
+) -> None:
     """Every pod accounted for and nothing moved for QUIET_SECONDS (an unschedulable pod may still be
-    bound when a refusal frees room: the real scheduler retries, the model does not)."""
+    bound when a refusal frees room: the real scheduler retries, the model does not). `progress(n)`:
+    n pods have an outcome now, on every look."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if fleet.failed_tasks():
             return
-        if all(outcomes.settled(k) for k in keys) and time.monotonic() - outcomes.last_change >= QUIET_SECONDS:
+        settled = sum(1 for k in keys if outcomes.settled(k))
+        if progress is not None:
+            progress(settled)
+        if settled == len(keys) and time.monotonic() - outcomes.last_change >= QUIET_SECONDS:
             return
         await asyncio.sleep(0.2)
 
@@ -520,6 +533,7 @@ async def _drive(
     gpu_memory_mib: Mapping[str, int],
     started: float,
     settle_limit: float,
+    progress: Callable[[int], object] | None = None,
 ) -> tuple[
     replay.Result,
     float,
@@ -568,7 +582,7 @@ async def _drive(
         try:
             await _arrive(api, manifests, outcomes, arrival, gaps)
             created = time.monotonic()
-            await _until_settled(keys, outcomes, fleet, settle_limit)
+            await _until_settled(keys, outcomes, fleet, settle_limit, progress)
             await fleet.settle()
             wall = max(outcomes.last_change, created) - t0  # the quiet time at the end is not counted
             cpu = time.process_time() - cpu0
@@ -604,8 +618,10 @@ def replay_on_kube(
     gaps: Sequence[float] = (1.0,),
     gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
     settle_limit: float = 1800.0,
+    progress: Callable[[int], object] | None = None,
 ) -> KubeResult:
-    """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model."""
+    """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model.
+    `progress(n)`: n of the pods have an outcome on the control plane (called while they settle)."""
     # The model knows device-plugin mode only: in DRA mode it gives the device-plugin figure beside it.
     modelled = configuration
     if configuration.settings.dra.enabled:
@@ -630,7 +646,18 @@ def replay_on_kube(
         version = plane.version()
         kube, setup, arrivals_s, unaccounted, writes, errors, (scheduled_at, converted_at), diagnosis, lost = (
             asyncio.run(
-                _drive(plane, nodes, arrivals, configuration, arrival, gaps, gpu_memory_mib, started, settle_limit)
+                _drive(
+                    plane,
+                    nodes,
+                    arrivals,
+                    configuration,
+                    arrival,
+                    gaps,
+                    gpu_memory_mib,
+                    started,
+                    settle_limit,
+                    progress,
+                )
             )
         )
     finally:
@@ -718,16 +745,18 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         for name in args.config_names:
             workdir = pathlib.Path(args.kube_workdir or tempfile.mkdtemp(prefix="gpuslice-kube-"))
             try:
-                result = replay_on_kube(
-                    nodes,
-                    arrivals,
-                    chosen[name],
-                    seed=seed,
-                    arrival=arrival,
-                    binaries=binaries,
-                    workdir=workdir / f"{name}-{seed}",
-                    gaps=gaps,
-                )
+                with progress_.bar(len(arrivals), f"{name} seed {seed}") as shown:
+                    result = replay_on_kube(
+                        nodes,
+                        arrivals,
+                        chosen[name],
+                        seed=seed,
+                        arrival=arrival,
+                        binaries=binaries,
+                        workdir=workdir / f"{name}-{seed}",
+                        gaps=gaps,
+                        progress=functools.partial(_show_settled, shown),
+                    )
             finally:
                 if not args.kube_workdir:
                     shutil.rmtree(workdir, ignore_errors=True)
@@ -745,6 +774,10 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     else:
         print(text_report(meta, runs))
     return 0
+
+
+def _show_settled(shown: tqdm.tqdm[Any], settled: int) -> None:
+    shown.update(settled - shown.n)
 
 
 def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]]) -> str:

@@ -3,8 +3,9 @@ model and the device plugin's allocation, for each compared configuration, and p
 allocation ratio beside the FGD paper's published figures (docs/simulator.md).
 
 Wiring only: parse the command line, build the Config once, run sim.replay per configuration and
-seed (--seeds; in worker processes with --jobs), print (text, --json; several seeds: means, spread
-and per-seed figures) and draw (--plot, needs the `plot` extra).
+seed (--seeds; in worker processes with --jobs) with a progress bar on a terminal (sim.progress),
+print (text, --json; several seeds: means, spread and per-seed figures) and draw (--plot, needs the
+`plot` extra; checked before replaying).
 
 May import numpy, gpuslice.config and the other gpuslice.sim modules.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import importlib
 import json
 import os
 import pathlib
@@ -26,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from gpuslice import config
-from gpuslice.sim import kube_replay, placements, replay, trace
+from gpuslice.sim import kube_replay, placements, progress, replay, trace
 
-__all__ = ["PaperFigures", "main", "paper_figures", "parse_args"]
+__all__ = ["PaperFigures", "main", "paper_figures", "parse_args", "plot_problem"]
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PAPER_POLICIES = ("01-Random", "02-DotProd", "03-GpuClustering", "04-GpuPacking", "05-BestFit", "06-FGD")
@@ -268,16 +270,33 @@ def _admission_lines(name: str, results: Sequence[replay.Result]) -> list[str]:
     return [f"{name}: {count} admission failure(s): {message}" for message, count in reasons.most_common(2)]
 
 
-def _plot(path: str, curves: Sequence[tuple[str, Sequence[float]]], paper: PaperFigures | None, title: str) -> None:
-    try:
-        import matplotlib
+PLOT_EXTRA_HINT = "install the plot extra from this repository: .venv/bin/pip install -e '.[plot]'"
 
-        matplotlib.use("Agg")
-        from matplotlib import pyplot
+
+def plot_problem(path: str) -> str | None:
+    """Why --plot `path` cannot be drawn (matplotlib missing, the file not writable), or None. Asked
+    before replaying, so a long run never ends in a missing import or a bad path."""
+    try:
+        importlib.import_module("matplotlib")
     except ImportError:
-        raise SystemExit(
-            "gpuslice-sim: --plot needs matplotlib; install the plot extra: pip install 'gpuslice[plot]'"
-        ) from None
+        return f"--plot needs matplotlib, which is not installed; {PLOT_EXTRA_HINT}"
+    target = pathlib.Path(path)
+    folder = target.parent
+    if target.is_dir():
+        return f"--plot {path}: is a directory"
+    if not folder.is_dir():
+        return f"--plot {path}: no directory {folder}"
+    if not os.access(target if target.exists() else folder, os.W_OK):
+        return f"--plot {path}: not writable"
+    return None
+
+
+def _plot(path: str, curves: Sequence[tuple[str, Sequence[float]]], paper: PaperFigures | None, title: str) -> None:
+    import matplotlib  # plot_problem made sure it is there
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
     figure, axes = pyplot.subplots(figsize=(8, 5))
     for name, curve in curves:
         axes.plot(range(len(curve)), [100 * v for v in curve], label=name, linewidth=2)
@@ -368,21 +387,32 @@ def _replay_all(
     tie-break generator, so worker processes change the time taken, not the results."""
     tasks = [(c, seed) for c in chosen for seed in arrivals]
     workers = min(jobs if jobs is not None else (os.cpu_count() or 1), len(tasks))
-    if workers == 1:
-        flat = [
-            replay.replay(nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record)
-            for c, seed in tasks
-        ]
-    else:
-        pool = futures.ProcessPoolExecutor(max_workers=workers)
-        try:
-            pending = [
-                pool.submit(replay.replay, nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record)
+    total = sum(len(arrivals[seed]) for _, seed in tasks)
+    with progress.bar(total, "replaying") as shown:
+        if workers == 1:
+            flat = [
+                replay.replay(
+                    nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record, progress=shown.update
+                )
                 for c, seed in tasks
             ]
-            flat = [f.result() for f in pending]  # re-raises a worker's TraceError / ConfigError here
-        finally:
-            pool.shutdown(cancel_futures=True)  # after an error, start none of the rest
+        else:
+            pool = futures.ProcessPoolExecutor(max_workers=workers)
+            try:
+                pending = [
+                    pool.submit(
+                        replay.replay, nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record
+                    )
+                    for c, seed in tasks
+                ]
+                # A worker cannot reach the bar: it moves by a whole replay's pods as each one ends.
+                pods_of = {f: len(arrivals[seed]) for f, (_, seed) in zip(pending, tasks, strict=True)}
+                for done in futures.as_completed(pending):
+                    done.result()  # re-raises a worker's TraceError / ConfigError here
+                    shown.update(pods_of[done])
+                flat = [f.result() for f in pending]
+            finally:
+                pool.shutdown(cancel_futures=True)  # after an error, start none of the rest
     per_configuration = len(arrivals)
     return [flat[i : i + per_configuration] for i in range(0, len(flat), per_configuration)]
 
@@ -456,6 +486,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.scheduler == "kube":
         return kube_replay.main(args, os.environ)
+    problem = plot_problem(args.plot) if args.plot else None
+    if problem:
+        print(f"gpuslice-sim: {problem}", file=sys.stderr)
+        return 2
     try:
         document = run(args, os.environ)
     except (trace.TraceError, config.ConfigError) as exc:

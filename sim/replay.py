@@ -19,7 +19,7 @@ import dataclasses
 import heapq
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jsonpatch
@@ -45,6 +45,7 @@ __all__ = [
 
 CONFIGURATION_NAMES = ("whole-gpu", "gpuslice-default", "gpuslice-binpack")
 _MIB = 1024 * 1024
+PROGRESS_STEP = 256  # pods between progress calls: a bar moves smoothly, the loop pays almost nothing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,9 +234,11 @@ def replay(
     label_delay: LabelDelay = LabelDelay(),
     gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
     placements: bool = False,
+    progress: Callable[[int], object] | None = None,
 ) -> Result:
     """Place `arrivals` in order on `nodes` under `configuration`; pods never leave, nothing is retried.
-    `placements`: also record every pod's outcome and grant (Result.placements)."""
+    `placements`: also record every pod's outcome and grant (Result.placements). `progress(n)`: n more
+    pods done, called every PROGRESS_STEP pods and once at the end (a progress bar's update)."""
     started = time.perf_counter()
     started_cpu = time.process_time()
     settings = configuration.settings
@@ -282,7 +285,11 @@ def replay(
     conversion_order = sorted(range(len(arrivals)), key=converted_at.__getitem__) if converted_at else []
     converted: dict[int, tuple[dict[str, Any] | None, str]] = {}
     next_conversion = 0
+    reported = 0
     for i, pod in enumerate(arrivals):
+        if progress is not None and i - reported >= PROGRESS_STEP:
+            progress(i - reported)
+            reported = i
         now = scheduled_at[i]
         # Every conversion due by now happens before this pod's bind changes any label.
         while converted_at and next_conversion < len(arrivals):
@@ -348,6 +355,8 @@ def replay(
             state.set_labels(index, labels)
             view.update_node(state.names[index], labels)
 
+    if progress is not None:
+        progress(len(arrivals) - reported)
     total_gpus = capacity // 1000
     gpus_in_use = sum(s.gpus_in_use() for s in sim_nodes)
     return Result(

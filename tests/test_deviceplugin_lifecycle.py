@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import signal
@@ -68,6 +69,61 @@ async def test_plugins_re_register_after_kubelet_wipes_the_directory_and_restart
         assert len(kubelet.allocated("ns/keep/c")["gpuslice.io/gpu-memory"]) == 10
         await kubelet.allocate("gpuslice.io/gpu-memory", 5, "ns/after/c")
         await wait_ready(plugin_manager)
+
+
+@contextlib.asynccontextmanager
+async def watched_plugins(node, kubelet_dir):
+    """The plugins with a safety-net pass far beyond any test: whatever they notice, the watch told them."""
+    plugin_manager = manager.PluginManager(
+        manager.build_resources(node, config.Config()),
+        kubelet_dir=kubelet_dir,
+        health_state=health.HealthState(),
+        plugin_metrics=metrics.Metrics(),
+        poll_interval=3600,
+    )
+    await plugin_manager.start()
+    try:
+        yield plugin_manager
+    finally:
+        await plugin_manager.stop()
+
+
+async def test_a_kubelet_restart_is_noticed_through_the_directory_watch(kubelet, socket_dir, demo_node):
+    async with watched_plugins(demo_node, socket_dir) as plugin_manager:
+        await kubelet.wait_until(lambda: len(kubelet.registrations) == 4)
+        await wait_ready(plugin_manager)
+        await kubelet.restart()
+        await kubelet.wait_until(lambda: len(kubelet.registrations) == 8)
+        assert {r.resource_name for r in kubelet.registrations[4:]} == set(DEMO_RESOURCES)
+        await kubelet.wait_for_resource("gpuslice.io/gpu-memory", 636)
+
+
+async def test_a_deleted_plugin_socket_is_served_again_through_the_directory_watch(kubelet, socket_dir, demo_node):
+    async with watched_plugins(demo_node, socket_dir) as plugin_manager:
+        await kubelet.wait_until(lambda: len(kubelet.registrations) == 4)
+        await wait_ready(plugin_manager)
+        memory_socket = socket_dir / DEMO_RESOURCES["gpuslice.io/gpu-memory"]
+        memory_socket.unlink()
+        await kubelet.wait_until(lambda: len(kubelet.registrations) == 5)
+        assert kubelet.registrations[4].resource_name == "gpuslice.io/gpu-memory"
+        assert memory_socket.exists()
+        await wait_ready(plugin_manager)
+
+
+async def test_without_a_directory_watch_the_manager_polls_and_still_notices_a_restart(
+    kubelet, socket_dir, demo_node, monkeypatch, caplog
+):
+    async def no_watch(*args, **kwargs):
+        raise OSError(28, "inotify watch limit reached")
+        yield  # an async generator, as watchfiles.awatch is
+
+    monkeypatch.setattr(manager.watchfiles, "awatch", no_watch)
+    async with watched_plugins(demo_node, socket_dir) as plugin_manager:
+        await kubelet.wait_until(lambda: len(kubelet.registrations) == 4)
+        await wait_ready(plugin_manager)
+        await kubelet.restart()
+        await kubelet.wait_until(lambda: len(kubelet.registrations) == 8)
+    assert f"cannot watch {socket_dir}" in caplog.text and "inotify watch limit reached" in caplog.text
 
 
 async def wait_ready(plugin_manager):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import pathlib
 import statistics
+import sys
+import types
 from typing import Any
 
 import pytest
 
 from gpuslice.sim import main as sim_main
-from gpuslice.sim import replay, trace
+from gpuslice.sim import progress, replay, trace
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"
 TINY_ARGS = ["--nodes", str(TINY / "tiny_nodes.csv"), "--pods", str(TINY / "tiny_pods.csv")]
@@ -210,3 +213,88 @@ def test_the_papers_figures_for_the_default_trace_are_read(trace_dir: pathlib.Pa
     assert figures.summary["01-Random"]["unallocated_gpus_at_130"] == 778
     assert len(figures.curves["06-FGD"]) == 131
     assert 0.9 < figures.curves["06-FGD"][-1] < 1.0
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal, so the progress bar draws on it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"], ids=["in-process", "workers"])
+def test_a_terminal_shows_a_progress_bar_over_every_pod_and_the_json_stays_clean(
+    jobs: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bars = _recorded_bars(monkeypatch)
+    assert sim_main.main([*TINY_ARGS, "--json", "--seeds", "2", "--jobs", jobs]) == 0
+    document = json.loads(capsys.readouterr().out)  # stdout is only the document
+    [(shown, disabled)] = bars
+    assert not disabled
+    assert shown.n == shown.total == len(document["configurations"]) * sum(document["arrivals"])
+    assert "replaying" in terminal.getvalue()
+
+
+def _recorded_bars(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, bool]]:
+    """Every bar made, with whether it was off when made (closing one turns it off)."""
+    made: list[tuple[Any, bool]] = []
+    real = progress.bar
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        shown = real(*args, **kwargs)
+        made.append((shown, shown.disable))
+        return shown
+
+    monkeypatch.setattr(progress, "bar", recording)
+    return made
+
+
+def test_without_a_terminal_there_is_no_progress_output(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bars = _recorded_bars(monkeypatch)
+    assert sim_main.main([*TINY_ARGS, "--json", "--seeds", "2", "--jobs", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    json.loads(out)
+    assert [disabled for _, disabled in bars] == [True]
+
+
+def test_plot_without_matplotlib_fails_before_replaying_with_the_install_hint(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+
+    def no_replay(*args: object, **kwargs: object) -> None:
+        raise AssertionError("replayed before the --plot check")
+
+    monkeypatch.setattr(replay, "replay", no_replay)
+    assert sim_main.main([*TINY_ARGS, "--jobs", "1", "--plot", str(tmp_path / "alloc.png")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "--plot needs matplotlib" in err and "pip install -e '.[plot]'" in err
+
+
+@pytest.mark.parametrize(
+    ("where", "problem"),
+    [("missing/alloc.png", "no directory"), (".", "is a directory")],
+    ids=["no-folder", "a-folder"],
+)
+def test_plot_to_an_unwritable_path_fails_before_replaying(
+    where: str,
+    problem: str,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))  # installed or not
+
+    def no_replay(*args: object, **kwargs: object) -> None:
+        raise AssertionError("replayed before the --plot check")
+
+    monkeypatch.setattr(replay, "replay", no_replay)
+    assert sim_main.main([*TINY_ARGS, "--jobs", "1", "--plot", str(tmp_path / where)]) == 2
+    assert problem in capsys.readouterr().err

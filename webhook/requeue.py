@@ -17,7 +17,7 @@ Delete-then-create leaves a window (between the two calls) where a crash would l
 replacement is built before the delete and its create is retried, so only a process death in
 that window loses it (docs/steering.md, "Bursts").
 
-May import gpuslice.config, gpuslice.contract, gpuslice.listwatch and the kubernetes client (in threads).
+May import gpuslice.{backoff,config,contract,listwatch} and the kubernetes client (in threads).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import kubernetes
 import prometheus_client
 
-from gpuslice import config, listwatch
+from gpuslice import backoff, config, listwatch
 from gpuslice import contract as contract_
 
 __all__ = ["Requeuer", "replacement", "requeueable"]
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 _METADATA_KEPT = ("name", "namespace", "labels", "annotations", "finalizers")
 _CREATE_ATTEMPTS = 8
+_CREATE_FIRST_RETRY_SECONDS = 0.2  # then doubling, at most _CREATE_MAX_RETRY_SECONDS
+_CREATE_MAX_RETRY_SECONDS = 10.0
 
 
 def requeues_of(pod: Mapping[str, Any], contract: contract_.Contract) -> int:
@@ -119,7 +121,8 @@ class Requeuer:
         namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
         attempt = requeues_of(pod, self.contract)
         try:
-            await asyncio.sleep(self.backoff_seconds * 2**attempt)
+            # backoff_seconds x 2^attempt, uncapped (maxAttempts bounds it); the count is on the pod.
+            await asyncio.sleep(backoff.Backoff(self.backoff_seconds).delay(attempt))
             fresh = replacement(pod, self.contract)
             try:
                 await asyncio.to_thread(
@@ -155,7 +158,7 @@ class Requeuer:
     async def _create(self, pod: dict[str, Any]) -> Any:
         """Create, retrying transient failures: the refused pod is already deleted. The created pod,
         or None when the name was taken meanwhile (the user made it again)."""
-        delay = 0.2
+        retry = backoff.Backoff(_CREATE_FIRST_RETRY_SECONDS, _CREATE_MAX_RETRY_SECONDS)
         for attempt in range(_CREATE_ATTEMPTS):
             try:
                 body: Any = pod  # the client serialises a plain dict as it is
@@ -167,8 +170,7 @@ class Requeuer:
                     raise  # the API server will not take it on a retry either
                 if attempt == _CREATE_ATTEMPTS - 1:
                     raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            await asyncio.sleep(retry.next())
         return None
 
     async def _event(self, pod: Any, message: str) -> None:
