@@ -24,7 +24,7 @@ from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory
 from gpuslice.dra import slices
 
-__all__ = ["DRA_CONTROLLERS", "DeviceLedger", "device_class", "node_slices"]
+__all__ = ["DRA_CONTROLLERS", "DeviceLedger", "device_class", "memory_mib", "node_slices"]
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 DEVICE_CLASSES_PATH = "/apis/resource.k8s.io/v1/deviceclasses"

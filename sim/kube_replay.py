@@ -44,6 +44,7 @@ import tqdm
 import yaml
 
 from gpuslice import config
+from gpuslice.dra import slices
 from gpuslice.sim import controlplane, kube_api, kube_dra, kube_nodes, replay, scheduler, trace
 from gpuslice.sim import progress as progress_
 
@@ -75,6 +76,15 @@ class Arrival:
 
     def __str__(self) -> str:
         return f"compressed:{self.factor:g}" if self.mode == "compressed" else self.mode
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """`device-plugin`, `dra`, or both comma-separated (each once)."""
+    modes = tuple(m.strip() for m in text.split(","))
+    unknown = [m for m in modes if m not in ("device-plugin", "dra")]
+    if unknown or not modes or len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"--mode {text!r}: give device-plugin, dra, or device-plugin,dra")
+    return modes
 
 
 def parse_arrival(text: str) -> Arrival:
@@ -278,9 +288,13 @@ def _diagnosis(outcomes: _Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[s
     """Where a run lost GPUs: unschedulable pods by the GPU class their affinity pins them to, and
     GPUs left without any pod by class (MiB)."""
     idle: collections.Counter[str] = collections.Counter()
-    for sim in fleet.sims.values():
+    for name, sim in fleet.sims.items():
         for gpu in sim.node.memory_gpus:
-            if not sim.units_in_use.get(gpu.uuid) and gpu.uuid not in sim.whole_in_use:
+            if fleet.dra:  # DRA mode: what the allocator gave, not the simulated device manager
+                used = fleet.ledger.consumed.get((name, slices.device_name(gpu)), 0.0) > 0
+            else:
+                used = bool(sim.units_in_use.get(gpu.uuid)) or gpu.uuid in sim.whole_in_use
+            if not used:
                 idle[str(gpu.memory_mib)] += 1
     placed = set(k for k, d in fleet.decisions.items() if d.admitted)
     pinned = collections.Counter(
@@ -697,9 +711,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--mode",
-        choices=("device-plugin", "dra"),
-        default="device-plugin",
+        type=parse_modes,
+        default=("device-plugin",),
         help="kube: how the gpuslice configurations offer GPUs: extended resources from the device plugin "
+        "(device-plugin, the default), ResourceSlices and ResourceClaims (dra, docs/dra.md), or both side by "
+        "side in one run (device-plugin,dra); "
         "(default), or ResourceSlices and ResourceClaims (DRA mode, docs/dra.md)",
     )
     group.add_argument(
@@ -734,15 +750,22 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except (ValueError, config.ConfigError) as exc:  # TraceError is a ValueError
         print(f"gpuslice-sim: {exc}", file=sys.stderr)
         return 2
-    if args.mode == "dra":
-        settings = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, enabled=True))
-    chosen = replay.configurations(
-        settings, percentage_of_nodes_to_score=args.percentage_of_nodes_to_score, binpack_strategy=args.binpack_strategy
-    )
+    chosen = {}
+    for mode in args.mode:
+        enabled = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, enabled=mode == "dra"))
+        configurations = replay.configurations(
+            enabled,
+            percentage_of_nodes_to_score=args.percentage_of_nodes_to_score,
+            binpack_strategy=args.binpack_strategy,
+        )
+        for name, configuration in configurations.items():
+            if name in args.config_names and (mode == "device-plugin" or configuration.sharing):
+                key = f"{name}-dra" if mode == "dra" else name  # whole-gpu is the same in both modes
+                chosen[key] = dataclasses.replace(configuration, name=key)
     runs = []
     for seed in range(args.seed, args.seed + args.seeds):
         arrivals = replay.workload(pods, capacity, args.demand, np.random.default_rng(seed))
-        for name in args.config_names:
+        for name in chosen:
             workdir = pathlib.Path(args.kube_workdir or tempfile.mkdtemp(prefix="gpuslice-kube-"))
             try:
                 with progress_.bar(len(arrivals), f"{name} seed {seed}") as shown:
@@ -767,7 +790,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "gpus": capacity // 1000,
         "demand": args.demand,
         "arrival": str(arrival),
-        "mode": args.mode,
+        "mode": ",".join(args.mode),
     }
     if args.json:
         print(json.dumps({**meta, "runs": [{"seed": s, **r.to_json()} for s, r in runs]}, indent=2))

@@ -5,6 +5,7 @@ tests/e2e/test_real_replay.py."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import pathlib
 
@@ -91,3 +92,11 @@ def test_without_the_components_the_command_says_what_is_missing(
 def test_a_bad_arrival_mode_on_the_command_line_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main.main(["--scheduler", "kube", "--arrival", "later"]) == 2
     assert "--arrival must be sequential, burst or compressed:<factor>" in capsys.readouterr().err
+
+
+def test_modes_are_device_plugin_dra_or_both_each_once() -> None:
+    assert kube_replay.parse_modes("dra") == ("dra",)
+    assert kube_replay.parse_modes("device-plugin, dra") == ("device-plugin", "dra")
+    for bad in ("", "dra,dra", "dra,x", "both"):
+        with pytest.raises(argparse.ArgumentTypeError, match="give device-plugin, dra, or device-plugin,dra"):
+            kube_replay.parse_modes(bad)

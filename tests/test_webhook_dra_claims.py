@@ -82,7 +82,8 @@ def test_a_memory_share_becomes_a_capacity_request_referenced_by_its_container()
     assert patched["spec"]["resourceClaims"] == [{"name": "gpuslice", "resourceClaimTemplateName": name}]
     assert patched["spec"]["containers"][0]["resources"] == {"limits": {"cpu": "2"}, "claims": [{"name": "gpuslice"}]}
     decision = dra_claims.orjson.loads(patched["metadata"]["annotations"]["gpuslice.io/decision"])
-    assert decision["mode"] == "dra" and decision["claimTemplate"] == name and "units" not in decision
+    assert decision["mode"] == "dra" and decision["claimTemplate"] == name and "resource" not in decision
+    assert decision["units"] == 8  # what the webhook's promises count against the GPU class (cluster.py)
 
 
 def test_the_same_need_gives_the_same_template_and_another_need_another():

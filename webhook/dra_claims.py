@@ -219,8 +219,7 @@ def build(pod: Mapping[str, Any], need: Need, settings: config_.Config, *, names
         patch.append({"op": "add", "path": "/spec/resourceClaims", "value": [entry]})
 
     decision = {**need.decision, "mode": "dra", "claimTemplate": name}
-    decision.pop("resource", None)
-    decision.pop("units", None)
+    decision.pop("resource", None)  # no extended resource; `units` stays: the webhook's promises count it
     warnings: list[str] = []
     current = spec.get("schedulerName")
     scheduler = settings.scheduler_name or (DEFAULT_SCHEDULER if current == KAI_SCHEDULER else "")
