@@ -121,6 +121,29 @@ def test_the_chart_installs_with_default_values_and_uninstalls_leaving_nothing(
     assert leftovers, _ours(admin, release)
 
 
+def test_dra_mode_installs_with_its_device_classes_roles_and_node_policy(
+    cluster: controlplane.ControlPlane, admin: kubernetes.client.ApiClient, workdir: pathlib.Path
+) -> None:
+    # The API server compiles the node policy's CEL (it now matches the DRA plugin's ServiceAccount
+    # too) and checks that whoever installs may grant the DRA plugin's roles.
+    release, namespace = "gs-dra", "gs-dra"
+    k8skit.install_chart(cluster.admin_kubeconfig, release, namespace, {"mode": "dra"}, workdir)
+    objects = _ours(admin, release)
+    assert {"DeviceClass/gpu.gpuslice.io", "DeviceClass/mig.gpuslice.io"} <= set(objects), objects
+    assert "ValidatingAdmissionPolicy/gs-dra-gpuslice-node-labels" in objects, objects
+    assert not any(name.startswith("DaemonSet/") and "device-plugin" in name for name in objects), objects
+    policy = kubernetes.client.AdmissionregistrationV1Api(admin).read_validating_admission_policy(
+        "gs-dra-gpuslice-node-labels"
+    )
+    assert not (policy.status and policy.status.type_checking and policy.status.type_checking.expression_warnings)
+    webhooks = kubernetes.client.AdmissionregistrationV1Api(admin).read_mutating_webhook_configuration(
+        f"{release}-gpuslice-webhook"
+    )
+    assert {w.name.split(".")[0]: w.side_effects for w in webhooks.webhooks}["pods"] == "NoneOnDryRun"
+    k8skit.helm(cluster.admin_kubeconfig, "uninstall", release, "--namespace", namespace)
+    k8skit.wait_for("uninstall to remove every object of the release", lambda: not _ours(admin, release), timeout=60)
+
+
 def test_an_upgrade_keeps_the_chart_made_certificate_and_ca_bundle(
     cluster: controlplane.ControlPlane,
     admin: kubernetes.client.ApiClient,
