@@ -236,6 +236,18 @@ def test_the_build_context_keeps_what_pip_install_needs():
         assert is_ignored(path), f"{path} should stay out of the image's build context"
 
 
+def test_the_image_check_copies_the_context_with_its_package_links_as_copy_does(tmp_path):
+    # gpuslice/<folder> are symlinks to the top-level folders (pyproject.toml): without them the wheel
+    # has no gpuslice.webhook and every entry point fails to import.
+    into = tmp_path / "context"
+    into.mkdir()
+    load_tool("build-image-venv").copy_context(REPO, into)
+    for folder in ("webhook", "deviceplugin", "dra", "sim", "demo", "proto"):
+        link = into / "gpuslice" / folder
+        assert link.is_symlink() and (link / "__init__.py").is_file(), folder
+    assert (into / "webhook" / "main.py").is_file() and not (into / "tests").exists()
+
+
 def load_installer():
     return load_tool("install-helm")
 

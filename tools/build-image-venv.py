@@ -147,10 +147,17 @@ def copy_context(context: pathlib.Path, into: pathlib.Path) -> None:
     patterns = dockerignore_patterns(context)
     for path in sorted(context.rglob("*")):
         relative = path.relative_to(context).as_posix()
-        if ignored(relative, patterns) or not path.is_file():
+        inside_link = any((context / parent).is_symlink() for parent in path.relative_to(context).parents)
+        if ignored(relative, patterns) or inside_link:
             continue
-        (into / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, into / relative)
+        if path.is_symlink():
+            # COPY keeps symlinks as they are: gpuslice/<folder> -> ../<folder> is how the wheel finds
+            # the top-level folders (pyproject.toml).
+            (into / relative).parent.mkdir(parents=True, exist_ok=True)
+            (into / relative).symlink_to(path.readlink())
+        elif path.is_file():
+            (into / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, into / relative)
 
 
 def closed_to_others(path: pathlib.Path) -> list[pathlib.Path]:
