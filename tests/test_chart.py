@@ -519,7 +519,11 @@ def test_webhook_may_only_read_nodes_and_requeue_pods_and_the_plugin_only_label_
     without = chartkit.render(
         chartkit.merged(chartkit.COMBINATIONS["defaults"], {"config": {"requeue": {"enabled": False}}})
     )
-    assert rules_of(without, "webhook") == [read_nodes]
+    # Without the requeuer it still watches pending pods: promises of pods nobody can place go back.
+    assert rules_of(without, "webhook") == [
+        read_nodes,
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    ]
     assert rules_of(manifests, "device-plugin") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         # its node's pods (list + watch, field-selected on spec.nodeName) for the CPU/memory headroom

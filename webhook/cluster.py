@@ -168,6 +168,24 @@ class ClusterView:
         if isinstance(memory, int) and isinstance(units, int):
             self.promise(memory, units)
 
+    def release_conversion(self, decision: Mapping[str, Any] | None) -> None:
+        """The pod of this conversion will not take its units soon (the scheduler found no node for
+        it, or kubelet refused it): give back what `promise_conversion` counted, newest first, so a
+        pod that waits does not hold its class's capacity for PROMISE_SECONDS."""
+        if not decision or decision.get("migProfile"):
+            return
+        memory, units = decision.get("classMemoryMiB"), decision.get("units")
+        if not (isinstance(memory, int) and isinstance(units, int)):
+            return
+        queue = self._promised.get(memory)
+        while queue and units > 0:
+            taken = min(units, int(queue[-1][1]))
+            queue[-1][1] -= taken
+            self._promised_total[memory] -= taken
+            units -= taken
+            if queue[-1][1] <= 0:
+                queue.pop()
+
     def promised_units(self, memory_mib: int, *, now: float | None = None) -> int:
         """Units of class `memory_mib` promised to converted pods and not yet seen in labels."""
         queue = self._promised.get(memory_mib)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import kubernetes
 
 from gpuslice import config
-from gpuslice.webhook import certs, claim_templates, nodewatch, requeue, server
+from gpuslice.webhook import certs, claim_templates, nodewatch, requeue, server, waiting
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
@@ -67,6 +67,8 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     background = []
     if api is not None and settings.requeue.enabled and not settings.dra.enabled:
         background.append(requeue.Requeuer(api, settings, registry=metrics.registry).run)
+    if api is not None:  # promises of pods the scheduler cannot place are given back (webhook/waiting.py)
+        background.append(waiting.WaitingPods(api, view).run)
     # DRA mode: claim templates are created with the same credentials as the node watch (--kubeconfig).
     templates = (
         claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(api.api_client))
