@@ -168,19 +168,23 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-async def test_the_plugin_serves_publishes_prepares_and_stops_cleanly(demo_node, dirs):
-    api = dra_kit.FakeApi()
-    share = claim(uid(5), [result("gpu", "gpu-0", "2Gi", share_id=SHARE_ID)])
-    api.add_claim(share)
-    port = free_port()
-    options = main.Options(
+def plugin_options(dirs, http_port: int) -> main.Options:  # type: ignore[no-untyped-def]
+    return main.Options(
         node_name="node-a",
         plugins_dir=str(dirs["plugins"]),
         registry_dir=str(dirs["registry"]),
         cdi_dir=str(dirs["cdi"]),
         state_dir=str(dirs["state"]),
-        http_port=port,
+        http_port=http_port,
     )
+
+
+async def test_the_plugin_serves_publishes_prepares_and_stops_cleanly(demo_node, dirs):
+    api = dra_kit.FakeApi()
+    share = claim(uid(5), [result("gpu", "gpu-0", "2Gi", share_id=SHARE_ID)])
+    api.add_claim(share)
+    port = free_port()
+    options = plugin_options(dirs, port)
     settings = config.load(overrides={"dra.sliceMinIntervalSeconds": 0.05}, environ={})
     stop = asyncio.Event()
     task = asyncio.create_task(main.run(settings, options, demo_node, stop=stop, api=api), name="dra-plugin-under-test")
@@ -213,14 +217,7 @@ async def test_the_plugin_serves_publishes_prepares_and_stops_cleanly(demo_node,
 async def test_the_plugin_refuses_to_start_on_a_damaged_checkpoint(demo_node, dirs):
     dirs["state"].mkdir(parents=True)
     (dirs["state"] / "checkpoint.json").write_text("{damaged")
-    options = main.Options(
-        node_name="node-a",
-        plugins_dir=str(dirs["plugins"]),
-        registry_dir=str(dirs["registry"]),
-        cdi_dir=str(dirs["cdi"]),
-        state_dir=str(dirs["state"]),
-        http_port=0,
-    )
+    options = plugin_options(dirs, 0)
     assert await main.run(config.Config(), options, demo_node, stop=asyncio.Event(), api=dra_kit.FakeApi()) == 2
     assert not (dirs["registry"]).exists() or list(dirs["registry"].iterdir()) == []
 
@@ -253,14 +250,7 @@ async def test_the_plugin_publishes_steering_labels_from_the_claims_it_prepared_
     share = claim(uid(6), [result("gpu", "gpu-0", "2Gi", share_id=SHARE_ID)])
     api.add_claim(share)
     node_api = RecordingNodeApi()
-    options = main.Options(
-        node_name="node-a",
-        plugins_dir=str(dirs["plugins"]),
-        registry_dir=str(dirs["registry"]),
-        cdi_dir=str(dirs["cdi"]),
-        state_dir=str(dirs["state"]),
-        http_port=0,
-    )
+    options = plugin_options(dirs, 0)
     settings = config.load(overrides={"steering.labelMinIntervalSeconds": 0.01}, environ={})
     stop = asyncio.Event()
     task = asyncio.create_task(main.run(settings, options, demo_node, stop=stop, api=api, node_api=node_api))
