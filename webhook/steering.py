@@ -4,8 +4,9 @@ preferred terms that make even the default scheduler pack; for a pod that asks f
 preferred terms that keep its CPU off nodes whose GPUs are still whole.
 
 Pure functions over the contract's label keys (published by gpuslice.deviceplugin.labels); the
-mutation calls `placement_affinity` (and `cpu_pod_preferences` with `steering.cpuPods`) when
-`steering.enabled` and merges the result into the pod's affinity. Imports only gpuslice.contract.
+patch building (webhook/patches.py) calls `placement_affinity`, and CPU-pod steering
+(webhook/cpupods.py) `cpu_pod_preferences` with `steering.cpuPods`, when `steering.enabled`, and
+merge the result into the pod's affinity. Imports only gpuslice.contract.
 
 Why the preferred terms look like this (docs/steering.md has the full argument):
 - kube-scheduler sums the weights of the preferred terms a node matches, normalises so the best
