@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import pathlib
@@ -180,8 +181,9 @@ class Config:
     # Webhook: tolerations added to every converted pod that does not already tolerate them.
     converted_pod_tolerations: tuple[dict[str, Any], ...] = DEFAULT_CONVERTED_POD_TOLERATIONS
 
-    @property
+    @functools.cached_property
     def contract(self) -> contract.Contract:
+        # Built once per Config (the fields are frozen): the webhook reads it several times per admission.
         return contract.Contract(prefix=self.resource_prefix, unit_mib=self.memory_unit_mib)
 
 

@@ -33,11 +33,11 @@ class Demand:
     cpu_milli: int = 0
     memory_mib: int = 0
 
-    def need(self, gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> int:
-        """Units on one GPU of the class (or whole GPUs) the pod needs there."""
+    def units(self, units_per_gpu: int) -> int:
+        """Units on one GPU of a class of `units_per_gpu` (or whole GPUs) the pod needs there."""
         if self.whole_gpus:
             return self.whole_gpus
-        return conversions.fraction_units(self.fraction, contract.units_per_gpu(gpu_class.memory_mib))
+        return conversions.fraction_units(self.fraction, units_per_gpu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,15 +150,28 @@ def _pinned(
     return Choice(best.memory_mib, [pin], notes, best.max_gpus_per_node)
 
 
-def _share_of(units: int, gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> float:
-    """`units` as a share of the class's whole capacity (0 for a class without capacity)."""
-    capacity = gpu_class.gpus * contract.units_per_gpu(gpu_class.memory_mib)
-    return units / capacity if capacity else 0.0
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    """What the choice needs of one class that depends on the nodes alone."""
+
+    units_per_gpu: int
+    capacity: int  # units of all its GPUs
+    free_share_key: tuple[float, int, int]  # largest free share first, then more GPUs, then the smaller GPU
 
 
-def _free_share_key(gpu_class: cluster_.GpuClass, contract: contract_.Contract) -> tuple[float, int, int]:
-    # Largest free share first, then more GPUs, then the smaller GPU.
-    return (-_share_of(gpu_class.free_units, gpu_class, contract), -gpu_class.gpus, gpu_class.memory_mib)
+def _facts(cluster: cluster_.ClusterView, contract: contract_.Contract) -> dict[int, _Facts]:
+    """Per class memory, computed once per version of the view."""
+
+    def build() -> dict[int, _Facts]:
+        facts = {}
+        for c in cluster.classes():
+            per_gpu = contract.units_per_gpu(c.memory_mib)
+            capacity = c.gpus * per_gpu
+            free_share = c.free_units / capacity if capacity else 0.0
+            facts[c.memory_mib] = _Facts(per_gpu, capacity, (-free_share, -c.gpus, c.memory_mib))
+        return facts
+
+    return cluster.derived(("classchoice", contract), build)
 
 
 def _best(
@@ -172,14 +185,18 @@ def _best(
     (the pod then waits for room in that class)."""
     if len(classes) == 1:
         return classes[0], "only class"
+    facts = _facts(cluster, contract)
     units = cluster.usable_free_units(
-        {c.memory_mib: demand.need(c, contract) for c in classes},
+        {c.memory_mib: demand.units(facts[c.memory_mib].units_per_gpu) for c in classes},
         whole_gpus=bool(demand.whole_gpus),
         cpu_milli=demand.cpu_milli,
         memory_request_mib=demand.memory_mib,
     )
-    usable = {c.memory_mib: _share_of(units[c.memory_mib], c, contract) for c in classes}
-    best = min(classes, key=lambda c: (-usable[c.memory_mib], *_free_share_key(c, contract)))
+    usable = {}
+    for c in classes:
+        capacity = facts[c.memory_mib].capacity
+        usable[c.memory_mib] = units[c.memory_mib] / capacity if capacity else 0.0
+    best = min(classes, key=lambda c: (-usable[c.memory_mib], *facts[c.memory_mib].free_share_key))
     if usable[best.memory_mib] > 0:
         return best, "largest free share on nodes where the pod fits now"
     return best, "largest free share (no node has room now)"
