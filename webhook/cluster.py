@@ -4,7 +4,10 @@ A GPU class is a distinct GPU memory size (`<prefix>/gpu.memory-mib`): products 
 memory are interchangeable for accounting, so a fraction converts to the same units on any of
 them. The view keeps running aggregates per class (nodes, GPUs, free units, products, GPUs per
 node) and per MIG profile, so `update_node` costs O(labels of one node) and `classes()` costs
-O(classes): the simulator calls them after every bind on a thousand-node cluster.
+O(classes): the simulator calls them after every bind on a thousand-node cluster. What admissions
+derive from the nodes alone (the table the class choice scans, its answers, per-class figures) is
+kept per version of the view (`derived`) and rebuilt on the first query after a node changes:
+nodes change at the pace of watch events, admissions far more often.
 
 Pods converted but not yet in any node's labels are promised capacity (`promise`): a burst is
 converted faster than pods are bound and labels move, and without this every pod of the burst
