@@ -1,15 +1,27 @@
-"""Webhook admission throughput and latency over loopback HTTPS, beside a no-op aiohttp handler.
+"""Server CPU per admission: the real webhook beside a no-op aiohttp handler, over loopback HTTPS.
 
-    .venv/bin/python benchmarks/bench_webhook.py [--runs 5] [--seconds 3] [--concurrency 1 50 200] [--rate 200]
+    .venv/bin/python benchmarks/bench_webhook.py [--repeats 7] [--requests 2000] [--connections 8]
+    .venv/bin/python benchmarks/bench_webhook.py --baseline DIR        # also an earlier tree's webhook, alternated
+    .venv/bin/python benchmarks/bench_webhook.py --in-process 2000      # admission.review alone, per pod kind
+    .venv/bin/python benchmarks/bench_webhook.py --profile gpu-fraction  # cProfile of admission.review
 
-Two server processes (the real webhook app, and a no-op app that only parses the review and
-echoes its uid, the least any correct webhook must do, with the same JSON library) serve the
-same certificate; a separate
-load-generator process (aiohttp client, N keep-alive connections) posts the same set of
-AdmissionReviews (Deployment-style pods of 5-20 KB: half gpu-fraction, a quarter gpu-memory, a
-quarter without annotations) to one server at a time. With two or more cores the servers are
-pinned to core 0 and the load generator to core 1. Each run measures every concurrency level
-on both servers back to back; the summary gives medians over runs and the webhook / no-op ratio.
+Two server processes serve the same certificate with the same TLS context (certs.server_context):
+the webhook as gpuslice-webhook builds it (server.make_app, served by server.start: the bounded
+HTTPS site with its connection limits; gc.freeze() after start-up) over a node view of 300 GPU
+nodes labelled as the device plugin labels them, in the proportions of the Alibaba trace's GPU
+models (four GPU classes, partly allocated, CPU and memory headroom published); and a no-op
+aiohttp handler that reads the body, parses it with the same JSON library and answers allowed
+with the request's uid (the least any correct webhook does). A client process (aiohttp, N
+keep-alive connections, TLS handshakes done before measuring) posts the same AdmissionReviews to
+one server at a time; the server's user + system CPU time is read from /proc/<pid>/stat just
+before and after, so wall-clock noise from other work on the machine does not enter. Three pod
+kinds, each a set of Deployment-style pods of 5-20 KB: gpu-fraction (KAI's nvidia.com/gpu
+placeholder), gpu-memory, and a CPU-only pod (no annotations, no device: the cpu-pods steering
+path). Runs alternate webhook, no-op, webhook, no-op... for every pod kind; the summary gives the
+median CPU per admission of each and the ratio of the medians. With two or more cores the
+servers run on core 0 and the client on core 1. `--baseline DIR` adds a third server, the webhook of
+another source tree (`git archive <commit> | tar -x -C DIR`; its gpuslice package is imported from
+there), alternated with the other two: before and after a change in the same run.
 Figures go in docs/benchmarks.md ("Webhook admission").
 """
 
@@ -31,19 +43,37 @@ import time
 from typing import Any
 
 SERVICE_DNS = "gpuslice-webhook.gpuslice.svc"
+POD_KINDS = ("gpu-fraction", "gpu-memory", "cpu-only")
+SERVERS = ("webhook", "noop", "baseline")
+
+# (GPU model, GPUs per node, share of nodes in %): the Alibaba trace's GPU nodes, rounded.
+NODE_MIX = (
+    ("G2", 8, 45),
+    ("T4", 2, 32),
+    ("P100", 2, 11),
+    ("G3", 8, 3),
+    ("V100M16", 4, 3),
+    ("V100M32", 8, 2),
+    ("T4", 4, 2),
+    ("A10", 1, 1),
+    ("V100M16", 1, 1),
+)
+NODES = 300
 
 
 # --- the workload ---------------------------------------------------------------------------
 
 
-def make_pod(rng: random.Random, index: int) -> dict[str, Any]:
+def make_pod(rng: random.Random, index: int, kind: str) -> dict[str, Any]:
     """A Deployment-created pod of 5-20 KB: env, volumes, probes, labels, annotations."""
     annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": "9090", "team": "ml-platform"}
-    kind = index % 4
-    if kind in (0, 1):
+    limits: dict[str, str] = {"memory": "16Gi"}
+    if kind == "gpu-fraction":
         annotations["gpu-fraction"] = rng.choice(["0.1", "0.25", "0.5", "0.75"])
-    elif kind == 2:
+        limits["nvidia.com/gpu"] = "1"  # KAI's placeholder
+    elif kind == "gpu-memory":
         annotations["gpu-memory"] = rng.choice(["2000", "8Gi", "20000"])
+        limits["nvidia.com/gpu"] = "1"
     env = [{"name": f"SETTING_{i}", "value": "x" * rng.randint(20, 120)} for i in range(rng.randint(30, 160))]
     volumes = [{"name": f"data-{i}", "configMap": {"name": f"cm-{i}"}} for i in range(rng.randint(2, 10))]
     return {
@@ -71,10 +101,7 @@ def make_pod(rng: random.Random, index: int) -> dict[str, Any]:
                     "image": "registry.example/ml/trainer:2.3.1",
                     "args": ["--epochs", "10", "--data", "/data"],
                     "env": env,
-                    "resources": {
-                        "requests": {"cpu": "4", "memory": "16Gi"},
-                        "limits": {"memory": "16Gi", "nvidia.com/gpu": "1"},
-                    },
+                    "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": limits},
                     "volumeMounts": [{"name": v["name"], "mountPath": f"/etc/{v['name']}"} for v in volumes],
                     "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 5},
                 },
@@ -92,7 +119,7 @@ def make_pod(rng: random.Random, index: int) -> dict[str, Any]:
     }
 
 
-def make_reviews(count: int = 200) -> list[bytes]:
+def make_reviews(kind: str, count: int = 200) -> list[bytes]:
     rng = random.Random(42)
     reviews = []
     for index in range(count):
@@ -106,7 +133,7 @@ def make_reviews(count: int = 200) -> list[bytes]:
                 "namespace": "team-a",
                 "operation": "CREATE",
                 "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-                "object": make_pod(rng, index),
+                "object": make_pod(rng, index, kind),
                 "dryRun": False,
             },
         }
@@ -114,163 +141,182 @@ def make_reviews(count: int = 200) -> list[bytes]:
     return reviews
 
 
-# --- servers ---------------------------------------------------------------------------------
-
-
 def cluster_view(settings: Any) -> Any:
-    """A mixed 200-node cluster of three GPU classes, so class choice and pinning run for every pod."""
+    """NODES GPU nodes in NODE_MIX's proportions, labelled by the device plugin's own label
+    function: 60 % of GPUs partly or fully allocated, CPU and memory headroom published."""
+    from gpuslice.deviceplugin import labels
+    from gpuslice.sim import trace
     from gpuslice.webhook import cluster
 
-    view = cluster.ClusterView(settings.contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
-    c = settings.contract
-    for i in range(200):
-        memory, gpus = ((81920, 8), (143771, 8), (24576, 4))[i % 3]
-        view.update_node(
-            f"node-{i}",
-            {
-                c.label_gpu_product: f"GPU-{memory}",
-                c.label_gpu_memory_mib: str(memory),
-                c.label_gpu_count: str(gpus),
-                c.label_free_units: str(i * 7 % (gpus * memory // 256)),
-                c.label_free_block_units: "100",
-                c.label_free_gpus: "1",
-            },
-        )
+    rng = random.Random(7)
+    contract = settings.contract
+    view = cluster.ClusterView(contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
+    mix = [(model, gpus) for model, gpus, percent in NODE_MIX for _ in range(percent)]
+    for i in range(NODES):
+        model, gpus = mix[i % len(mix)]
+        name = f"node-{i:04d}"
+        node = trace.node_inventory(trace.TraceNode(name, 96000, 393216, gpus, model))
+        allocated = {
+            g.uuid: rng.randint(0, contract.units_per_gpu(g.memory_mib)) if rng.random() < 0.6 else 0 for g in node.gpus
+        }
+        headroom = (rng.randint(0, 96000), rng.randint(0, 393216))
+        view.update_node(name, labels.node_labels(node, contract, allocated=allocated, headroom=headroom))
     return view
 
 
-def in_process(passes: int) -> None:
-    """CPU time of admission.review alone (decode, mutate, encode) per AdmissionReview: no TLS, no
-    HTTP, so it isolates the webhook's own cost from a loaded machine's noise."""
+# --- in-process figures ----------------------------------------------------------------------
+
+
+def in_process(count: int) -> None:
+    """CPU time of admission.review alone (decode, check, mutate, encode) per AdmissionReview:
+    no TLS, no HTTP, no server; beside it, orjson.loads alone (what the no-op handler does)."""
+    import orjson
+
     from gpuslice import config
     from gpuslice.webhook import admission
 
     settings = config.Config()
     view = cluster_view(settings)
-    reviews = make_reviews()
-    for body in reviews:  # warm-up
-        admission.review(body, settings=settings, cluster=view)
     gc.freeze()
-    samples = []
-    for _ in range(passes):
-        started = time.process_time()
-        for body in reviews:
+    for kind in POD_KINDS:
+        reviews = make_reviews(kind)
+        for body in reviews:  # warm-up
             admission.review(body, settings=settings, cluster=view)
-        samples.append((time.process_time() - started) / len(reviews) * 1e6)
-    print(
-        f"admission.review CPU per AdmissionReview over {len(reviews)} reviews x {passes} passes: "
-        f"median {statistics.median(samples):.1f} us, min {min(samples):.1f} us"
-    )
+        samples, floor = [], []
+        for _ in range(5):
+            started = time.process_time()
+            for i in range(count):
+                admission.review(reviews[i % len(reviews)], settings=settings, cluster=view)
+            samples.append((time.process_time() - started) / count * 1e6)
+            started = time.process_time()
+            for i in range(count):
+                orjson.loads(reviews[i % len(reviews)])
+            floor.append((time.process_time() - started) / count * 1e6)
+        print(
+            f"{kind:<13} admission.review: median {statistics.median(samples):6.1f} us, best {min(samples):6.1f} us; "
+            f"orjson.loads alone: median {statistics.median(floor):5.1f} us"
+        )
+
+
+def profile(kind: str, count: int = 4000) -> None:
+    import cProfile
+    import pstats
+
+    from gpuslice import config
+    from gpuslice.webhook import admission
+
+    settings = config.Config()
+    view = cluster_view(settings)
+    reviews = make_reviews(kind)
+    for body in reviews:
+        admission.review(body, settings=settings, cluster=view)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for i in range(count):
+        admission.review(reviews[i % len(reviews)], settings=settings, cluster=view)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
+# --- servers ---------------------------------------------------------------------------------
+
+
+async def _serve_webhook(port: int, context: ssl.SSLContext) -> None:
+    from gpuslice import config
+    from gpuslice.webhook import server
+
+    settings = config.Config()
+    app = server.make_app(settings, cluster_view(settings))
+    gc.freeze()  # as gpuslice-webhook's main does
+    runner = await server.start(app, context, host="127.0.0.1", port=port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+async def _serve_noop(port: int, context: ssl.SSLContext) -> None:
+    import orjson  # the webhook's JSON library: the comparison measures the handler, not the parser
+    from aiohttp import web
+
+    async def noop(request: web.Request) -> web.Response:
+        review = orjson.loads(await request.read())
+        answer = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": review["request"]["uid"], "allowed": True},
+        }
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app.router.add_post("/mutate", noop)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+    gc.freeze()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
 
 
 def run_server(kind: str, port: int, cert: str, key: str) -> None:
-    from aiohttp import web
-
-    from gpuslice import config
-    from gpuslice.webhook import certs, server
+    from gpuslice.webhook import certs
 
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {0})
     context = certs.server_context(cert, key)
-    if kind == "webhook":
-        settings = config.Config()
-        view = cluster_view(settings)
-        app = server.make_app(settings, view)
-    else:
-        import orjson  # the webhook's JSON library: the comparison measures the handler, not the parser
-
-        async def noop(request: web.Request) -> web.Response:
-            review = orjson.loads(await request.read())
-            answer = {
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "response": {"uid": review["request"]["uid"], "allowed": True},
-            }
-            return web.Response(body=orjson.dumps(answer), content_type="application/json")
-
-        app = web.Application(client_max_size=8 * 1024 * 1024)
-        app.router.add_post("/mutate", noop)
-    gc.freeze()  # as gpuslice-webhook's main does: start-up objects are never scanned by the GC
-    web.run_app(app, host="127.0.0.1", port=port, ssl_context=context, access_log=None, print=None)
+    asyncio.run((_serve_noop if kind == "noop" else _serve_webhook)(port, context))
 
 
-# --- load generator --------------------------------------------------------------------------
+# --- client ----------------------------------------------------------------------------------
 
 
-def _summary(latencies: list[float], elapsed: float, requests: int, errors: int) -> dict[str, float]:
-    latencies.sort()
-    return {
-        "rps": len(latencies) / elapsed,
-        "p50_ms": latencies[len(latencies) // 2] * 1000,
-        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-        "requests": requests,  # including warm-up, for server CPU per request
-        "errors": errors,
-    }
-
-
-async def _load(port: int, ca_file: str, concurrency: int, seconds: float, rate: float) -> dict[str, float]:
-    """Closed loop (rate 0): `concurrency` connections each sending back to back, for throughput.
-    Open loop (rate > 0): requests due at a fixed rate over up to `concurrency` connections, for
-    latency as kube-apiserver sees it at that admission rate (measured from the due time)."""
+async def _drive(port: int, ca_file: str, kind: str, requests: int, connections: int) -> None:
+    """Open `connections` keep-alive connections, say "ready", wait for "go" on stdin, post
+    `requests` reviews of `kind` spread over them, print the result as JSON."""
     import aiohttp
 
-    reviews = make_reviews()
+    reviews = make_reviews(kind)
     context = ssl.create_default_context(cafile=ca_file)
-    connector = aiohttp.TCPConnector(ssl=context, limit=concurrency)
-    latencies: list[float] = []
-    errors = requests = 0
+    connector = aiohttp.TCPConnector(ssl=context, limit=connections)
     url = f"https://127.0.0.1:{port}/mutate"
     headers = {"Content-Type": "application/json"}
+    errors = 0
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def send(body: bytes) -> None:
-            nonlocal errors, requests
-            requests += 1
+            nonlocal errors
             async with session.post(url, data=body, headers=headers, server_hostname=SERVICE_DNS) as response:
-                await response.read()
-                if response.status != 200:
+                answer = await response.read()
+                if response.status != 200 or b'"allowed":true' not in answer:
                     errors += 1
 
-        async def worker(offset: int, stop_at: float, record: bool) -> None:
-            i = offset
-            while time.perf_counter() < stop_at:
-                started = time.perf_counter()
-                await send(reviews[i % len(reviews)])
-                i += 1
-                if record:
-                    latencies.append(time.perf_counter() - started)
+        async def worker(offset: int, count: int) -> None:
+            for i in range(count):
+                await send(reviews[(offset + i * connections) % len(reviews)])
 
-        # Warm-up: open every connection (TLS handshakes) before measuring.
-        warm_until = time.perf_counter() + 0.5
-        await asyncio.gather(*(worker(n * 17, warm_until, False) for n in range(concurrency)))
-        if rate <= 0:
-            started = time.perf_counter()
-            await asyncio.gather(*(worker(n * 17, started + seconds, True) for n in range(concurrency)))
-            return _summary(latencies, time.perf_counter() - started, requests, errors)
-
-        async def due(index: int, at: float) -> None:
-            await asyncio.sleep(max(0.0, at - time.perf_counter()))
-            await send(reviews[index % len(reviews)])
-            latencies.append(time.perf_counter() - at)
-
+        # Warm-up: every connection's TLS handshake, and the server's first requests, unmeasured.
+        await asyncio.gather(*(worker(n, 5) for n in range(connections)))
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         started = time.perf_counter()
-        count = int(rate * seconds)
-        await asyncio.gather(*(due(i, started + i / rate) for i in range(count)))
-        return _summary(latencies, seconds, requests, errors)
+        share = [requests // connections + (1 if n < requests % connections else 0) for n in range(connections)]
+        await asyncio.gather(*(worker(n, share[n]) for n in range(connections)))
+        elapsed = time.perf_counter() - started
+        print(json.dumps({"requests": requests, "errors": errors, "seconds": elapsed}), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # closed after the reading
 
 
-def run_client(port: int, ca_file: str, concurrency: int, seconds: float, rate: float) -> None:
+def run_client(port: int, ca_file: str, kind: str, requests: int, connections: int) -> None:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})
-    print(json.dumps(asyncio.run(_load(port, ca_file, concurrency, seconds, rate))))
+    asyncio.run(_drive(port, ca_file, kind, requests, connections))
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc (0 where there is no /proc)."""
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
+    """User + system CPU time of a process, from /proc/<pid>/stat."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -278,22 +324,23 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _wait_ready(port: int, ca_file: str) -> None:
+    import urllib.error
     import urllib.request
 
     context = ssl.create_default_context(cafile=ca_file)
     context.check_hostname = False
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         try:
-            request = urllib.request.Request(f"https://127.0.0.1:{port}/mutate", data=make_reviews(1)[0])
+            request = urllib.request.Request(f"https://127.0.0.1:{port}/mutate", data=make_reviews("cpu-only", 1)[0])
             urllib.request.urlopen(request, context=context, timeout=2)
             return
         except urllib.error.HTTPError:
-            return  # it answered (400 or 500): it is up
+            return  # it answered: it is up
         except OSError:
             if time.monotonic() > deadline:
                 raise SystemExit(f"server on port {port} did not start") from None
-            time.sleep(0.1)
+            time.sleep(0.2)
 
 
 def _free_port() -> int:
@@ -301,19 +348,47 @@ def _free_port() -> int:
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def _measure(script: str, server: subprocess.Popen[bytes], port: int, ca_file: str, kind: str, args: Any) -> float:
+    """Server CPU µs per admission for one client run."""
+    client = subprocess.Popen(
+        [
+            *(sys.executable, script, "--role", "client", "--port", str(port), "--ca", ca_file),
+            *("--pods", kind, "--requests", str(args.requests), "--connections", str(args.connections)),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stdin is not None and client.stdout is not None
+    try:
+        if client.stdout.readline().strip() != "ready":
+            raise SystemExit("client did not start")
+        before = _cpu_seconds(server.pid)
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        result = json.loads(client.stdout.readline())
+        after = _cpu_seconds(server.pid)
+        client.stdin.write("done\n")
+        client.stdin.flush()
+    finally:
+        client.wait(timeout=60)
+    if result["errors"]:
+        raise SystemExit(f"{result['errors']} of {result['requests']} admissions failed")
+    return (after - before) / result["requests"] * 1e6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 200], help="closed-loop connections")
-    parser.add_argument("--rate", type=float, default=200.0, help="open-loop admissions per second (latency)")
-    parser.add_argument("--open-connections", type=int, default=50, help="connections for the open-loop run")
-    parser.add_argument(
-        "--in-process", type=int, default=0, metavar="PASSES", help="only time admission.review in this process"
-    )
+    parser.add_argument("--repeats", type=int, default=7, help="alternated webhook / no-op pairs per pod kind")
+    parser.add_argument("--requests", type=int, default=2000, help="admissions per measured run")
+    parser.add_argument("--connections", type=int, default=8, help="keep-alive connections of the client")
+    parser.add_argument("--baseline", metavar="DIR", help="source tree of an earlier webhook to alternate with")
+    parser.add_argument("--pods", default="gpu-fraction", choices=POD_KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--in-process", type=int, default=0, metavar="N", help="only time admission.review, N per kind")
+    parser.add_argument("--profile", choices=POD_KINDS, help="only cProfile admission.review on this pod kind")
     parser.add_argument("--role", choices=["main", "server", "client"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="webhook", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -324,21 +399,24 @@ def main() -> None:
     if args.in_process:
         in_process(args.in_process)
         return
+    if args.profile:
+        profile(args.profile)
+        return
     if args.role == "server":
         run_server(args.kind, args.port, args.cert, args.key)
         return
     if args.role == "client":
-        run_client(args.port, args.ca, args.concurrency[0], args.seconds, args.rate)
+        run_client(args.port, args.ca, args.pods, args.requests, args.connections)
         return
 
     import trustme
 
-    sizes = [len(r) for r in make_reviews()]
-    print(
-        f"AdmissionReview sizes: {min(sizes) / 1024:.1f}-{max(sizes) / 1024:.1f} KB, "
-        f"median {statistics.median(sizes) / 1024:.1f} KB; cores: {os.cpu_count()}"
-    )
+    for kind in POD_KINDS:
+        sizes = [len(r) for r in make_reviews(kind)]
+        print(f"{kind}: AdmissionReviews of {min(sizes) / 1024:.1f}-{max(sizes) / 1024:.1f} KB", end="; ")
+    print(f"cores: {os.cpu_count()}; load average at start: {os.getloadavg()[0]:.2f}")
     script = str(pathlib.Path(__file__).resolve())
+    results: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ca = trustme.CA()
         leaf = ca.issue_cert(SERVICE_DNS)
@@ -346,78 +424,53 @@ def main() -> None:
         leaf.cert_chain_pems[0].write_to_path(cert)
         leaf.private_key_pem.write_to_path(key)
         ca.cert_pem.write_to_path(ca_file)
-        ports = {"webhook": _free_port(), "noop": _free_port()}
-        servers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    script,
-                    "--role",
-                    "server",
-                    "--kind",
-                    kind,
-                    "--port",
-                    str(port),
-                    "--cert",
-                    cert,
-                    "--key",
-                    key,
-                ]
+        kinds = [kind for kind in SERVERS if kind != "baseline" or args.baseline]
+        ports = {kind: _free_port() for kind in kinds}
+        servers = {
+            kind: subprocess.Popen(
+                [sys.executable, script, "--role", "server", "--kind", kind, "--port", str(port)]
+                + ["--cert", cert, "--key", key],
+                env={**os.environ, "PYTHONPATH": args.baseline} if kind == "baseline" else None,
             )
             for kind, port in ports.items()
-        ]
+        }
         try:
             for port in ports.values():
                 _wait_ready(port, ca_file)
-            results: dict[tuple[str, str], list[dict[str, float]]] = {}
-            modes = [(f"c={c}", c, 0.0) for c in args.concurrency] + [
-                (f"{args.rate:g}/s over {args.open_connections}", args.open_connections, args.rate)
-            ]
-            for run in range(args.runs):
-                for label, concurrency, rate in modes:
-                    for (kind, port), process in zip(ports.items(), servers, strict=True):
-                        cpu_before = _cpu_seconds(process.pid)
-                        output = subprocess.run(
-                            [
-                                *(sys.executable, script, "--role", "client", "--port", str(port), "--ca", ca_file),
-                                *("--concurrency", str(concurrency), "--seconds", str(args.seconds)),
-                                *("--rate", str(rate)),
-                            ],
-                            check=True,
-                            capture_output=True,
-                            text=True,
-                        ).stdout
-                        measured = json.loads(output)
-                        measured["cpu_us"] = (_cpu_seconds(process.pid) - cpu_before) / measured["requests"] * 1e6
-                        results.setdefault((kind, label), []).append(measured)
+            for repeat in range(args.repeats):
+                for pods in POD_KINDS:
+                    for kind in kinds:  # alternated: webhook, no-op, [baseline,] webhook, no-op, ...
+                        cpu_us = _measure(script, servers[kind], ports[kind], ca_file, pods, args)
+                        results.setdefault((kind, pods), []).append(cpu_us)
                         print(
-                            f"run {run + 1} {label:<14} {kind:<7} {measured['rps']:8.0f}/s "
-                            f"p50 {measured['p50_ms']:6.2f} ms p99 {measured['p99_ms']:6.2f} ms "
-                            f"server CPU {measured['cpu_us']:5.0f} us/adm errors {measured['errors']}",
+                            f"repeat {repeat + 1} {pods:<13} {kind:<8} server CPU {cpu_us:6.1f} us/admission",
                             flush=True,
                         )
         finally:
-            for process in servers:
+            for process in servers.values():
                 process.terminate()
                 process.wait(timeout=10)
 
-    print(f"\nmedians of {args.runs} runs, {args.seconds:g} s each:")
     print(
-        "| load | webhook adm/s | no-op adm/s | ratio | webhook p50 / p99 ms | no-op p50 / p99 ms "
-        "| server CPU per admission, webhook / no-op |"
+        f"\nmedians of {args.repeats} alternated runs, {args.requests} admissions each over "
+        f"{args.connections} keep-alive connections; load average at end: {os.getloadavg()[0]:.2f}"
     )
-    print("|---|---|---|---|---|---|---|")
-    for label, _, _ in modes:
-        row = {}
-        for kind in ports:
-            runs = results[(kind, label)]
-            row[kind] = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")}
-        w, n = row["webhook"], row["noop"]
-        print(
-            f"| {label} | {w['rps']:.0f} | {n['rps']:.0f} | {w['rps'] / n['rps']:.2f} | "
-            f"{w['p50_ms']:.2f} / {w['p99_ms']:.2f} | {n['p50_ms']:.2f} / {n['p99_ms']:.2f} | "
-            f"{w['cpu_us']:.0f} / {n['cpu_us']:.0f} us |"
-        )
+    compared = [kind for kind in kinds if kind != "noop"]
+    print(
+        "| pod | no-op µs CPU / admission | "
+        + " | ".join(f"{kind} µs CPU / admission | {kind} / no-op: ratio of medians (runs)" for kind in compared)
+        + " |"
+    )
+    print("|---|---|" + "---|---|" * len(compared))
+    for pods in POD_KINDS:
+        noop = results[("noop", pods)]
+        cells = [f"{statistics.median(noop):.0f}"]
+        for kind in compared:
+            cpu = results[(kind, pods)]
+            pairs = [w / n for w, n in zip(cpu, noop, strict=True)]
+            ratio = statistics.median(cpu) / statistics.median(noop)
+            cells += [f"{statistics.median(cpu):.0f}", f"**{ratio:.2f}** ({min(pairs):.2f}-{max(pairs):.2f})"]
+        print(f"| {pods} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

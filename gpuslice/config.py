@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import pathlib
@@ -205,8 +206,9 @@ class Config:
     node_config_names: tuple[str, ...] = ()
     node_config: str = ""
 
-    @property
+    @functools.cached_property
     def contract(self) -> contract.Contract:
+        # Built once per Config (the fields are frozen): the webhook reads it several times per admission.
         return contract.Contract(prefix=self.resource_prefix, unit_mib=self.memory_unit_mib)
 
 

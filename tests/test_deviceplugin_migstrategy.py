@@ -4,12 +4,16 @@ and the layouts `single` refuses."""
 from __future__ import annotations
 
 import asyncio
+import pathlib
 
 import pytest
 from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config, contract
 from gpuslice.deviceplugin import health, inventory, main, manager, migstrategy, nodefile
+
+# tests/conftest.py has the same; a test module cannot import it (tests/e2e has a conftest too).
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
@@ -102,7 +106,6 @@ def test_single_refuses_a_node_that_is_not_uniform_naming_what_differs(gpus, mes
 
 
 def test_the_plugin_refuses_single_on_a_mixed_node_in_one_line_and_exits_2(tmp_path, capsys):
-    from conftest import EXAMPLES
 
     argv = [
         "--node-file",

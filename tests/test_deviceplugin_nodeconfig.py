@@ -6,14 +6,17 @@ import contextlib
 import http.server
 import json
 import logging
+import pathlib
 import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import EXAMPLES
 
 from gpuslice import config
 from gpuslice.deviceplugin import labeller, main, nodeconfig
+
+# tests/conftest.py has the same; a test module cannot import it (tests/e2e has a conftest too).
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
 
 LABEL = "gpuslice.io/config"
 NODE = "gpu-node-1"

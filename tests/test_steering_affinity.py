@@ -367,3 +367,16 @@ def test_only_pods_smaller_than_the_largest_node_of_their_class_get_the_term(req
     _, preferred = steering.placement_affinity(request_, CONTRACT)
     keep_whole = {"key": CONTRACT.label_free_gpus, "operator": "Lt", "values": [str(request_.largest_node_gpus)]}
     assert any(t["preference"]["matchExpressions"] == [keep_whole] for t in preferred) is expected
+
+
+def test_changing_the_returned_lists_does_not_change_the_next_answer():
+    """The terms are built once per request and shared; the lists handed out are the caller's."""
+    request = steering.Request(units=100, units_per_gpu=318, largest_node_gpus=8)
+    required, preferred = steering.placement_affinity(request, CONTRACT)
+    expected = (list(required), list(preferred))
+    required.append({"key": "x", "operator": "Exists"})
+    preferred.clear()
+    assert steering.placement_affinity(request, CONTRACT) == expected
+    cpu_terms = steering.cpu_pod_preferences(CONTRACT)
+    cpu_terms.pop()
+    assert len(steering.cpu_pod_preferences(CONTRACT)) == 2

@@ -124,6 +124,59 @@ def test_running_aggregates_match_a_recount_after_many_random_changes() -> None:
     assert cv.node_names() == set(current)
 
 
+def test_usable_free_units_follow_every_change_though_answers_are_kept_per_version() -> None:
+    """The view keeps its answers until a node changes (admissions repeat the same demands):
+    after every update or removal a repeated query must see the new labels, as a fresh view does."""
+    rng = random.Random(11)
+    cv = view()
+    current: dict[str, dict[str, str]] = {}
+    demands = [
+        ({24576: 10, 81920: 100, 143771: 200}, False, 0, 0),
+        ({81920: 1, 143771: 1}, True, 8000, 65536),
+        ({24576: 90, 81920: 300}, False, 16000, 0),
+    ]
+    for step in range(400):
+        name = f"n{rng.randrange(12)}"
+        if rng.random() < 0.2:
+            cv.remove_node(name)
+            current.pop(name, None)
+        else:
+            memory, gpus = rng.choice([(24576, 4), (81920, 8), (143771, 8)])
+            units = memory // 256
+            labels = gpu_labels(memory, gpus, "P", rng.randrange(0, gpus * units + 1))
+            labels[CONTRACT.label_free_block_units] = str(rng.randrange(0, units + 1))
+            labels[CONTRACT.label_free_gpus] = str(rng.randrange(0, gpus + 1))
+            if rng.random() < 0.7:
+                labels[CONTRACT.label_free_cpu_milli] = str(rng.randrange(0, 32000))
+                labels[CONTRACT.label_free_memory_mib] = str(rng.randrange(0, 262144))
+            cv.update_node(name, labels)
+            current[name] = labels
+        fresh = view()
+        for fresh_name, labels in current.items():
+            fresh.update_node(fresh_name, labels)
+        for needs, whole, cpu, memory_mib in demands:
+            asked = dict(needs=needs, whole_gpus=whole, cpu_milli=cpu, memory_request_mib=memory_mib)
+            assert cv.usable_free_units(**asked) == fresh.usable_free_units(**asked), (step, asked)
+
+
+def test_what_is_derived_from_the_nodes_is_built_once_per_version() -> None:
+    cv = view()
+    cv.update_node("a", gpu_labels(81920, 8, "P", free_units=100))
+    builds: list[int] = []
+
+    def build() -> int:
+        builds.append(len(cv.classes()))
+        return len(builds)
+
+    assert cv.derived("k", build) == cv.derived("k", build) == 1
+    cv.update_node("a", gpu_labels(81920, 8, "P", free_units=100))  # no change: same version
+    assert cv.derived("k", build) == 1
+    cv.update_node("b", gpu_labels(24576, 4, "Q", free_units=10))
+    assert cv.derived("k", build) == 2 and builds == [1, 2]
+    cv.remove_node("b")
+    assert cv.derived("k", build) == 3
+
+
 # --- untrusted labels ----------------------------------------------------------------------
 
 H100_UNITS = 81559 // 256  # what the plugin advertises per H100

@@ -18,7 +18,7 @@ import yaml
 from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
 from gpuslice.deviceplugin import nodefile
-from gpuslice.webhook import cluster, mutation, steering
+from gpuslice.webhook import cluster, conversions, mutation, patches, steering
 from gpuslice.webhook import decision as decision_
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -158,7 +158,7 @@ def pin(memory_mib: int) -> dict[str, Any]:
 
 def test_gpu_memory_becomes_units_rounded_up_and_the_placeholder_is_removed() -> None:
     outcome, pod = convert(deployment_pod({"gpu-memory": "2000"}))
-    assert outcome.allowed and outcome.kind == mutation.KIND_MEMORY
+    assert outcome.allowed and outcome.kind == conversions.KIND_MEMORY
     assert units_of(pod) == {"requests": {GPU_MEMORY: "8"}, "limits": {GPU_MEMORY: "8"}}  # ceil(2000 / 256)
     assert decision(pod)["memoryMiB"] == 8 * 256 and decision(pod)["requestedMiB"] == 2000
 
@@ -280,7 +280,7 @@ def test_a_fraction_is_rounded_down_to_whole_units_of_one_gpu(fraction: str, uni
 def test_fractions_that_add_up_to_one_gpu_fit_on_it() -> None:
     per_gpu = 81559 // 256  # 318: 0.2 x 318 = 63.6
     for shares in ([0.2] * 5, [0.8, 0.2], [0.5, 0.5], [0.3, 0.3, 0.4], [0.46, 0.54]):
-        assert sum(mutation.fraction_units(f, per_gpu) for f in shares) <= per_gpu, shares
+        assert sum(conversions.fraction_units(f, per_gpu) for f in shares) <= per_gpu, shares
 
 
 def test_without_a_cluster_view_a_fraction_uses_default_gpu_memory_and_pins_nothing() -> None:
@@ -305,7 +305,7 @@ def test_mig_isolation_takes_the_smallest_profile_that_holds_the_request(
     annotations: dict[str, str], profile: str
 ) -> None:
     outcome, pod = convert(deployment_pod({**annotations, "gpuslice.io/isolation": "mig"}))
-    assert outcome.kind == mutation.KIND_MIG
+    assert outcome.kind == conversions.KIND_MIG
     resource = CONTRACT.mig_resource(profile)
     assert units_of(pod) == {"requests": {resource: "1"}, "limits": {resource: "1"}}
     assert decision(pod)["migProfile"] == profile
@@ -422,7 +422,7 @@ def test_a_configured_scheduler_name_is_set_on_converted_pods_only() -> None:
     assert pod["spec"]["schedulerName"] == "gpuslice-binpack"
     plain = deployment_pod(containers=[container(limits={"cpu": "1"})])
     outcome = mutation.mutate(plain, settings=settings, cluster=make_view())
-    assert outcome.kind == mutation.KIND_CPU_POD  # steered, but its scheduler is not changed
+    assert outcome.kind == conversions.KIND_CPU_POD  # steered, but its scheduler is not changed
     assert [op["path"] for op in outcome.patch] == ["/spec/affinity"]
 
 
@@ -433,7 +433,7 @@ def test_whole_gpus_are_converted_when_asked_and_pinned_to_a_class_with_enough_g
         initContainers=[container("warmup", limits={"nvidia.com/gpu": 1})],
     )
     outcome, patched = convert(pod, settings=settings)
-    assert outcome.kind == mutation.KIND_WHOLE_GPUS
+    assert outcome.kind == conversions.KIND_WHOLE_GPUS
     assert units_of(patched)["limits"] == {GPU_MEMORY: str(4 * 561)}
     assert units_of(patched, 0, "initContainers")["limits"] == {GPU_MEMORY: "561"}
     assert units_of(patched, 1)["limits"] == {"cpu": "100m"}
@@ -443,7 +443,7 @@ def test_whole_gpus_are_converted_when_asked_and_pinned_to_a_class_with_enough_g
 
 def test_whole_gpus_are_converted_by_default_and_left_alone_with_convert_whole_gpus_off() -> None:
     pod = deployment_pod(containers=[container(limits={"nvidia.com/gpu": "2"})])
-    assert mutation.mutate(pod, settings=SETTINGS, cluster=make_view()).kind == mutation.KIND_WHOLE_GPUS
+    assert mutation.mutate(pod, settings=SETTINGS, cluster=make_view()).kind == conversions.KIND_WHOLE_GPUS
     off = dataclasses.replace(SETTINGS, convert_whole_gpus=False)
     assert mutation.mutate(pod, settings=off, cluster=make_view()) == mutation.Outcome(allowed=True)
 
@@ -542,7 +542,7 @@ def preferred_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_a_pod_that_asks_for_no_device_prefers_nodes_without_a_free_whole_gpu() -> None:
     outcome, pod = convert(cpu_pod())
-    assert outcome.kind == mutation.KIND_CPU_POD and outcome.decision is None
+    assert outcome.kind == conversions.KIND_CPU_POD and outcome.decision is None
     assert preferred_terms(pod) == steering.cpu_pod_preferences(CONTRACT)
     assert required_terms(pod) == []  # a preference only: the pod may still go anywhere
     assert "annotations" not in pod["metadata"] and pod["spec"]["containers"] == cpu_pod()["spec"]["containers"]
@@ -568,7 +568,7 @@ def test_a_cpu_pod_keeps_its_own_required_node_affinity() -> None:
 )
 def test_cpu_memory_storage_and_hugepages_count_as_asking_for_no_device(resources: dict[str, Any]) -> None:
     outcome, _ = convert(deployment_pod(containers=[container(**resources)]))
-    assert outcome.kind == mutation.KIND_CPU_POD
+    assert outcome.kind == conversions.KIND_CPU_POD
 
 
 _OWN_PREFERENCE = {
@@ -628,12 +628,12 @@ def test_reinvocation_on_a_steered_cpu_pod_adds_nothing() -> None:
 
 def test_merging_an_affinity_twice_adds_each_expression_once() -> None:
     expression = pin(H100_MIB)
-    once = mutation.merge_node_affinity(None, [expression], [])
-    assert mutation.merge_node_affinity(once, [expression], []) is None
+    once = patches.merge_node_affinity(None, [expression], [])
+    assert patches.merge_node_affinity(once, [expression], []) is None
 
 
 def test_json_pointers_escape_slashes_and_tildes() -> None:
-    assert mutation.json_pointer("metadata", "annotations", "gpuslice.io/de~cision") == (
+    assert patches.json_pointer("metadata", "annotations", "gpuslice.io/de~cision") == (
         "/metadata/annotations/gpuslice.io~1de~0cision"
     )
 

@@ -2,6 +2,7 @@
 
 Turns KAI-style `gpu-fraction` / `gpu-memory` annotations into gpuslice extended resources
 so the stock kube-scheduler counts GPU memory. The mutation is a pure function
-(`mutation`); the aiohttp server only decodes, calls it and encodes.
+(`mutation.mutate`, one module per step of a pod's flow); the aiohttp server only decodes, calls
+it and encodes.
 May import gpuslice.contract and gpuslice.config; never gpuslice.deviceplugin.
 """

@@ -4,7 +4,10 @@ A GPU class is a distinct GPU memory size (`<prefix>/gpu.memory-mib`): products 
 memory are interchangeable for accounting, so a fraction converts to the same units on any of
 them. The view keeps running aggregates per class (nodes, GPUs, free units, products, GPUs per
 node) and per MIG profile, so `update_node` costs O(labels of one node) and `classes()` costs
-O(classes): the simulator calls them after every bind on a thousand-node cluster.
+O(classes): the simulator calls them after every bind on a thousand-node cluster. What admissions
+derive from the nodes alone (the table the class choice scans, its answers, per-class figures) is
+kept per version of the view (`derived`) and rebuilt on the first query after a node changes:
+nodes change at the pace of watch events, admissions far more often.
 
 Pods converted but not yet in any node's labels are promised capacity (`promise`): a burst is
 converted faster than pods are bound and labels move, and without this every pod of the burst
@@ -26,8 +29,8 @@ import collections
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -35,6 +38,8 @@ from gpuslice import contract as contract_
 from gpuslice.webhook import nodelabels
 
 __all__ = ["PROMISE_SECONDS", "ClusterView", "GpuClass"]
+
+T = TypeVar("T")
 
 # How long a conversion counts against its class when no label shows it: longer than a loaded
 # scheduler takes to bind a burst's last pod, short enough that a pod that never ran is forgotten.
@@ -92,6 +97,9 @@ class ClusterView:
         # Rebuilt on the first query after a change: admissions query far more often than nodes change.
         self._classes_cache: list[GpuClass] | None = None
         self._mig_cache: dict[str, int] | None = None
+        # What admissions derive from the nodes alone (the table `usable_free_units` reads, the
+        # class choice's per-class figures): built on the first query after a node changed.
+        self._derived: dict[Hashable, Any] = {}
         # One row per node with shared GPUs, for `usable_free_units`: a scan of a thousand rows in
         # numpy per admission instead of a Python loop. Rows of removed nodes are reused.
         self._rows: dict[str, int] = {}
@@ -145,6 +153,7 @@ class ClusterView:
         self._mig.clear()
         self._classes_cache = None
         self._mig_cache = None
+        self._derived.clear()
         self._rows.clear()
         self._spare_rows.clear()
         self._table[:] = 0
@@ -252,15 +261,18 @@ class ClusterView:
         not count: a class full of such GPUs must not attract more pods. One pass over the table
         for every class: the admission path calls this for every converted pod. Units promised to
         pods converted since the labels were written (`promise`) are not free."""
-        t = self._table
-        cpu, mem = t[:, _FREE_CPU], t[:, _FREE_MEM]
-        room = ((cpu < 0) | (cpu >= cpu_milli)) & ((mem < 0) | (mem >= memory_request_mib))
-        free = t[:, _FREE_GPUS] if whole_gpus else t[:, _FREE_BLOCK]
-        memory, units = t[:, _MEMORY], t[:, _FREE_UNITS]
-        usable = {m: int(units[room & (memory == m) & (free >= max(1, need))].sum()) for m, need in needs.items()}
+        query = self.derived(_Query, lambda: _Query(self._table))
+        usable = query.usable(tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib)
         if self._promised:
             usable = {m: max(0, n - self.promised_units(m)) for m, n in usable.items()}
         return usable
+
+    def derived(self, key: Hashable, build: Callable[[], T]) -> T:
+        """`build()`, computed once per version of the view (until a node changes) and kept under
+        `key`: for what admissions need from the nodes alone. Promises are not part of a version."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return cast(T, self._derived[key])
 
     def mig_profiles(self) -> dict[str, int]:
         """Resource-form MIG profile -> MiB of one device (the smallest seen for that profile)."""
@@ -277,6 +289,7 @@ class ClusterView:
 
     # --- internals -----------------------------------------------------------------------
     def _set_row(self, name: str, node: nodelabels.NodeGpus | None) -> None:
+        self._derived.clear()
         row = self._rows.get(name)
         if node is None or node.memory_mib is None:
             if row is not None:
@@ -303,6 +316,7 @@ class ClusterView:
     def _apply(self, node: nodelabels.NodeGpus, sign: int) -> None:
         self._classes_cache = None
         self._mig_cache = None
+        self._derived.clear()
         if node.memory_mib is not None:
             totals = self._classes.setdefault(node.memory_mib, _ClassTotals())
             totals.nodes += sign
@@ -321,3 +335,52 @@ class ClusterView:
             self._mig[entry] += sign
             if self._mig[entry] <= 0:
                 del self._mig[entry]
+
+
+class _Query:
+    """The node table of one version of the view (built on the first admission after a node
+    changed, which is far rarer than admissions), as `usable_free_units` reads it: only the rows
+    of nodes with shared GPUs, each with the index of its class, so one query is a few vector
+    operations over all classes at once; and the answers already given for this version, by the
+    pod's demand: the pods of one Deployment or Job ask alike, and a burst of them is admitted
+    between two label changes."""
+
+    _MAX_ANSWERS = 1024  # distinct demands remembered per version; more start the memo afresh
+
+    def __init__(self, table: np.ndarray) -> None:
+        rows = table[table[:, _MEMORY] > 0]
+        self.memories, self.class_of = np.unique(rows[:, _MEMORY], return_inverse=True)
+        self.index = {int(m): i for i, m in enumerate(self.memories)}
+        self.units = rows[:, _FREE_UNITS]
+        self.block, self.gpus = rows[:, _FREE_BLOCK], rows[:, _FREE_GPUS]
+        self.cpu, self.mem = rows[:, _FREE_CPU], rows[:, _FREE_MEM]
+        self.answers: dict[tuple[Any, ...], dict[int, int]] = {}
+
+    def usable(
+        self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int
+    ) -> dict[int, int]:
+        """Labelled free units per class on nodes where the demand fits (no promises counted)."""
+        key = (needs, whole_gpus, cpu_milli, memory_mib)
+        answer = self.answers.get(key)
+        if answer is None:
+            if len(self.answers) >= self._MAX_ANSWERS:
+                self.answers.clear()
+            answer = self.answers[key] = self._compute(needs, whole_gpus, cpu_milli, memory_mib)
+        return dict(answer)
+
+    def _compute(
+        self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int
+    ) -> dict[int, int]:
+        # A class the pod does not ask about needs more than any node has: its rows never count.
+        need = np.full(len(self.memories), np.iinfo(np.int64).max, dtype=np.int64)
+        for memory, units in needs:
+            if memory in self.index:
+                need[self.index[memory]] = max(1, units)
+        fits = (self.gpus if whole_gpus else self.block) >= need[self.class_of]
+        # A node that does not publish its CPU or memory headroom (-1) is not ruled out by it.
+        if cpu_milli > 0:
+            fits &= (self.cpu < 0) | (self.cpu >= cpu_milli)
+        if memory_mib > 0:
+            fits &= (self.mem < 0) | (self.mem >= memory_mib)
+        sums = np.bincount(self.class_of, weights=np.where(fits, self.units, 0), minlength=len(self.memories))
+        return {m: int(sums[self.index[m]]) if m in self.index else 0 for m, _ in needs}

@@ -19,7 +19,7 @@ thing in a namespace shares one, and the name changes whenever the content would
 immutable). The webhook creates it before answering (webhook/claim_templates.py; why there and
 not elsewhere: docs/dra.md, "Where the claim templates come from").
 
-May import gpuslice.{config,contract} and the webhook's decision module.
+May import gpuslice.{config,contract} and the webhook's conversions and decision modules.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import orjson
 
 from gpuslice import config as config_
 from gpuslice import contract as contract_
+from gpuslice.webhook import conversions
 from gpuslice.webhook import decision as decision_
 
 __all__ = [
@@ -50,11 +51,6 @@ API_VERSION = "resource.k8s.io/v1"
 CLAIM_NAME = "gpuslice"  # the pod's resourceClaims entry (and the containers' claims reference)
 KAI_SCHEDULER = "kai-scheduler"
 DEFAULT_SCHEDULER = "default-scheduler"
-# Conversion kinds of the mutation (webhook/mutation.py KIND_*).
-KIND_MEMORY = "gpu-memory"
-KIND_FRACTION = "gpu-fraction"
-KIND_WHOLE_GPUS = "whole-gpus"
-KIND_MIG = "mig"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +88,10 @@ def already_converted(pod: Mapping[str, Any]) -> bool:
     return any(isinstance(c, Mapping) and c.get("name") == CLAIM_NAME for c in claims)
 
 
-def need_from_conversion(conversion: Any, contract: contract_.Contract, pod: Mapping[str, Any]) -> Need:
-    """The Need of a device-plugin-mode conversion (webhook/mutation.py's _Conversion: kind,
-    container_units, decision, required): units become MiB, GPU-class pins on the
+def need_from_conversion(
+    conversion: conversions.Conversion, contract: contract_.Contract, pod: Mapping[str, Any]
+) -> Need:
+    """The Need of a device-plugin-mode conversion: units become MiB, GPU-class pins on the
     <prefix>/gpu.memory-mib node label become the allowed GPU memories."""
     decision = dict(conversion.decision)
     allowed: list[int] = []
@@ -104,9 +101,9 @@ def need_from_conversion(conversion: Any, contract: contract_.Contract, pod: Map
     spec = pod.get("spec") or {}
     needs = []
     for (field, index), units in conversion.container_units.items():
-        if conversion.kind == KIND_MIG:
+        if conversion.kind == conversions.KIND_MIG:
             needs.append(ContainerNeed(field, index, mig_profile=str(decision.get("migProfile", ""))))
-        elif conversion.kind == KIND_WHOLE_GPUS:
+        elif conversion.kind == conversions.KIND_WHOLE_GPUS:
             name = str(spec[field][index].get("name"))
             needs.append(ContainerNeed(field, index, gpus=int(decision["containers"][name])))
         else:

@@ -13,6 +13,7 @@ May import the kubernetes client's quantity module only.
 from __future__ import annotations
 
 import decimal
+import functools
 import math
 import re
 from typing import Any
@@ -130,7 +131,12 @@ def request_quantity(value: Any) -> decimal.Decimal:
     server validates requests after the webhook, and the caller only uses it to prefer a class)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return decimal.Decimal(0)
-    text = str(value)
+    return _request_quantity(str(value))
+
+
+# Pods repeat a handful of request values ("4", "16Gi"); parsing one is most of a class choice's cost.
+@functools.lru_cache(maxsize=4096)
+def _request_quantity(text: str) -> decimal.Decimal:
     if len(text) > _MAX_VALUE_CHARS or not _QUANTITY_RE.fullmatch(text):
         return decimal.Decimal(0)
     try:

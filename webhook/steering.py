@@ -4,8 +4,9 @@ preferred terms that make even the default scheduler pack; for a pod that asks f
 preferred terms that keep its CPU off nodes whose GPUs are still whole.
 
 Pure functions over the contract's label keys (published by gpuslice.deviceplugin.labels); the
-mutation calls `placement_affinity` (and `cpu_pod_preferences` with `steering.cpuPods`) when
-`steering.enabled` and merges the result into the pod's affinity. Imports only gpuslice.contract.
+patch building (webhook/patches.py) calls `placement_affinity`, and CPU-pod steering
+(webhook/cpupods.py) `cpu_pod_preferences` with `steering.cpuPods`, when `steering.enabled`, and
+merge the result into the pod's affinity. Imports only gpuslice.contract.
 
 Why the preferred terms look like this (docs/steering.md has the full argument):
 - kube-scheduler sums the weights of the preferred terms a node matches, normalises so the best
@@ -26,6 +27,7 @@ Why the preferred terms look like this (docs/steering.md has the full argument):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from gpuslice import contract as contract_
@@ -95,8 +97,17 @@ def placement_affinity(
     """(required matchExpressions, preferred scheduling terms) for the pod's node affinity.
 
     Required expressions are ANDed into every existing required nodeSelectorTerm (or form one);
-    preferred terms are appended to preferredDuringSchedulingIgnoredDuringExecution.
+    preferred terms are appended to preferredDuringSchedulingIgnoredDuringExecution. The lists
+    are the caller's; the terms in them are shared between calls and must not be changed.
     """
+    required, preferred = _placement_terms(request, contract)
+    return list(required), list(preferred)
+
+
+# Built once per distinct request: the terms depend only on it and the contract, and the pods of
+# one Deployment or Job all ask alike (building them was a tenth of an admission's CPU).
+@functools.lru_cache(maxsize=1024)
+def _placement_terms(request: Request, contract: contract_.Contract) -> tuple[list, list]:
     if request.mig_profile:
         return _mig(request.mig_profile, contract)
     if request.whole_gpus:
@@ -184,7 +195,13 @@ def cpu_pod_preferences(contract: contract_.Contract) -> list[dict[str, Any]]:
 
     In the trace replay CPU is what strands GPUs: CPU-only pods spread by LeastAllocated land on
     nodes whose GPUs are still free and take the CPU their future pods need (docs/steering.md).
-    The two terms match disjoint nodes, so a node scores at most one weight."""
+    The two terms match disjoint nodes, so a node scores at most one weight. The list is the
+    caller's; the terms in it are shared between calls and must not be changed."""
+    return list(_cpu_pod_terms(contract))
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu_pod_terms(contract: contract_.Contract) -> list[dict[str, Any]]:
     free_gpus = contract.label_free_gpus
     return [
         _term(WEIGHTS.cpu_pod_cpu_node, {"key": free_gpus, "operator": "DoesNotExist"}),

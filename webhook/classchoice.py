@@ -1,0 +1,202 @@
+"""Choosing the GPU class (a GPU memory size, webhook/cluster.py) a converted pod is pinned to:
+the classes the pod may use (the products it selects), the one with the largest free share on
+nodes where the pod fits now, and the node-affinity pin and decision notes that record the choice.
+A gpu-memory share is not pinned to one class, only kept off classes whose GPUs are too small.
+Pure: reads the cluster view, changes nothing.
+
+Raises parsing.Invalid (the pod is refused) when no class can ever run the pod.
+May import gpuslice.{config,contract} and the webhook's cluster, conversions and parsing modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from gpuslice import config
+from gpuslice import contract as contract_
+from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import conversions, parsing
+
+__all__ = ["Choice", "Demand", "candidates", "for_fraction", "for_memory", "for_whole_gpus"]
+
+_NO_NODES = "defaultGpuMemoryMiB (no GPU nodes seen)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Demand:
+    """What the pod needs on one node, to judge which GPU class can run it now."""
+
+    fraction: float = 0.0  # share of one GPU; 0 for whole GPUs
+    whole_gpus: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def units(self, units_per_gpu: int) -> int:
+        """Units on one GPU of a class of `units_per_gpu` (or whole GPUs) the pod needs there."""
+        if self.whole_gpus:
+            return self.whole_gpus
+        return conversions.fraction_units(self.fraction, units_per_gpu)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The class chosen for a fraction or whole GPUs (the default GPU size when no class is known)."""
+
+    memory_mib: int  # GPU memory of the class: what a fraction is taken of
+    required: list[dict[str, Any]]  # the pin: required node-affinity expressions
+    notes: dict[str, Any]  # for the decision annotation
+    largest_node_gpus: int  # GPUs of the class's largest node; 0 when no class is known
+
+
+def candidates(cluster: cluster_.ClusterView, products: frozenset[str] | None) -> list[cluster_.GpuClass]:
+    """The classes the pod may use: all, or those carrying a product it selects."""
+    classes = cluster.classes()
+    if products is None:
+        return classes
+    chosen = [c for c in classes if c.products & products]
+    if classes and not chosen:
+        known = ", ".join(sorted({p for c in classes for p in c.products})) or "none"
+        raise parsing.Invalid(
+            f"the pod selects GPU product {parsing.cut(', '.join(sorted(products)))}, but no gpuslice GPU node has it "
+            f"(products known: {known})"
+        )
+    return chosen
+
+
+def for_fraction(
+    cluster: cluster_.ClusterView,
+    products: frozenset[str] | None,
+    settings: config.Config,
+    demand: Demand,
+) -> Choice:
+    """The class a gpu-fraction is taken of."""
+    classes = candidates(cluster, products)
+    if not classes:
+        memory = settings.default_gpu_memory_mib
+        return Choice(memory, [], {"classMemoryMiB": memory, "rule": _NO_NODES}, 0)
+    return _pinned(classes, cluster, settings.contract, demand)
+
+
+def for_whole_gpus(
+    cluster: cluster_.ClusterView,
+    products: frozenset[str] | None,
+    settings: config.Config,
+    demand: Demand,
+) -> Choice:
+    """The class whose nodes have enough GPUs for `demand.whole_gpus` in one pod."""
+    classes = candidates(cluster, products)
+    if not classes:
+        memory = settings.default_gpu_memory_mib
+        return Choice(memory, [], {"classMemoryMiB": memory, "rule": _NO_NODES}, 0)
+    fitting = [c for c in classes if c.max_gpus_per_node >= demand.whole_gpus]
+    if not fitting:
+        raise parsing.Invalid(
+            f"{contract_.NVIDIA_GPU}: {demand.whole_gpus} GPUs in one pod, but no gpuslice node has that many "
+            f"(most on one node: {max(c.max_gpus_per_node for c in classes)})"
+        )
+    return _pinned(fitting, cluster, settings.contract, demand)
+
+
+def for_memory(
+    mib: int,
+    units: int,
+    cluster: cluster_.ClusterView,
+    products: frozenset[str] | None,
+    settings: config.Config,
+) -> tuple[list[dict[str, Any]], dict[str, Any], int, int]:
+    """(required expressions, decision notes, units of one GPU or 0 when several classes fit,
+    GPUs of the largest fitting node or 0) for a gpu-memory share of `units` (`mib` asked)."""
+    contract = settings.contract
+    classes = candidates(cluster, products)
+    if not classes:
+        largest = settings.default_gpu_memory_mib
+        if units > contract.units_per_gpu(largest):
+            raise parsing.Invalid(
+                f"annotation {contract_.KAI_GPU_MEMORY}={mib} MiB is larger than any known GPU "
+                f"(no GPU nodes seen; assumed {largest} MiB, defaultGpuMemoryMiB)"
+            )
+        return [], {"classMemoryMiB": None, "rule": "memory"}, 0, 0
+    fitting = [c for c in classes if contract.units_per_gpu(c.memory_mib) >= units]
+    if not fitting:
+        sizes = ", ".join(f"{c.memory_mib} MiB" for c in classes)
+        raise parsing.Invalid(
+            f"annotation {contract_.KAI_GPU_MEMORY}: {mib} MiB ({units} units of {contract.unit_mib} MiB) "
+            f"is larger than any known GPU (GPU memory: {sizes}); accepted: at most "
+            f"{max(contract.units_per_gpu(c.memory_mib) for c in classes) * contract.unit_mib} MiB"
+        )
+    required = []
+    if len(fitting) < len(cluster.classes()):
+        # Some GPUs are too small: keep the pod off their nodes even without steering labels.
+        values = [str(c.memory_mib) for c in fitting]
+        required.append({"key": contract.label_gpu_memory_mib, "operator": "In", "values": values})
+    notes = {
+        "classMemoryMiB": [c.memory_mib for c in fitting] if len(fitting) > 1 else fitting[0].memory_mib,
+        "products": sorted({p for c in fitting for p in c.products}),
+        "rule": "memory",
+    }
+    per_gpu = contract.units_per_gpu(fitting[0].memory_mib) if len(fitting) == 1 else 0
+    largest = max(c.max_gpus_per_node for c in fitting)
+    return required, notes, per_gpu, largest
+
+
+def _pinned(
+    classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, contract: contract_.Contract, demand: Demand
+) -> Choice:
+    best, rule = _best(classes, contract, cluster, demand)
+    pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
+    notes = {"classMemoryMiB": best.memory_mib, "products": sorted(best.products), "rule": rule}
+    return Choice(best.memory_mib, [pin], notes, best.max_gpus_per_node)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    """What the choice needs of one class that depends on the nodes alone."""
+
+    units_per_gpu: int
+    capacity: int  # units of all its GPUs
+    free_share_key: tuple[float, int, int]  # largest free share first, then more GPUs, then the smaller GPU
+
+
+def _facts(cluster: cluster_.ClusterView, contract: contract_.Contract) -> dict[int, _Facts]:
+    """Per class memory, computed once per version of the view."""
+
+    def build() -> dict[int, _Facts]:
+        facts = {}
+        for c in cluster.classes():
+            per_gpu = contract.units_per_gpu(c.memory_mib)
+            capacity = c.gpus * per_gpu
+            free_share = c.free_units / capacity if capacity else 0.0
+            facts[c.memory_mib] = _Facts(per_gpu, capacity, (-free_share, -c.gpus, c.memory_mib))
+        return facts
+
+    return cluster.derived(("classchoice", contract), build)
+
+
+def _best(
+    classes: Sequence[cluster_.GpuClass],
+    contract: contract_.Contract,
+    cluster: cluster_.ClusterView,
+    demand: Demand,
+) -> tuple[cluster_.GpuClass, str]:
+    """The class with the largest free share on nodes where the pod fits now (its units on one
+    GPU, its CPU and memory beside them); when no node has room, the largest free share overall
+    (the pod then waits for room in that class)."""
+    if len(classes) == 1:
+        return classes[0], "only class"
+    facts = _facts(cluster, contract)
+    units = cluster.usable_free_units(
+        {c.memory_mib: demand.units(facts[c.memory_mib].units_per_gpu) for c in classes},
+        whole_gpus=bool(demand.whole_gpus),
+        cpu_milli=demand.cpu_milli,
+        memory_request_mib=demand.memory_mib,
+    )
+    usable = {}
+    for c in classes:
+        capacity = facts[c.memory_mib].capacity
+        usable[c.memory_mib] = units[c.memory_mib] / capacity if capacity else 0.0
+    best = min(classes, key=lambda c: (-usable[c.memory_mib], *facts[c.memory_mib].free_share_key))
+    if usable[best.memory_mib] > 0:
+        return best, "largest free share on nodes where the pod fits now"
+    return best, "largest free share (no node has room now)"

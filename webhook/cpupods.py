@@ -1,0 +1,59 @@
+"""CPU-pod steering (`steering.cpuPods`): a pod that asks for no device gets a preference for
+nodes without a fully free GPU (webhook/steering.py's terms), so its CPU and memory stay off the
+nodes that whole-GPU pods will need. It is never refused and gets nothing else. Pure.
+
+May import gpuslice.{config,contract} and the webhook's patches, pods and steering modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuslice import config
+from gpuslice import contract as contract_
+from gpuslice.webhook import patches, pods, steering
+
+__all__ = ["asks_for_no_device", "patch"]
+
+# What a pod may ask for and still count as asking for no device (hugepages-<size> too).
+_PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+
+
+def patch(pod: Mapping[str, Any], settings: config.Config) -> list[dict[str, Any]]:
+    """The pod's patch: its affinity with the preferences added; empty when steering is off, the
+    pod is not one to steer, or it already has them."""
+    contract = settings.contract
+    if not (settings.steering.enabled and settings.steering.cpu_pods) or not asks_for_no_device(pod, contract):
+        return []
+    affinity = patches.merge_node_affinity(
+        (pod.get("spec") or {}).get("affinity"), (), steering.cpu_pod_preferences(contract)
+    )
+    if affinity is None:
+        return []
+    return [{"op": "add", "path": "/spec/affinity", "value": affinity}]
+
+
+def asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) -> bool:
+    """True for a pod the scheduler may place anywhere and that only competes for CPU and memory
+    beside the GPUs: none of the annotations the webhook reads, no extended resource in any
+    container, not pinned to a node (nodeName, DaemonSet), no node preferences of its own (they
+    stay undiluted; this also makes reinvocation a no-op), and not opted out by label."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = metadata.get("annotations") or {}
+    if contract.isolation_annotation in annotations or any(k in annotations for k in contract_.KAI_ANNOTATIONS):
+        return False
+    if spec.get("nodeName") or (metadata.get("labels") or {}).get(contract.label_pod_cpu_steering) == "off":
+        return False
+    owners = metadata.get("ownerReferences") or ()
+    if any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" for o in owners):
+        return False
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    if node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution"):
+        return False
+    for _, _, container in pods.containers(spec):
+        for amounts in pods.resource_maps(container):
+            if any(name not in _PLAIN_RESOURCES and not name.startswith("hugepages-") for name in amounts):
+                return False
+    return True

@@ -1,0 +1,139 @@
+"""Building the JSON patch of a converted pod (device-plugin mode): each converted container's
+requests and limits, the scheduler name, the node affinity (the class pin ANDed into the pod's
+own required terms, the steering terms added) and the decision annotation. Pure.
+
+May import gpuslice.{config,contract} and the webhook's conversions, decision and steering modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuslice import config
+from gpuslice import contract as contract_
+from gpuslice.webhook import conversions, steering
+from gpuslice.webhook import decision as decision_
+
+__all__ = ["DEFAULT_SCHEDULER", "KAI_SCHEDULER", "build", "json_pointer", "merge_node_affinity"]
+
+KAI_SCHEDULER = "kai-scheduler"
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def build(
+    pod: Mapping[str, Any], conversion: conversions.Conversion, settings: config.Config
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """(patch ops, warnings for kubectl) for `conversion`; notes what it changed in its decision."""
+    contract = settings.contract
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    patch: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for (field, index), units in conversion.container_units.items():
+        container = spec[field][index]
+        patch.append(
+            {
+                "op": "add",
+                "path": f"/spec/{field}/{index}/resources",  # fixed names: nothing to escape
+                "value": _container_resources(container, conversion.resource, units),
+            }
+        )
+
+    current_scheduler = spec.get("schedulerName")
+    scheduler = settings.scheduler_name or (DEFAULT_SCHEDULER if current_scheduler == KAI_SCHEDULER else "")
+    if scheduler and scheduler != current_scheduler:
+        patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler})
+        conversion.decision["schedulerName"] = scheduler
+        if current_scheduler:
+            conversion.decision["schedulerNameWas"] = current_scheduler
+        if current_scheduler == KAI_SCHEDULER:
+            warnings.append(f"gpuslice: schedulerName {KAI_SCHEDULER} rewritten to {scheduler}")
+
+    steer_required, preferred = _steering_terms(conversion, settings)
+    affinity = merge_node_affinity(spec.get("affinity"), [*conversion.required, *steer_required], preferred)
+    if affinity is not None:
+        patch.append({"op": "add", "path": "/spec/affinity", "value": affinity})
+
+    ops, notes = decision_.patch_ops(metadata, contract.decision_annotation, conversion.decision)
+    return patch + ops, warnings + notes
+
+
+def dra_affinity(
+    pod: Mapping[str, Any], conversion: conversions.Conversion, settings: config.Config
+) -> list[dict[str, Any]]:
+    """DRA mode: the allocator keeps every share on one GPU by itself but scores no node by what is
+    left on it, so the steering's preferred terms (never its required ones, which exist for
+    kubelet's sake in device-plugin mode) are what makes the stock scheduler pack."""
+    _, preferred = _steering_terms(conversion, settings)
+    affinity = merge_node_affinity((pod.get("spec") or {}).get("affinity"), (), preferred)
+    return [] if affinity is None else [{"op": "add", "path": "/spec/affinity", "value": affinity}]
+
+
+def _steering_terms(
+    conversion: conversions.Conversion, settings: config.Config
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(required expressions, preferred terms) of the steering for this conversion."""
+    if not settings.steering.enabled or conversion.steering_request is None:
+        return [], []
+    request = conversion.steering_request
+    if not settings.steering.cpu_pods:
+        # Keeping whole nodes free for the largest pods only pays when CPU-only pods keep off
+        # them too; otherwise they land there and take the CPU (docs/steering.md, "Tuning").
+        request = dataclasses.replace(request, largest_node_gpus=0)
+    required, preferred = steering.placement_affinity(request, settings.contract)
+    return list(required), list(preferred)
+
+
+def merge_node_affinity(
+    affinity: Mapping[str, Any] | None,
+    required: Sequence[Mapping[str, Any]],
+    preferred: Sequence[Mapping[str, Any]],
+) -> dict[str, Any] | None:
+    """The pod's affinity with `required` matchExpressions ANDed into every required
+    nodeSelectorTerm (or forming the only one) and `preferred` terms appended; None when
+    nothing changes. Expressions and terms already present are not added again."""
+    if not required and not preferred:
+        return None
+    affinity = dict(affinity or {})
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    changed = False
+    if required:
+        selector = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+        terms = [dict(t or {}) for t in selector.get("nodeSelectorTerms") or ()] or [{}]
+        for term in terms:
+            expressions = list(term.get("matchExpressions") or ())
+            for expression in required:
+                if expression not in expressions:
+                    expressions.append(dict(expression))
+                    changed = True
+            term["matchExpressions"] = expressions
+        selector["nodeSelectorTerms"] = terms
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = selector
+    if preferred:
+        existing = list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ())
+        for preference in preferred:
+            if preference not in existing:
+                existing.append(dict(preference))
+                changed = True
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = existing
+    if not changed:
+        return None
+    affinity["nodeAffinity"] = node_affinity
+    return affinity
+
+
+def json_pointer(*parts: str | int) -> str:
+    """RFC 6901 pointer: "~" and "/" inside a part are escaped ("gpuslice.io/decision" -> "gpuslice.io~1decision")."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _container_resources(container: Mapping[str, Any], resource: str, units: int) -> dict[str, Any]:
+    resources = dict(container.get("resources") or {})
+    value = str(units)
+    for part in ("requests", "limits"):
+        entries = {k: v for k, v in (resources.get(part) or {}).items() if k != contract_.NVIDIA_GPU}
+        entries[resource] = value  # extended resources: requests must equal limits
+        resources[part] = entries
+    return resources

@@ -1,0 +1,98 @@
+"""Reading the parts of a pod the conversion looks at: its containers and their resource maps,
+the GPU products it selects itself, and the CPU and memory the scheduler counts for it. Pure.
+
+May import gpuslice.contract and the webhook's parsing module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gpuslice import contract as contract_
+from gpuslice.webhook import parsing
+
+__all__ = [
+    "containers",
+    "gpu_count",
+    "has_gpuslice_resource",
+    "nvidia_gpus",
+    "requests",
+    "resource_maps",
+    "selected_products",
+]
+
+
+def containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
+    """(field, index, container) over containers then initContainers."""
+    for field in ("containers", "initContainers"):
+        for index, container in enumerate(spec.get(field) or ()):
+            if isinstance(container, Mapping):
+                yield field, index, container
+
+
+def resource_maps(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """(requests, limits) of a container, empty where absent."""
+    resources = container.get("resources") or {}
+    return resources.get("requests") or {}, resources.get("limits") or {}
+
+
+def has_gpuslice_resource(container: Mapping[str, Any], contract: contract_.Contract) -> bool:
+    """The container already asks for gpuslice GPU memory or a MIG device (converted, or by hand)."""
+    requests, limits = resource_maps(container)
+    if not requests and not limits:
+        return False
+    memory, mig_prefix = contract.gpu_memory_resource, contract.mig_resource_prefix
+    return any(name == memory or name.startswith(mig_prefix) for m in (requests, limits) for name in m)
+
+
+def nvidia_gpus(container: Mapping[str, Any]) -> Any:
+    """The container's nvidia.com/gpu value (limits win, as the API server defaults requests from them)."""
+    requests, limits = resource_maps(container)
+    return limits.get(contract_.NVIDIA_GPU, requests.get(contract_.NVIDIA_GPU))
+
+
+def gpu_count(value: Any, where: str) -> int:
+    """An nvidia.com/gpu value as a count, or parsing.Invalid naming `where` it was written."""
+    return parsing.count(f"{contract_.NVIDIA_GPU} of {where}", value, forms="a whole number of GPUs")
+
+
+def selected_products(spec: Mapping[str, Any], contract: contract_.Contract) -> frozenset[str] | None:
+    """GPU products the pod itself selects (nodeSelector and required node affinity), else None."""
+    keys = (contract.label_gpu_product, contract_.NVIDIA_GPU_PRODUCT_LABEL)
+    chosen: list[set[str]] = []
+    node_selector = spec.get("nodeSelector") or {}
+    from_selector = {str(node_selector[k]) for k in keys if k in node_selector}
+    if from_selector:
+        chosen.append(from_selector)
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    terms = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ()
+    from_terms: set[str] = set()
+    for term in terms:
+        for expression in (term or {}).get("matchExpressions") or ():
+            if expression.get("key") in keys and expression.get("operator") == "In":
+                from_terms.update(str(v) for v in expression.get("values") or ())
+    if from_terms:
+        chosen.append(from_terms)
+    if not chosen:
+        return None
+    products = set.intersection(*chosen)
+    return frozenset(contract_.label_value(p) for p in products)
+
+
+def requests(spec: Mapping[str, Any]) -> tuple[int, int]:
+    """(CPU millicores, memory MiB) the scheduler counts for the pod: the larger of its regular
+    containers' sum and its largest init container. Unreadable quantities count as 0: the API
+    server validates them, and class choice is only a preference."""
+
+    def of(container: Mapping[str, Any]) -> tuple[int, int]:
+        amounts = (container.get("resources") or {}).get("requests") or {}
+        cpu = parsing.request_quantity(amounts.get("cpu", 0)) * 1000
+        memory = parsing.request_quantity(amounts.get("memory", 0)) / 2**20
+        return int(cpu), int(memory)
+
+    regular = [of(c) for c in spec.get("containers") or ()]
+    init = [of(c) for c in spec.get("initContainers") or ()]
+    cpu = max(sum(c for c, _ in regular), max((c for c, _ in init), default=0))
+    mem = max(sum(m for _, m in regular), max((m for _, m in init), default=0))
+    return cpu, mem

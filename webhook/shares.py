@@ -1,0 +1,153 @@
+"""Converting a share of one GPU (annotations.Share: gpu-fraction, gpu-memory, or either with MIG
+isolation) into a Conversion: the units of GPU memory (or the MIG device) for the container, the
+class pin and the steering request, with the decision notes that explain them. Pure.
+
+  gpu-memory: "2000"       -> ceil(2000 / unit) units, kept off GPUs too small for it
+  gpu-fraction: "0.5"      -> floor(0.5 x the units of one GPU of the class chosen), pinned to it
+  <prefix>/isolation: mig  -> one device of the smallest MIG profile that holds the memory
+
+May import gpuslice.{config,contract} and the webhook's pure modules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from gpuslice import config
+from gpuslice import contract as contract_
+from gpuslice.webhook import annotations as annotations_
+from gpuslice.webhook import classchoice, conversions, parsing, pods, steering
+from gpuslice.webhook import cluster as cluster_
+
+__all__ = ["convert"]
+
+
+def convert(
+    share: annotations_.Share, spec: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView
+) -> conversions.Conversion:
+    """The conversion of `share` (the pod's `spec` for its selected products and requests);
+    parsing.Invalid when no GPU in the cluster can hold it."""
+    products = pods.selected_products(spec, settings.contract)
+    base = {"container": share.container.get("name"), "annotation": share.annotation}
+    if share.mig:
+        return _mig(share, spec, products, base, settings, cluster)
+    if share.memory_mib is not None:
+        return _memory(share, share.memory_mib, products, base, settings, cluster)
+    assert share.fraction is not None
+    return _fraction(share, share.fraction, spec, products, base, settings, cluster)
+
+
+def _fraction(
+    share: annotations_.Share,
+    fraction: float,
+    spec: Mapping[str, Any],
+    products: frozenset[str] | None,
+    base: dict[str, Any],
+    settings: config.Config,
+    cluster: cluster_.ClusterView,
+) -> conversions.Conversion:
+    contract = settings.contract
+    demand = classchoice.Demand(fraction, 0, *pods.requests(spec))
+    choice = classchoice.for_fraction(cluster, products, settings, demand)
+    per_gpu = contract.units_per_gpu(choice.memory_mib)
+    units = conversions.fraction_units(fraction, per_gpu)
+    resource = contract.gpu_memory_resource
+    decision = {
+        **base,
+        "resource": resource,
+        "units": units,
+        "memoryMiB": units * contract.unit_mib,
+        "fraction": fraction,
+        **choice.notes,
+    }
+    request = steering.Request(
+        units=units, units_per_gpu=per_gpu, whole_gpus=fraction == 1, largest_node_gpus=choice.largest_node_gpus
+    )
+    return conversions.Conversion(
+        conversions.KIND_FRACTION, resource, {(share.field, share.index): units}, decision, choice.required, request
+    )
+
+
+def _memory(
+    share: annotations_.Share,
+    mib: int,
+    products: frozenset[str] | None,
+    base: dict[str, Any],
+    settings: config.Config,
+    cluster: cluster_.ClusterView,
+) -> conversions.Conversion:
+    contract = settings.contract
+    units = contract_.units_for_mib(mib, contract.unit_mib)
+    required, notes, per_gpu, largest = classchoice.for_memory(mib, units, cluster, products, settings)
+    resource = contract.gpu_memory_resource
+    decision = {
+        **base,
+        "resource": resource,
+        "units": units,
+        "memoryMiB": units * contract.unit_mib,
+        "requestedMiB": mib,
+        **notes,
+    }
+    request = steering.Request(units=units, units_per_gpu=per_gpu, largest_node_gpus=largest)
+    return conversions.Conversion(
+        conversions.KIND_MEMORY, resource, {(share.field, share.index): units}, decision, required, request
+    )
+
+
+def _mig(
+    share: annotations_.Share,
+    spec: Mapping[str, Any],
+    products: frozenset[str] | None,
+    base: dict[str, Any],
+    settings: config.Config,
+    cluster: cluster_.ClusterView,
+) -> conversions.Conversion:
+    """One device of the smallest MIG profile that holds the share (a fraction is taken of the
+    GPU class a shared fraction would get)."""
+    contract = settings.contract
+    isolation = f"{contract.isolation_annotation}: {annotations_.ISOLATION_MIG}"
+    if share.fraction is not None:
+        demand = classchoice.Demand(share.fraction, 0, *pods.requests(spec))
+        try:
+            choice = classchoice.for_fraction(cluster, products, settings, demand)
+        except parsing.Invalid:  # a product only MIG-mode GPUs carry: no shared class to take it from
+            choice = classchoice.for_fraction(cluster, None, settings, demand)
+        need = math.ceil(share.fraction * choice.memory_mib - 1e-9)
+        base.update(fraction=share.fraction, **choice.notes)
+    else:
+        assert share.memory_mib is not None
+        need = share.memory_mib
+    profiles = cluster.mig_profiles()
+    if not profiles:
+        raise parsing.Invalid(
+            f"annotation {contract.isolation_annotation}={parsing.quote(annotations_.ISOLATION_MIG)}: no MIG profile "
+            "is known in the cluster "
+            "(no node publishes MIG devices); remove the annotation to share a GPU by memory"
+        )
+    fitting = sorted((mib, profile) for profile, mib in profiles.items() if mib >= need)
+    if not fitting:
+        biggest = max(profiles.items(), key=lambda item: item[1])
+        raise parsing.Invalid(
+            f"annotation {share.annotation}: {need} MiB is larger than any MIG profile in the cluster "
+            f"(largest: {biggest[0]} with {biggest[1]} MiB); accepted: at most {biggest[1]} MiB with {isolation}"
+        )
+    mib, profile = fitting[0]
+    resource = contract.mig_resource(profile)
+    decision = {
+        **base,
+        "resource": resource,
+        "units": 1,
+        "memoryMiB": mib,
+        "requestedMiB": need,
+        "migProfile": profile,
+        "rule": "smallest MIG profile that holds the request",
+    }
+    return conversions.Conversion(
+        conversions.KIND_MIG,
+        resource,
+        {(share.field, share.index): 1},
+        decision,
+        steering_request=steering.Request(mig_profile=profile),
+    )
