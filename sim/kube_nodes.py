@@ -327,10 +327,14 @@ class Fleet:
                 granted += share
         except (kube_api.ApiError, OSError, TimeoutError, ValueError, KeyError) as exc:
             self.errors.append(f"claims of {key}: {exc!r}")
-        request = scheduler.read_pod(pod)
-        held = self.requested[node]
-        held[0] += int(request.requests.get(scheduler.CPU, 0))
-        held[1] += int(request.requests.get(scheduler.MEMORY, 0))
+        try:
+            request = scheduler.read_pod(pod)
+        except ValueError as exc:
+            self.errors.append(f"{key}: unreadable pod: {exc}")
+        else:
+            held = self.requested[node]
+            held[0] += int(request.requests.get(scheduler.CPU, 0))
+            held[1] += int(request.requests.get(scheduler.MEMORY, 0))
         one = self._labellers.get(node)
         if one is not None:
             one.notify()  # the plugin prepared the claim: its labeller counts it
