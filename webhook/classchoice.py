@@ -65,6 +65,12 @@ def candidates(cluster: cluster_.ClusterView, products: frozenset[str] | None) -
     return chosen
 
 
+def _no_nodes(settings: config.Config) -> Choice:
+    """No GPU node known (no cluster, or none labelled yet): the configured default memory, unpinned."""
+    memory = settings.default_gpu_memory_mib
+    return Choice(memory, [], {"classMemoryMiB": memory, "rule": _NO_NODES}, 0)
+
+
 def for_fraction(
     cluster: cluster_.ClusterView,
     products: frozenset[str] | None,
@@ -74,8 +80,7 @@ def for_fraction(
     """The class a gpu-fraction is taken of."""
     classes = candidates(cluster, products)
     if not classes:
-        memory = settings.default_gpu_memory_mib
-        return Choice(memory, [], {"classMemoryMiB": memory, "rule": _NO_NODES}, 0)
+        return _no_nodes(settings)
     return _pinned(classes, cluster, settings.contract, demand)
 
 
@@ -88,8 +93,7 @@ def for_whole_gpus(
     """The class whose nodes have enough GPUs for `demand.whole_gpus` in one pod."""
     classes = candidates(cluster, products)
     if not classes:
-        memory = settings.default_gpu_memory_mib
-        return Choice(memory, [], {"classMemoryMiB": memory, "rule": _NO_NODES}, 0)
+        return _no_nodes(settings)
     fitting = [c for c in classes if c.max_gpus_per_node >= demand.whole_gpus]
     if not fitting:
         raise parsing.Invalid(
