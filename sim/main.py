@@ -485,6 +485,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.scheduler == "kube":
+        model_only = [flag for flag, value in (("--plot", args.plot), ("--placements", args.placements)) if value]
+        if model_only:
+            # Said at once rather than ignored: the kube replay writes neither (its --json has the curves).
+            print(f"gpuslice-sim: {', '.join(model_only)}: only with --scheduler model", file=sys.stderr)
+            return 2
         return kube_replay.main(args, os.environ)
     problem = plot_problem(args.plot) if args.plot else None
     if problem:

@@ -94,6 +94,15 @@ def test_a_bad_arrival_mode_on_the_command_line_is_an_error(capsys: pytest.Captu
     assert "--arrival must be sequential, burst or compressed:<factor>" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--plot", "--placements"])
+def test_model_only_outputs_are_refused_with_the_kube_replay(
+    flag: str, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main(["--scheduler", "kube", flag, str(tmp_path / "out")]) == 2
+    assert f"{flag}: only with --scheduler model" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_modes_are_device_plugin_dra_or_both_each_once() -> None:
     assert kube_replay.parse_modes("dra") == ("dra",)
     assert kube_replay.parse_modes("device-plugin, dra") == ("device-plugin", "dra")
