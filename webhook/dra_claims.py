@@ -19,7 +19,7 @@ thing in a namespace shares one, and the name changes whenever the content would
 immutable). The webhook creates it before answering (webhook/claim_templates.py; why there and
 not elsewhere: docs/dra.md, "Where the claim templates come from").
 
-May import gpuslice.{config,contract} and the webhook's conversions and decision modules.
+May import gpuslice.{config,contract} and the webhook's conversions, decision and patches modules.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import orjson
 
 from gpuslice import config as config_
 from gpuslice import contract as contract_
-from gpuslice.webhook import conversions
+from gpuslice.webhook import conversions, patches
 from gpuslice.webhook import decision as decision_
 
 __all__ = [
@@ -49,8 +49,6 @@ __all__ = [
 
 API_VERSION = "resource.k8s.io/v1"
 CLAIM_NAME = "gpuslice"  # the pod's resourceClaims entry (and the containers' claims reference)
-KAI_SCHEDULER = "kai-scheduler"
-DEFAULT_SCHEDULER = "default-scheduler"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,13 +215,7 @@ def build(pod: Mapping[str, Any], need: Need, settings: config_.Config, *, names
 
     decision = {**need.decision, "mode": "dra", "claimTemplate": name}
     decision.pop("resource", None)  # no extended resource; `units` stays: the webhook's promises count it
-    warnings: list[str] = []
-    current = spec.get("schedulerName")
-    scheduler = settings.scheduler_name or (DEFAULT_SCHEDULER if current == KAI_SCHEDULER else "")
-    if scheduler and scheduler != current:
-        patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler})
-        decision["schedulerName"] = scheduler
-        if current == KAI_SCHEDULER:
-            warnings.append(f"gpuslice: schedulerName {KAI_SCHEDULER} rewritten to {scheduler}")
+    scheduler_patch, warnings = patches.scheduler_ops(spec, settings, decision)
+    patch += scheduler_patch
     ops, notes = decision_.patch_ops(metadata, contract.decision_annotation, decision)
     return Claims(template=template, patch=patch + ops, decision=decision, warnings=(*warnings, *notes))

@@ -16,7 +16,15 @@ from gpuslice import contract as contract_
 from gpuslice.webhook import conversions, steering
 from gpuslice.webhook import decision as decision_
 
-__all__ = ["DEFAULT_SCHEDULER", "KAI_SCHEDULER", "build", "json_pointer", "merge_node_affinity"]
+__all__ = [
+    "DEFAULT_SCHEDULER",
+    "KAI_SCHEDULER",
+    "build",
+    "dra_affinity",
+    "json_pointer",
+    "merge_node_affinity",
+    "scheduler_ops",
+]
 
 KAI_SCHEDULER = "kai-scheduler"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -41,15 +49,9 @@ def build(
             }
         )
 
-    current_scheduler = spec.get("schedulerName")
-    scheduler = settings.scheduler_name or (DEFAULT_SCHEDULER if current_scheduler == KAI_SCHEDULER else "")
-    if scheduler and scheduler != current_scheduler:
-        patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler})
-        conversion.decision["schedulerName"] = scheduler
-        if current_scheduler:
-            conversion.decision["schedulerNameWas"] = current_scheduler
-        if current_scheduler == KAI_SCHEDULER:
-            warnings.append(f"gpuslice: schedulerName {KAI_SCHEDULER} rewritten to {scheduler}")
+    scheduler_patch, scheduler_warnings = scheduler_ops(spec, settings, conversion.decision)
+    patch += scheduler_patch
+    warnings += scheduler_warnings
 
     steer_required, preferred = _steering_terms(conversion, settings)
     affinity = merge_node_affinity(spec.get("affinity"), [*conversion.required, *steer_required], preferred)
@@ -58,6 +60,23 @@ def build(
 
     ops, notes = decision_.patch_ops(metadata, contract.decision_annotation, conversion.decision)
     return patch + ops, warnings + notes
+
+
+def scheduler_ops(
+    spec: Mapping[str, Any], settings: config.Config, decision: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The scheduler a converted pod goes to: `schedulerName` from the configuration, else the
+    default scheduler instead of KAI's (which would not place the converted resources). Noted in
+    `decision`; (patch ops, warnings)."""
+    current = spec.get("schedulerName")
+    scheduler = settings.scheduler_name or (DEFAULT_SCHEDULER if current == KAI_SCHEDULER else "")
+    if not scheduler or scheduler == current:
+        return [], []
+    decision["schedulerName"] = scheduler
+    if current:
+        decision["schedulerNameWas"] = current
+    warnings = [f"gpuslice: schedulerName {KAI_SCHEDULER} rewritten to {scheduler}"] if current == KAI_SCHEDULER else []
+    return [{"op": "add", "path": "/spec/schedulerName", "value": scheduler}], warnings
 
 
 def dra_affinity(
