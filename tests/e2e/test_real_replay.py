@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pathlib
 
+import k8skit
 import numpy as np
 import pytest
 
@@ -65,9 +66,7 @@ def _children() -> list[int]:
 
 
 def _run(tmp_path: pathlib.Path, arrival: str, *, steering: bool, dra: bool = False) -> kube_replay.KubeResult:
-    binaries = controlplane.find_binaries()
-    if binaries is None:
-        pytest.skip("real Kubernetes components not built")
+    binaries = k8skit.binaries_or_skip()  # fails instead under GPUSLICE_REQUIRE_E2E=1 (CI)
     nodes, pods = _input()
     arrivals = replay.workload(pods, replay.gpu_capacity_milli(nodes), 1.3, np.random.default_rng(SEED))
     assert 200 <= len(arrivals) <= 400
