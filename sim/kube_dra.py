@@ -12,13 +12,16 @@ pod whose claims are allocated: the allocator has already put every share on one
 its capacity. Each allocation is still checked against the device's capacity; an overrun would be
 reported as an error, never credited.
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin.inventory and gpuslice.dra.slices.
+May import gpuslice.{config,contract}, gpuslice.deviceplugin.inventory, gpuslice.dra.slices and the
+kubernetes client's quantity parser.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
 
 from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory
@@ -30,8 +33,6 @@ SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 DEVICE_CLASSES_PATH = "/apis/resource.k8s.io/v1/deviceclasses"
 # Claims from the webhook's templates are made by this controller of kube-controller-manager.
 DRA_CONTROLLERS = ("resource-claim-controller",)
-
-_SUFFIXES = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
 
 
 def device_class(contract: contract_.Contract) -> dict[str, Any]:
@@ -54,12 +55,8 @@ def node_slices(node: inventory.NodeInventory, contract: contract_.Contract, nod
 
 
 def memory_mib(quantity: Any) -> float:
-    """'40960Mi', '40Gi', '1073741824' -> MiB; ValueError on anything else."""
-    text = str(quantity)
-    for suffix, factor in _SUFFIXES.items():
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor
-    return float(text) / 2**20
+    """A memory quantity ('40960Mi', '40Gi', '1073741824') in MiB; ValueError when it is not one."""
+    return float(parse_quantity(quantity)) / 2**20
 
 
 class DeviceLedger:
