@@ -140,8 +140,10 @@ async def follow(
             if exc.status != 410:
                 raise
             version = ""
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-            await asyncio.sleep(0.1)  # the server ended the stream: watch again from the last version
+        except (aiohttp.ClientError, TimeoutError):
+            # The server ended the stream, or a loaded machine dropped or timed out the connection:
+            # watch again from the last version (a list again if it is too old by then).
+            await asyncio.sleep(0.1)
 
 
 def _decode(raw: bytes) -> Any:

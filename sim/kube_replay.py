@@ -602,9 +602,10 @@ async def _drive(
             cpu = time.process_time() - cpu0
         finally:
             watch.cancel()
+            failed = fleet.failed_tasks()  # before stop(), which forgets its tasks
             await fleet.stop()
             # DRA mode: an allocation past a device's memory (the allocator's promise broken) is an error.
-            errors = [*fleet.failed_tasks(), *fleet.errors, *fleet.ledger.overruns, *outcomes.errors]
+            errors = [*failed, *fleet.errors, *fleet.ledger.overruns, *outcomes.errors]
             if watch.done() and not watch.cancelled() and watch.exception() is not None:
                 errors.append(f"pods watch: {watch.exception()!r}")
         capacity = replay.gpu_capacity_milli(nodes)
