@@ -119,25 +119,35 @@ def make_pod(rng: random.Random, index: int, kind: str) -> dict[str, Any]:
     }
 
 
-def make_reviews(kind: str, count: int = 200) -> list[bytes]:
-    rng = random.Random(42)
-    reviews = []
+REPLICAS = 20  # pods per Deployment in the "replicas" arrival
+ARRIVALS = ("replicas", "distinct")
+
+
+def make_reviews(kind: str, count: int, arrival: str, *, seed: int = 42) -> list[bytes]:
+    """`count` AdmissionReviews, each with its own uid (kube-apiserver's request uid is unique).
+    `replicas`: Deployments of REPLICAS pods in turn, a Deployment's pods the same object (a
+    generated name is chosen after admission), as a ReplicaSet's burst arrives; `distinct`: every
+    pod different (bare pods or pods of many different jobs), so nothing repeats."""
+    rng = random.Random(seed)
+    reviews, pod = [], None
     for index in range(count):
+        if arrival == "distinct" or index % REPLICAS == 0:
+            pod = make_pod(rng, index if arrival == "distinct" else index // REPLICAS, kind)
         review = {
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
             "request": {
-                "uid": f"00000000-0000-0000-0000-{index:012d}",
+                "uid": f"{seed:08d}-0000-4000-8000-{index:012d}",
                 "kind": {"group": "", "version": "v1", "kind": "Pod"},
                 "resource": {"group": "", "version": "v1", "resource": "pods"},
                 "namespace": "team-a",
                 "operation": "CREATE",
                 "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-                "object": make_pod(rng, index, kind),
+                "object": pod,
                 "dryRun": False,
             },
         }
-        reviews.append(json.dumps(review).encode())
+        reviews.append(json.dumps(review, separators=(",", ":")).encode())  # compact, as Go writes it
     return reviews
 
 
@@ -168,34 +178,35 @@ def cluster_view(settings: Any) -> Any:
 
 
 def in_process(count: int) -> None:
-    """CPU time of admission.review alone (decode, check, mutate, encode) per AdmissionReview:
-    no TLS, no HTTP, no server; beside it, orjson.loads alone (what the no-op handler does)."""
+    """CPU time of the server's review step alone (repeats.RepeatAnswers.review: decode, check,
+    mutate, encode, answers remembered) per AdmissionReview: no TLS, no HTTP, no server; beside it,
+    orjson.loads alone (what the no-op handler does). Fresh view and memory for every pass."""
     import orjson
 
     from gpuslice import config
-    from gpuslice.webhook import admission
+    from gpuslice.webhook import repeats
 
     settings = config.Config()
-    view = cluster_view(settings)
-    gc.freeze()
     for kind in POD_KINDS:
-        reviews = make_reviews(kind)
-        for body in reviews:  # warm-up
-            admission.review(body, settings=settings, cluster=view)
-        samples, floor = [], []
-        for _ in range(5):
-            started = time.process_time()
-            for i in range(count):
-                admission.review(reviews[i % len(reviews)], settings=settings, cluster=view)
-            samples.append((time.process_time() - started) / count * 1e6)
-            started = time.process_time()
-            for i in range(count):
-                orjson.loads(reviews[i % len(reviews)])
-            floor.append((time.process_time() - started) / count * 1e6)
-        print(
-            f"{kind:<13} admission.review: median {statistics.median(samples):6.1f} us, best {min(samples):6.1f} us; "
-            f"orjson.loads alone: median {statistics.median(floor):5.1f} us"
-        )
+        for arrival in ARRIVALS:
+            reviews = make_reviews(kind, count, arrival)
+            samples, floor = [], []
+            for _ in range(5):
+                view, answers = cluster_view(settings), repeats.RepeatAnswers()
+                gc.freeze()
+                started = time.process_time()
+                for body in reviews:
+                    answers.review(body, settings=settings, cluster=view)
+                samples.append((time.process_time() - started) / count * 1e6)
+                started = time.process_time()
+                for body in reviews:
+                    orjson.loads(body)
+                floor.append((time.process_time() - started) / count * 1e6)
+            print(
+                f"{kind:<13} {arrival:<9} review: median {statistics.median(samples):6.1f} us, "
+                f"best {min(samples):6.1f} us ({answers.repeats} of {count} from memory); "
+                f"orjson.loads alone: median {statistics.median(floor):5.1f} us"
+            )
 
 
 def profile(kind: str, count: int = 4000) -> None:
@@ -203,17 +214,17 @@ def profile(kind: str, count: int = 4000) -> None:
     import pstats
 
     from gpuslice import config
-    from gpuslice.webhook import admission
+    from gpuslice.webhook import repeats
 
     settings = config.Config()
-    view = cluster_view(settings)
-    reviews = make_reviews(kind)
-    for body in reviews:
-        admission.review(body, settings=settings, cluster=view)
+    view, answers = cluster_view(settings), repeats.RepeatAnswers()
+    for body in make_reviews(kind, 200, "distinct", seed=7):
+        answers.review(body, settings=settings, cluster=view)
+    reviews = make_reviews(kind, count, "distinct")
     profiler = cProfile.Profile()
     profiler.enable()
-    for i in range(count):
-        admission.review(reviews[i % len(reviews)], settings=settings, cluster=view)
+    for body in reviews:
+        answers.review(body, settings=settings, cluster=view)
     profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
@@ -272,12 +283,15 @@ def run_server(kind: str, port: int, cert: str, key: str) -> None:
 # --- client ----------------------------------------------------------------------------------
 
 
-async def _drive(port: int, ca_file: str, kind: str, requests: int, connections: int) -> None:
+async def _drive(port: int, ca_file: str, kind: str, arrival: str, requests: int, connections: int, seed: int) -> None:
     """Open `connections` keep-alive connections, say "ready", wait for "go" on stdin, post
-    `requests` reviews of `kind` spread over them, print the result as JSON."""
+    `requests` reviews of `kind` arriving as `arrival`, in order, spread over the connections;
+    print the result as JSON. An answer that is not 200, not allowed or not for the request's uid
+    counts as an error."""
     import aiohttp
 
-    reviews = make_reviews(kind)
+    warm_up = make_reviews(kind, 5 * connections, "distinct", seed=7)  # other pods than those measured
+    reviews = make_reviews(kind, requests, arrival, seed=seed)  # new pods and uids for every run
     context = ssl.create_default_context(cafile=ca_file)
     connector = aiohttp.TCPConnector(ssl=context, limit=connections)
     url = f"https://127.0.0.1:{port}/mutate"
@@ -287,31 +301,31 @@ async def _drive(port: int, ca_file: str, kind: str, requests: int, connections:
 
         async def send(body: bytes) -> None:
             nonlocal errors
+            uid = body[body.index(b'"uid":"') : body.index(b'"', body.index(b'"uid":"') + 7) + 1]
             async with session.post(url, data=body, headers=headers, server_hostname=SERVICE_DNS) as response:
                 answer = await response.read()
-                if response.status != 200 or b'"allowed":true' not in answer:
+                if response.status != 200 or b'"allowed":true' not in answer or uid not in answer:
                     errors += 1
 
-        async def worker(offset: int, count: int) -> None:
-            for i in range(count):
-                await send(reviews[(offset + i * connections) % len(reviews)])
+        async def worker(bodies: list[bytes]) -> None:
+            for body in bodies:
+                await send(body)
 
         # Warm-up: every connection's TLS handshake, and the server's first requests, unmeasured.
-        await asyncio.gather(*(worker(n, 5) for n in range(connections)))
+        await asyncio.gather(*(worker(warm_up[n::connections]) for n in range(connections)))
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         started = time.perf_counter()
-        share = [requests // connections + (1 if n < requests % connections else 0) for n in range(connections)]
-        await asyncio.gather(*(worker(n, share[n]) for n in range(connections)))
+        await asyncio.gather(*(worker(reviews[n::connections]) for n in range(connections)))
         elapsed = time.perf_counter() - started
         print(json.dumps({"requests": requests, "errors": errors, "seconds": elapsed}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # closed after the reading
 
 
-def run_client(port: int, ca_file: str, kind: str, requests: int, connections: int) -> None:
+def run_client(port: int, ca_file: str, kind: str, arrival: str, requests: int, connections: int, seed: int) -> None:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})
-    asyncio.run(_drive(port, ca_file, kind, requests, connections))
+    asyncio.run(_drive(port, ca_file, kind, arrival, requests, connections, seed))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -332,7 +346,9 @@ def _wait_ready(port: int, ca_file: str) -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
-            request = urllib.request.Request(f"https://127.0.0.1:{port}/mutate", data=make_reviews("cpu-only", 1)[0])
+            request = urllib.request.Request(
+                f"https://127.0.0.1:{port}/mutate", data=make_reviews("cpu-only", 1, "distinct", seed=1)[0]
+            )
             urllib.request.urlopen(request, context=context, timeout=2)
             return
         except urllib.error.HTTPError:
@@ -351,12 +367,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _measure(script: str, server: subprocess.Popen[bytes], port: int, ca_file: str, kind: str, args: Any) -> float:
+def _measure(
+    script: str, server: subprocess.Popen[bytes], port: int, ca_file: str, kind: str, arrival: str, seed: int, args: Any
+) -> float:
     """Server CPU µs per admission for one client run."""
     client = subprocess.Popen(
         [
             *(sys.executable, script, "--role", "client", "--port", str(port), "--ca", ca_file),
-            *("--pods", kind, "--requests", str(args.requests), "--connections", str(args.connections)),
+            *("--pods", kind, "--arrival", arrival, "--requests", str(args.requests), "--seed", str(seed)),
+            *("--connections", str(args.connections)),
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -387,6 +406,13 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8, help="keep-alive connections of the client")
     parser.add_argument("--baseline", metavar="DIR", help="source tree of an earlier webhook to alternate with")
     parser.add_argument("--pods", default="gpu-fraction", choices=POD_KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--arrival", default="replicas", choices=ARRIVALS, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=42, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--arrivals",
+        default=",".join(ARRIVALS),
+        help=f"arrivals to measure, comma-separated (default: {', '.join(ARRIVALS)})",
+    )
     parser.add_argument("--in-process", type=int, default=0, metavar="N", help="only time admission.review, N per kind")
     parser.add_argument("--profile", choices=POD_KINDS, help="only cProfile admission.review on this pod kind")
     parser.add_argument("--role", choices=["main", "server", "client"], default="main", help=argparse.SUPPRESS)
@@ -406,17 +432,21 @@ def main() -> None:
         run_server(args.kind, args.port, args.cert, args.key)
         return
     if args.role == "client":
-        run_client(args.port, args.ca, args.pods, args.requests, args.connections)
+        run_client(args.port, args.ca, args.pods, args.arrival, args.requests, args.connections, args.seed)
         return
 
     import trustme
 
     for kind in POD_KINDS:
-        sizes = [len(r) for r in make_reviews(kind)]
+        sizes = [len(r) for r in make_reviews(kind, 200, "distinct")]
         print(f"{kind}: AdmissionReviews of {min(sizes) / 1024:.1f}-{max(sizes) / 1024:.1f} KB", end="; ")
     print(f"cores: {os.cpu_count()}; load average at start: {os.getloadavg()[0]:.2f}")
     script = str(pathlib.Path(__file__).resolve())
-    results: dict[tuple[str, str], list[float]] = {}
+    results: dict[tuple[str, str, str], list[float]] = {}
+    arrivals = [a.strip() for a in args.arrivals.split(",") if a.strip()]
+    if not arrivals or set(arrivals) - set(ARRIVALS):
+        raise SystemExit(f"--arrivals: choose from {', '.join(ARRIVALS)}")
+    cases = [(pods, arrival) for pods in POD_KINDS for arrival in arrivals]
     with tempfile.TemporaryDirectory() as tmp:
         ca = trustme.CA()
         leaf = ca.issue_cert(SERVICE_DNS)
@@ -438,12 +468,14 @@ def main() -> None:
             for port in ports.values():
                 _wait_ready(port, ca_file)
             for repeat in range(args.repeats):
-                for pods in POD_KINDS:
+                for pods, arrival in cases:
                     for kind in kinds:  # alternated: webhook, no-op, [baseline,] webhook, no-op, ...
-                        cpu_us = _measure(script, servers[kind], ports[kind], ca_file, pods, args)
-                        results.setdefault((kind, pods), []).append(cpu_us)
+                        seed = 1000 + repeat  # the servers of one repeat see the same pods, never seen before
+                        cpu_us = _measure(script, servers[kind], ports[kind], ca_file, pods, arrival, seed, args)
+                        results.setdefault((kind, pods, arrival), []).append(cpu_us)
                         print(
-                            f"repeat {repeat + 1} {pods:<13} {kind:<8} server CPU {cpu_us:6.1f} us/admission",
+                            f"repeat {repeat + 1} {pods:<13} {arrival:<9} {kind:<8} "
+                            f"server CPU {cpu_us:6.1f} us/admission",
                             flush=True,
                         )
         finally:
@@ -457,20 +489,20 @@ def main() -> None:
     )
     compared = [kind for kind in kinds if kind != "noop"]
     print(
-        "| pod | no-op µs CPU / admission | "
+        "| pod | arrival | no-op µs CPU / admission | "
         + " | ".join(f"{kind} µs CPU / admission | {kind} / no-op: ratio of medians (runs)" for kind in compared)
         + " |"
     )
-    print("|---|---|" + "---|---|" * len(compared))
-    for pods in POD_KINDS:
-        noop = results[("noop", pods)]
+    print("|---|---|---|" + "---|---|" * len(compared))
+    for pods, arrival in cases:
+        noop = results[("noop", pods, arrival)]
         cells = [f"{statistics.median(noop):.0f}"]
         for kind in compared:
-            cpu = results[(kind, pods)]
+            cpu = results[(kind, pods, arrival)]
             pairs = [w / n for w, n in zip(cpu, noop, strict=True)]
             ratio = statistics.median(cpu) / statistics.median(noop)
             cells += [f"{statistics.median(cpu):.0f}", f"**{ratio:.2f}** ({min(pairs):.2f}-{max(pairs):.2f})"]
-        print(f"| {pods} | " + " | ".join(cells) + " |")
+        print(f"| {pods} | {arrival} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

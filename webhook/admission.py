@@ -22,7 +22,7 @@ from gpuslice import config
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import mutation, shape
 
-__all__ = ["MalformedReview", "Result", "review"]
+__all__ = ["MalformedReview", "Result", "promise", "review"]
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -117,10 +117,15 @@ def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cl
         fields["warnings"] = list(outcome.warnings)
     if not outcome.patch:
         return Result(_answer(uid, True, **fields), RESULT_UNCHANGED, outcome, dry_run)
-    if not dry_run:
-        # A pod pinned to one class takes its units there before any label shows it: the next
-        # pods of a burst choose their class knowing it (cluster.py, promises).
-        cluster.promise_conversion(outcome.decision)
     patch = base64.b64encode(orjson.dumps(outcome.patch)).decode()
-    return Result(_answer(uid, True, patchType="JSONPatch", patch=patch, **fields), RESULT_MUTATED, outcome, dry_run)
+    result = Result(_answer(uid, True, patchType="JSONPatch", patch=patch, **fields), RESULT_MUTATED, outcome, dry_run)
+    promise(result, cluster)
+    return result
+
+
+def promise(result: Result, cluster: cluster_.ClusterView) -> None:
+    """A pod converted (not a dry run) and pinned to one class takes its units there before any
+    label shows it: the next pods of a burst choose their class knowing it (cluster.py, promises)."""
+    if result.result == RESULT_MUTATED and not result.dry_run and result.outcome is not None:
+        cluster.promise_conversion(result.outcome.decision)
 

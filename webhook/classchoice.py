@@ -148,7 +148,8 @@ def for_memory(
 def _pinned(
     classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, contract: contract_.Contract, demand: Demand
 ) -> Choice:
-    best, rule = _best(classes, contract, cluster, demand)
+    memory, rule = cluster.noted(lambda: _best(classes, contract, cluster, demand))
+    best = next(c for c in classes if c.memory_mib == memory)
     pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
     notes = {"classMemoryMiB": best.memory_mib, "products": sorted(best.products), "rule": rule}
     return Choice(best.memory_mib, [pin], notes, best.max_gpus_per_node)
@@ -183,12 +184,12 @@ def _best(
     contract: contract_.Contract,
     cluster: cluster_.ClusterView,
     demand: Demand,
-) -> tuple[cluster_.GpuClass, str]:
-    """The class with the largest free share on nodes where the pod fits now (its units on one
+) -> tuple[int, str]:
+    """(memory MiB, rule) of the class with the largest free share on nodes where the pod fits now (its units on one
     GPU, its CPU and memory beside them); when no node has room, the largest free share overall
     (the pod then waits for room in that class)."""
     if len(classes) == 1:
-        return classes[0], "only class"
+        return classes[0].memory_mib, "only class"
     facts = _facts(cluster, contract)
     units = cluster.usable_free_units(
         {c.memory_mib: demand.units(facts[c.memory_mib].units_per_gpu) for c in classes},
@@ -202,5 +203,5 @@ def _best(
         usable[c.memory_mib] = units[c.memory_mib] / capacity if capacity else 0.0
     best = min(classes, key=lambda c: (-usable[c.memory_mib], *facts[c.memory_mib].free_share_key))
     if usable[best.memory_mib] > 0:
-        return best, "largest free share on nodes where the pod fits now"
-    return best, "largest free share (no node has room now)"
+        return best.memory_mib, "largest free share on nodes where the pod fits now"
+    return best.memory_mib, "largest free share (no node has room now)"

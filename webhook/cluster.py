@@ -26,10 +26,12 @@ webhook.nodelabels (never gpuslice.deviceplugin).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import itertools
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -67,6 +69,8 @@ class _ClassTotals:
     gpus_per_node: Counter[int] = dataclasses.field(default_factory=Counter)
 
 
+_GENERATIONS = itertools.count()
+
 _COLUMNS = ("memory_mib", "free_units", "free_block", "free_gpus", "free_cpu_milli", "free_memory_mib")
 _MEMORY, _FREE_UNITS, _FREE_BLOCK, _FREE_GPUS, _FREE_CPU, _FREE_MEM = range(len(_COLUMNS))
 
@@ -100,6 +104,11 @@ class ClusterView:
         # What admissions derive from the nodes alone (the table `usable_free_units` reads, the
         # class choice's per-class figures): built on the first query after a node changed.
         self._derived: dict[Hashable, Any] = {}
+        # Changes with every node change, unique across views: an answer computed at one generation
+        # holds for the next admission of the same generation but for what promises change
+        # (`recording`, webhook/repeats.py).
+        self.generation = next(_GENERATIONS)
+        self._reads: list[tuple[Callable[[], Hashable], Hashable]] | None = None
         # One row per node with shared GPUs, for `usable_free_units`: a scan of a thousand rows in
         # numpy per admission instead of a Python loop. Rows of removed nodes are reused.
         self._rows: dict[str, int] = {}
@@ -153,7 +162,7 @@ class ClusterView:
         self._mig.clear()
         self._classes_cache = None
         self._mig_cache = None
-        self._derived.clear()
+        self._changed()
         self._rows.clear()
         self._spare_rows.clear()
         self._table[:] = 0
@@ -260,12 +269,37 @@ class ClusterView:
         headroom, the pod's requests fit too. Capacity stranded behind a node's exhausted CPU does
         not count: a class full of such GPUs must not attract more pods. One pass over the table
         for every class: the admission path calls this for every converted pod. Units promised to
-        pods converted since the labels were written (`promise`) are not free."""
+        pods converted since the labels were written (`promise`) are not free, so a decision
+        drawn from this answer must be reached through `noted`."""
         query = self.derived(_Query, lambda: _Query(self._table))
         usable = query.usable(tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib)
         if self._promised:
             usable = {m: max(0, n - self.promised_units(m)) for m, n in usable.items()}
         return usable
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[tuple[Callable[[], Hashable], Hashable]]]:
+        """Within the block, every answer that depends on promises (`noted`) is appended to the list
+        yielded with a way to compute it again: all else an admission reads of the view holds until
+        the next node change (`generation`)."""
+        reads: list[tuple[Callable[[], Hashable], Hashable]] = []
+        self._reads = reads
+        try:
+            yield reads
+        finally:
+            self._reads = None
+
+    def noted(self, again: Callable[[], T]) -> T:
+        """`again()`, recorded when `recording`. Whoever reads `usable_free_units` (promises change
+        its answer) reaches its decision through this, so a remembered answer can be checked."""
+        answer = again()
+        if self._reads is not None:
+            self._reads.append((again, cast(Hashable, answer)))
+        return answer
+
+    def reads_unchanged(self, reads: Sequence[tuple[Callable[[], Hashable], Hashable]]) -> bool:
+        """Whether each recorded decision comes out the same now (promises included)."""
+        return all(again() == answer for again, answer in reads)
 
     def derived(self, key: Hashable, build: Callable[[], T]) -> T:
         """`build()`, computed once per version of the view (until a node changes) and kept under
@@ -288,8 +322,12 @@ class ClusterView:
         return profiles
 
     # --- internals -----------------------------------------------------------------------
-    def _set_row(self, name: str, node: nodelabels.NodeGpus | None) -> None:
+    def _changed(self) -> None:
         self._derived.clear()
+        self.generation = next(_GENERATIONS)
+
+    def _set_row(self, name: str, node: nodelabels.NodeGpus | None) -> None:
+        self._changed()
         row = self._rows.get(name)
         if node is None or node.memory_mib is None:
             if row is not None:
@@ -316,7 +354,7 @@ class ClusterView:
     def _apply(self, node: nodelabels.NodeGpus, sign: int) -> None:
         self._classes_cache = None
         self._mig_cache = None
-        self._derived.clear()
+        self._changed()
         if node.memory_mib is not None:
             totals = self._classes.setdefault(node.memory_mib, _ClassTotals())
             totals.nodes += sign

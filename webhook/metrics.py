@@ -58,6 +58,8 @@ class Metrics:
         )
         self._untrusted_nodes = _UntrustedNodes()
         self.registry.register(self._untrusted_nodes)
+        self._repeats = _Repeats()
+        self.registry.register(self._repeats)
 
         # Label children resolved once: labels() takes a lock and a dict lookup on every call.
         self._results: dict[str, Any] = {}
@@ -86,6 +88,11 @@ class Metrics:
         """Export the nodes the cluster view leaves out, read at each scrape (node -> (reason, text))."""
         self._untrusted_nodes.source = untrusted
 
+    def track_repeats(self, count: Callable[[], int]) -> None:
+        """Export how many admissions were answered from memory (webhook/repeats.py), read at each
+        scrape: counting here would cost every admission a lock."""
+        self._repeats.source = count
+
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""
         return prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
@@ -106,3 +113,16 @@ class _UntrustedNodes(registry.Collector):
         for node, (reason, _) in sorted(self.source().items()):
             family.add_metric([node, reason], 1.0)
         yield family
+
+
+class _Repeats(registry.Collector):
+    def __init__(self) -> None:
+        self.source: Callable[[], int] = int
+
+    def collect(self) -> Iterator[core.Metric]:
+        yield core.CounterMetricFamily(
+            "gpuslice_webhook_repeat_answers",
+            "AdmissionReviews answered from memory: a body seen before but for its uid, the cluster view "
+            "unchanged (replicas of one controller in a burst)",
+            value=self.source(),
+        )

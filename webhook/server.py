@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 from gpuslice import config
-from gpuslice.webhook import admission, certs, claim_templates, connections, nodewatch
+from gpuslice.webhook import admission, certs, claim_templates, connections, nodewatch, repeats
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
@@ -42,6 +42,7 @@ RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
 TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
 BACKGROUND = web.AppKey("background", tuple)  # more coroutine functions to run while serving
 AGES = web.AppKey("ages", connections.Ages)
+REPEATS = web.AppKey("repeats", repeats.RepeatAnswers)
 
 # A pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it once for CREATE.
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -64,7 +65,7 @@ async def _mutate(request: web.Request) -> web.Response:
             response.force_close()
             return response
     try:
-        answer = admission.review(body, settings=app[SETTINGS], cluster=app[CLUSTER])
+        answer, encoded = app[REPEATS].review(body, settings=app[SETTINGS], cluster=app[CLUSTER])
     except admission.MalformedReview as exc:
         metrics.result("malformed").inc()
         return web.Response(status=400, text=f"malformed AdmissionReview: {exc}\n")
@@ -81,7 +82,7 @@ async def _mutate(request: web.Request) -> web.Response:
     metrics.result(answer.result).inc()
     if answer.outcome is not None and answer.outcome.kind and not answer.dry_run:
         metrics.conversion(answer.outcome.kind).inc()
-    response = web.Response(body=orjson.dumps(answer.response), content_type=_JSON)
+    response = web.Response(body=encoded, content_type=_JSON)
     metrics.latency.observe(time.perf_counter() - started)
     return response
 
@@ -170,6 +171,8 @@ def make_app(
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
     app[BACKGROUND] = tuple(background)
     app[AGES] = connections.Ages()
+    app[REPEATS] = repeats.RepeatAnswers()
+    app[METRICS].track_repeats(lambda: app[REPEATS].repeats)
     app.router.add_post("/mutate", _mutate)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

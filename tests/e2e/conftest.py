@@ -152,13 +152,17 @@ class Release:
 
     def admissions(self) -> float:
         """AdmissionReviews the webhook has answered so far (its own Prometheus counter)."""
+        return self.metric("gpuslice_webhook_admissions_total")
+
+    def metric(self, name: str) -> float:
+        """The webhook's metric `name`, summed over its labels, read from its /metrics."""
         assert self.webhook is not None
         cafile = str(self.plane.workdir / f"webhook-{self.name}" / "ca.crt")
         status, body = controlplane._https_get(self.webhook.url + "/metrics", cafile)
         assert status == 200
         total = 0.0
         for line in body.decode().splitlines():
-            if line.startswith("gpuslice_webhook_admissions_total{"):
+            if line.startswith((f"{name}{{", f"{name} ")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 

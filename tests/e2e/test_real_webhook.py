@@ -133,6 +133,50 @@ def test_pods_of_a_deployment_a_job_and_a_statefulset_are_converted(
         assert k8skit.bound_node(core, namespace, pod.metadata.name) in gpu_nodes
 
 
+def test_the_replicas_of_a_deployment_are_answered_from_memory_with_the_first_ones_answer(
+    release: Any,
+    admin: kubernetes.client.ApiClient,
+    core: kubernetes.client.CoreV1Api,
+    namespace: str,
+    gpu_nodes: list[str],
+) -> None:
+    # What kube-apiserver sends for a ReplicaSet's pods is the same but for the request uid (the
+    # generated name comes after admission): webhook/repeats.py answers the repeats from memory.
+    before = release.metric("gpuslice_webhook_repeat_answers_total")
+    replicas = 12
+    template = {
+        "metadata": {"labels": {"app": "many"}, "annotations": {"gpu-fraction": "0.25"}},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "registry.invalid/e2e:1", "resources": {"limits": {NVIDIA_GPU: "1"}}}
+            ],
+        },
+    }
+    kubernetes.client.AppsV1Api(admin).create_namespaced_deployment(
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "many"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "many"}}, "template": template},
+        },
+    )
+
+    def pods() -> list[Any] | None:
+        found = core.list_namespaced_pod(namespace, label_selector="app=many").items
+        return found if len(found) == replicas else None
+
+    created = k8skit.wait_for(f"the ReplicaSet to create {replicas} pods", pods, timeout=90)
+    repeats = release.metric("gpuslice_webhook_repeat_answers_total") - before
+    print(f"{repeats:.0f} of {replicas} replicas answered from memory")
+    assert repeats >= 1
+    # From memory or not, every replica got the same conversion.
+    conversions = {
+        (json.dumps(_limits(p), sort_keys=True), p.metadata.annotations[CONTRACT.decision_annotation]) for p in created
+    }
+    assert len(conversions) == 1, conversions
+
+
 def test_a_pod_without_a_gpu_gets_only_a_preference_and_one_that_opts_out_is_not_sent(
     release: Any, core: kubernetes.client.CoreV1Api, namespace: str
 ) -> None:

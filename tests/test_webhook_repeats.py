@@ -1,0 +1,213 @@
+"""Answers from memory for reviews that repeat one already answered but for the uid: always what a
+full review of the same body would give, against the same cluster view and its promises."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import orjson
+import pytest
+
+from gpuslice import config
+from gpuslice.deviceplugin import labels as node_labels
+from gpuslice.deviceplugin import nodefile
+from gpuslice.webhook import admission, cluster, repeats
+
+SETTINGS = config.Config()
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
+H100, H200 = 81559, 143771
+
+
+def two_class_view() -> cluster.ClusterView:
+    """The demo node (2 x H100 80GB) and an 8 x H200 node, all free."""
+    view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    for name, file in (("demo", "demo-node.yaml"), ("h200", "h200x8-node.yaml")):
+        view.update_node(name, node_labels.node_labels(nodefile.load(EXAMPLES / file), SETTINGS.contract))
+    return view
+
+
+def body(uid: str, annotations: dict[str, str] | None = None, **request: Any) -> bytes:
+    """A ReplicaSet's pod CREATE as kube-apiserver sends it (compact JSON, uid first)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "trainer-7c9f8d6b5-",
+            "namespace": "team-a",
+            "annotations": annotations if annotations is not None else {"gpu-fraction": "0.5"},
+            "ownerReferences": [
+                {"kind": "ReplicaSet", "name": "trainer-7c9f8d6b5", "uid": "rs-uid", "controller": True}
+            ],
+        },
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        },
+    }
+    review = {
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "team-a",
+        "operation": "CREATE",
+        "object": pod,
+        "dryRun": False,
+        **request,
+    }
+    return json.dumps(
+        {"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": review}, separators=(",", ":")
+    ).encode()
+
+
+def full(bodies: list[bytes]) -> tuple[list[bytes], cluster.ClusterView]:
+    view = two_class_view()
+    return [orjson.dumps(admission.review(b, settings=SETTINGS, cluster=view).response) for b in bodies], view
+
+
+def remembered(
+    bodies: list[bytes], answers: repeats.RepeatAnswers | None = None
+) -> tuple[list[bytes], cluster.ClusterView, int]:
+    view = two_class_view()
+    answers = answers or repeats.RepeatAnswers()
+    encoded = []
+    for b in bodies:
+        result, raw = answers.review(b, settings=SETTINGS, cluster=view)
+        assert orjson.loads(raw) == result.response  # the bytes sent and the answer kept agree
+        encoded.append(raw)
+    return encoded, view, answers.repeats
+
+
+def test_a_burst_of_replicas_gets_the_answers_of_full_reviews_and_the_same_promises() -> None:
+    # 24 replicas of a half-GPU pod: the class flips between H200 and H100 as promises accumulate,
+    # so a remembered answer must be checked against the promises, not just replayed.
+    bodies = [body(f"uid-{i:04d}") for i in range(24)]
+    expected, full_view = full(bodies)
+    got, view, repeated = remembered(bodies)
+    assert got == expected
+    assert {json.loads(g)["response"]["uid"] for g in got} == {f"uid-{i:04d}" for i in range(24)}
+    for memory in (H100, H200):
+        assert view.promised_units(memory) == full_view.promised_units(memory) > 0
+    assert 0 < repeated < 24  # most answered from memory, not the ones where the class changed
+
+
+def test_a_node_change_is_never_answered_from_memory() -> None:
+    answers = repeats.RepeatAnswers()
+    view = two_class_view()
+    answers.review(body("a"), settings=SETTINGS, cluster=view)
+    h100 = nodefile.load(EXAMPLES / "demo-node.yaml")
+    # Both H100s taken: the next pod of the same template can only go to the H200s.
+    full_use = {g.uuid: SETTINGS.contract.units_per_gpu(H100) for g in h100.gpus}
+    view.update_node("demo", node_labels.node_labels(h100, SETTINGS.contract, allocated=full_use))
+    result, _ = answers.review(body("b"), settings=SETTINGS, cluster=view)
+    assert answers.repeats == 0
+    assert result.outcome is not None and result.outcome.decision is not None
+    assert result.outcome.decision["classMemoryMiB"] == H200
+
+
+def test_dry_runs_are_remembered_apart_and_promise_nothing() -> None:
+    bodies = [body(f"d-{i}", dryRun=True) for i in range(5)]
+    _, view, repeated = remembered(bodies)
+    assert repeated == 3  # remembered from the second
+    assert view.promised_units(H100) == view.promised_units(H200) == 0
+
+
+@pytest.mark.parametrize(
+    "uid",
+    [
+        "uid-with-\\u0022-escape",  # JSON escapes: the raw bytes are not the value
+        "a b",  # not a plain uid
+    ],
+)
+def test_uids_that_are_not_plain_are_answered_in_full(uid: str) -> None:
+    raw = body("x").replace(b'"uid":"x"', b'"uid":"' + uid.encode() + b'"')
+    expected = admission.review(raw, settings=SETTINGS, cluster=two_class_view()).response["response"]["uid"]
+    answers = repeats.RepeatAnswers()
+    for _ in range(3):
+        result, encoded = answers.review(raw, settings=SETTINGS, cluster=two_class_view())
+        assert json.loads(encoded)["response"]["uid"] == expected
+    assert answers.repeats == 0
+
+
+def test_a_body_whose_first_uid_is_not_the_request_uid_is_not_remembered() -> None:
+    # The object first, the request uid last: the first "uid":" value is the pod owner's, and only
+    # it changes between these bodies. Answered from memory, the third would get the owner's uid.
+    def reordered(object_uid: str) -> bytes:
+        document = json.loads(body("request-uid"))
+        request = document["request"]
+        request["object"]["metadata"]["ownerReferences"][0]["uid"] = object_uid
+        document["request"] = {"object": request.pop("object"), **request}
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    answers = repeats.RepeatAnswers()
+    view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    uids = [
+        json.loads(answers.review(reordered(u), settings=SETTINGS, cluster=view)[1])["response"]["uid"]
+        for u in ("o1", "o2", "o3")
+    ]
+    assert uids == ["request-uid"] * 3
+    assert answers.repeats == 0
+
+
+def test_a_uid_that_occurs_twice_is_not_remembered() -> None:
+    # The request uid is also an annotation's value: cutting out the first would not be exact.
+    answers = repeats.RepeatAnswers()
+    view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    raw = body("dup-uid", {"gpu-fraction": "0.5", "note": "dup-uid"})
+    for _ in range(3):
+        answers.review(raw, settings=SETTINGS, cluster=view)
+    assert len(answers) == 0 and answers.repeats == 0
+    plain = body("dup-uid", {"gpu-fraction": "0.5", "note": "other"})
+    for _ in range(3):
+        answers.review(plain, settings=SETTINGS, cluster=view)
+    assert answers.repeats == 1  # the same body without the second occurrence is remembered
+
+
+def test_denials_and_cpu_pods_repeat_too_and_malformed_reviews_never_do() -> None:
+    denied = [body(f"n-{i}", {"gpu-fraction": "1.5"}) for i in range(3)]
+    cpu = [body(f"c-{i}", {}).replace(b',"resources":{"limits":{"nvidia.com/gpu":"1"}}', b"") for i in range(3)]
+    expected, _ = full(denied + cpu)
+    got, _, repeated = remembered(denied + cpu)
+    assert got == expected and repeated == 2  # the third of each
+    assert json.loads(got[0])["response"]["allowed"] is False
+    answers = repeats.RepeatAnswers()
+    for uid in ("m-1", "m-2"):
+        with pytest.raises(admission.MalformedReview):
+            answers.review(
+                body(uid).replace(b'"operation":"CREATE"', b'"operation":7'),
+                settings=SETTINGS,
+                cluster=two_class_view(),
+            )
+    assert answers.repeats == 0
+
+
+def test_memory_stays_within_its_bound() -> None:
+    view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    view.update_node("h200", node_labels.node_labels(nodefile.load(EXAMPLES / "h200x8-node.yaml"), SETTINGS.contract))
+    answers = repeats.RepeatAnswers(max_total_bytes=12_000)
+    templates = [body(f"t{i}", {"gpu-fraction": "0.5", "team": "x" * 400 + str(i)}) for i in range(10)]
+    for raw in templates:
+        for _ in range(2):  # remembered when seen twice
+            answers.review(raw, settings=SETTINGS, cluster=view)
+    assert 0 < len(answers) < 10
+    assert answers.bytes_held <= 12_000
+    # The newest template is still remembered (one class: promises never change the choice), the
+    # oldest is not.
+    answers.review(templates[-1].replace(b'"uid":"t9"', b'"uid":"t9b"'), settings=SETTINGS, cluster=view)
+    answers.review(templates[0].replace(b'"uid":"t0"', b'"uid":"t0b"'), settings=SETTINGS, cluster=view)
+    assert answers.repeats == 1
+
+
+def test_a_body_seen_once_is_not_remembered() -> None:
+    answers = repeats.RepeatAnswers()
+    view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    for i in range(5):
+        answers.review(body(f"once-{i}", {"gpu-fraction": "0.5", "n": str(i)}), settings=SETTINGS, cluster=view)
+    assert len(answers) == 0 and answers.repeats == 0
+
+
+def test_an_answer_remembered_for_one_view_is_not_given_for_another() -> None:
+    answers = repeats.RepeatAnswers()
+    answers.review(body("v-1"), settings=SETTINGS, cluster=two_class_view())
+    answers.review(body("v-2"), settings=SETTINGS, cluster=two_class_view())
+    assert answers.repeats == 0

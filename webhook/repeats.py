@@ -1,0 +1,176 @@
+"""Answers to AdmissionReviews that repeat one already answered, but for the request's uid.
+
+The replicas of a Deployment, Job or StatefulSet reach the webhook as the same bytes: the pod
+object is the controller's template (a generated name is chosen after admission), and only
+`request.uid` differs (and `managedFields`' time, to the second). A burst is exactly that, so the
+webhook remembers its answer per body with the uid cut out (from the second time a body is seen:
+most bodies of bare pods never repeat) and, for a repeat, answers without decoding the body again.
+
+A remembered answer holds while the cluster view has not changed (its `generation`) and every
+decision that promises can change (`ClusterView.recording`: the GPU class chosen) comes out the
+same now; the answer is a function of the body, the configuration, the view's generation and
+those decisions, so it is then what a full review would give. A body keeps one answer per outcome
+of its decisions: as a burst's promises fill one class and then the next, its pods' answers
+alternate between a few, each given from memory. A repeat of a converted pod promises its units
+like the first did. DRA conversions (they create claim templates) and malformed reviews are never
+remembered.
+
+Cutting the uid out is exact, not a guess at JSON's structure: a body is remembered only when its
+request uid occurs once in it, as the first `"uid":"` value, and has no character that JSON would
+escape; a later body with the same bytes around a uid of that form is then the same review for
+that uid.
+
+May import orjson, gpuslice.config and the webhook's admission and cluster modules.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import orjson
+
+from gpuslice import config
+from gpuslice.webhook import admission
+from gpuslice.webhook import cluster as cluster_
+
+__all__ = ["RepeatAnswers"]
+
+_UID_FIELD = b'"uid":"'
+# A uid that needs no escaping in JSON and none in the answer (Kubernetes sends UUIDs).
+_PLAIN_UID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+# Bodies larger than this are answered in full every time: a pod template is 5-20 KB.
+MAX_BODY_BYTES = 64 * 1024
+MAX_TOTAL_BYTES = 16 * 1024 * 1024
+MAX_SEEN_ONCE = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    head: bytes  # the encoded answer up to the uid's value
+    tail: bytes  # ... and after it
+    result: admission.Result  # as first given (its uid is that request's)
+
+
+@dataclasses.dataclass
+class _Remembered:
+    """The answers to one body at one generation of the view, by what its decisions came to."""
+
+    generation: int
+    decide: tuple[Callable[[], Hashable], ...]  # the decisions promises can change, to take again
+    answers: dict[tuple[Hashable, ...], _Answer]
+
+    @property
+    def size(self) -> int:
+        return sum(len(a.head) + len(a.tail) for a in self.answers.values())
+
+
+def _split(body: bytes) -> tuple[bytes, bytes] | None:
+    """(body without the first `"uid":"` value, that value), or None when there is none usable."""
+    start = body.find(_UID_FIELD)
+    if start < 0:
+        return None
+    start += len(_UID_FIELD)
+    end = body.find(b'"', start)
+    if end < 0 or not _PLAIN_UID.fullmatch(body, start, end):
+        return None
+    return body[:start] + body[end:], body[start:end]
+
+
+class RepeatAnswers:
+    """`review` with the answers to recent distinct bodies remembered (at most MAX_TOTAL_BYTES)."""
+
+    def __init__(self, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
+        self._answers: collections.OrderedDict[bytes, _Remembered] = collections.OrderedDict()
+        self._seen_once: dict[int, None] = {}  # hashes of bodies answered once, oldest first
+        self._bytes = 0
+        self._max_bytes = max_total_bytes
+        self.repeats = 0  # answers given from memory (the metrics read it)
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of the remembered bodies and answers (at most `max_total_bytes`)."""
+        return self._bytes
+
+    def review(
+        self, body: bytes, *, settings: config.Config, cluster: cluster_.ClusterView
+    ) -> tuple[admission.Result, bytes]:
+        """`admission.review(body)` and its answer encoded; MalformedReview as it raises."""
+        split = _split(body) if len(body) <= MAX_BODY_BYTES else None
+        if split is None:
+            return self._full(body, settings, cluster)
+        key, uid = split
+        known = self._answers.get(key)
+        if known is not None and known.generation == cluster.generation:
+            decided = tuple(again() for again in known.decide)
+            answer = known.answers.get(decided)
+            if answer is not None:
+                self.repeats += 1
+                admission.promise(answer.result, cluster)
+                return _for_uid(answer.result, uid.decode()), answer.head + uid + answer.tail
+        elif known is None and hash(key) not in self._seen_once:
+            # First sighting: most bodies never repeat (bare pods), so only a body seen twice pays
+            # for being remembered (the uid check scans it).
+            self._see(hash(key))
+            return self._full(body, settings, cluster)
+        generation = cluster.generation
+        with cluster.recording() as reads:
+            result = admission.review(body, settings=settings, cluster=cluster)
+        encoded = orjson.dumps(result.response)
+        if _rememberable(body, uid, result):
+            if known is None or known.generation != generation or len(known.decide) != len(reads):
+                known = _Remembered(generation, tuple(again for again, _ in reads), {})
+            self._remember(key, known, tuple(decided for _, decided in reads), _Answer(*_around(encoded, uid), result))
+        return result, encoded
+
+    def _full(
+        self, body: bytes, settings: config.Config, cluster: cluster_.ClusterView
+    ) -> tuple[admission.Result, bytes]:
+        result = admission.review(body, settings=settings, cluster=cluster)
+        return result, orjson.dumps(result.response)
+
+    def _see(self, key_hash: int) -> None:
+        self._seen_once[key_hash] = None
+        if len(self._seen_once) > MAX_SEEN_ONCE:
+            del self._seen_once[next(iter(self._seen_once))]
+
+    def _remember(self, key: bytes, entry: _Remembered, decided: tuple[Hashable, ...], answer: _Answer) -> None:
+        old = self._answers.pop(key, None)
+        if old is not None:
+            self._bytes -= len(key) + old.size
+        entry.answers[decided] = answer
+        self._answers[key] = entry
+        self._bytes += len(key) + entry.size
+        while self._bytes > self._max_bytes and self._answers:
+            oldest, dropped = self._answers.popitem(last=False)
+            self._bytes -= len(oldest) + dropped.size
+
+
+def _rememberable(body: bytes, uid: bytes, result: admission.Result) -> bool:
+    """The cut value is the request's uid, found nowhere else in the body, and the answer needs
+    nothing but the body, the view and its reads (a DRA conversion creates a claim template)."""
+    answered = result.response.get("response") or {}
+    if answered.get("uid") != uid.decode() or body.count(uid) != 1:
+        return False
+    return result.outcome is None or not result.outcome.objects
+
+
+def _around(encoded: bytes, uid: bytes) -> tuple[bytes, bytes]:
+    """The encoded answer before and after its uid (the first `"uid":"` value: `_answer` puts
+    `response.uid` first, after apiVersion and kind)."""
+    start = encoded.index(_UID_FIELD) + len(_UID_FIELD)
+    end = start + len(uid)
+    assert encoded[start:end] == uid, "the answer's first uid is the request's"
+    return encoded[:start], encoded[end:]
+
+
+def _for_uid(result: admission.Result, uid: str) -> admission.Result:
+    response: Mapping[str, Any] = result.response
+    answered = {**response, "response": {**response["response"], "uid": uid}}
+    return admission.Result(answered, result.result, result.outcome, result.dry_run)
