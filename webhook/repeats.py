@@ -3,8 +3,8 @@
 The replicas of a Deployment, Job or StatefulSet reach the webhook as the same bytes: the pod
 object is the controller's template (a generated name is chosen after admission), and only
 `request.uid` differs (and `managedFields`' time, to the second). A burst is exactly that, so the
-webhook remembers its answer per body with the uid cut out (from the second time a body is seen:
-most bodies of bare pods never repeat) and, for a repeat, answers without decoding the body again.
+webhook remembers its answer per body with the uid cut out and, for a repeat, answers without
+decoding the body again.
 
 A remembered answer holds while the cluster view has not changed (its `generation`) and every
 decision that promises can change (`ClusterView.recording`: the GPU class chosen) comes out the
@@ -15,8 +15,9 @@ alternate between a few, each given from memory. A repeat of a converted pod pro
 like the first did. DRA conversions (they create claim templates) and malformed reviews are never
 remembered.
 
-Cutting the uid out is exact, not a guess at JSON's structure: a body is remembered only when its
-request uid occurs once in it, as the first `"uid":"` value, and has no character that JSON would
+Cutting the uid out is exact, not a guess at JSON's structure: an answer is given again only when
+the first body's request uid was its first `"uid":"` value, occurs nowhere else in it (checked at
+the first repeat: bodies that never repeat are not scanned) and has no character that JSON would
 escape; a later body with the same bytes around a uid of that form is then the same review for
 that uid.
 
@@ -45,14 +46,14 @@ _PLAIN_UID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 # Bodies larger than this are answered in full every time: a pod template is 5-20 KB.
 MAX_BODY_BYTES = 64 * 1024
 MAX_TOTAL_BYTES = 16 * 1024 * 1024
-MAX_SEEN_ONCE = 4096
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Answer:
     head: bytes  # the encoded answer up to the uid's value
     tail: bytes  # ... and after it
     result: admission.Result  # as first given (its uid is that request's)
+    checked: bool = False  # that request's uid occurs nowhere else in its body (checked at first use)
 
 
 @dataclasses.dataclass
@@ -81,11 +82,11 @@ def _split(body: bytes) -> tuple[bytes, bytes] | None:
 
 
 class RepeatAnswers:
-    """`review` with the answers to recent distinct bodies remembered (at most MAX_TOTAL_BYTES)."""
+    """`review` with the answers to recent distinct bodies remembered, the least recently used
+    forgotten first (at most MAX_TOTAL_BYTES)."""
 
     def __init__(self, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
         self._answers: collections.OrderedDict[bytes, _Remembered] = collections.OrderedDict()
-        self._seen_once: dict[int, None] = {}  # hashes of bodies answered once, oldest first
         self._bytes = 0
         self._max_bytes = max_total_bytes
         self.repeats = 0  # answers given from memory (the metrics read it)
@@ -104,41 +105,40 @@ class RepeatAnswers:
         """`admission.review(body)` and its answer encoded; MalformedReview as it raises."""
         split = _split(body) if len(body) <= MAX_BODY_BYTES else None
         if split is None:
-            return self._full(body, settings, cluster)
+            result = admission.review(body, settings=settings, cluster=cluster)
+            return result, orjson.dumps(result.response)
         key, uid = split
         known = self._answers.get(key)
         if known is not None and known.generation == cluster.generation:
             decided = tuple(again() for again in known.decide)
             answer = known.answers.get(decided)
-            if answer is not None:
+            if answer is not None and (answer.checked or self._check(key, answer)):
+                self._answers.move_to_end(key)
                 self.repeats += 1
                 admission.promise(answer.result, cluster)
                 return _for_uid(answer.result, uid.decode()), answer.head + uid + answer.tail
-        elif known is None and hash(key) not in self._seen_once:
-            # First sighting: most bodies never repeat (bare pods), so only a body seen twice pays
-            # for being remembered (the uid check scans it).
-            self._see(hash(key))
-            return self._full(body, settings, cluster)
         generation = cluster.generation
         with cluster.recording() as reads:
             result = admission.review(body, settings=settings, cluster=cluster)
         encoded = orjson.dumps(result.response)
-        if _rememberable(body, uid, result):
+        if _rememberable(uid, result):
+            known = self._answers.get(key)
             if known is None or known.generation != generation or len(known.decide) != len(reads):
                 known = _Remembered(generation, tuple(again for again, _ in reads), {})
             self._remember(key, known, tuple(decided for _, decided in reads), _Answer(*_around(encoded, uid), result))
         return result, encoded
 
-    def _full(
-        self, body: bytes, settings: config.Config, cluster: cluster_.ClusterView
-    ) -> tuple[admission.Result, bytes]:
-        result = admission.review(body, settings=settings, cluster=cluster)
-        return result, orjson.dumps(result.response)
-
-    def _see(self, key_hash: int) -> None:
-        self._seen_once[key_hash] = None
-        if len(self._seen_once) > MAX_SEEN_ONCE:
-            del self._seen_once[next(iter(self._seen_once))]
+    def _check(self, key: bytes, answer: _Answer) -> bool:
+        """Whether the first request's uid occurs in its body only where it was cut out (so the
+        cut was `request.uid`); checked once, at the first repeat, as most bodies never repeat.
+        A body that fails is forgotten."""
+        first = str(answer.result.response["response"]["uid"]).encode()
+        if first in key:
+            entry = self._answers.pop(key)
+            self._bytes -= len(key) + entry.size
+            return False
+        answer.checked = True
+        return True
 
     def _remember(self, key: bytes, entry: _Remembered, decided: tuple[Hashable, ...], answer: _Answer) -> None:
         old = self._answers.pop(key, None)
@@ -152,11 +152,12 @@ class RepeatAnswers:
             self._bytes -= len(oldest) + dropped.size
 
 
-def _rememberable(body: bytes, uid: bytes, result: admission.Result) -> bool:
-    """The cut value is the request's uid, found nowhere else in the body, and the answer needs
-    nothing but the body, the view and its reads (a DRA conversion creates a claim template)."""
+def _rememberable(uid: bytes, result: admission.Result) -> bool:
+    """The cut value is the request's uid (`_check` makes sure it is not elsewhere too), and the
+    answer needs nothing but the body, the view and its decisions (a DRA conversion creates a
+    claim template)."""
     answered = result.response.get("response") or {}
-    if answered.get("uid") != uid.decode() or body.count(uid) != 1:
+    if answered.get("uid") != uid.decode():
         return False
     return result.outcome is None or not result.outcome.objects
 
