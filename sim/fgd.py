@@ -108,13 +108,13 @@ class Policy:
             raise ValueError(f"tie_break must be one of {', '.join(TIE_BREAKS)}, got {self.tie_break!r}")
 
 
-def policies(pods: Sequence[trace.TracePod], *, percentage_of_nodes_to_score: int = 100) -> dict[str, Policy]:
+def policies(
+    pods: Sequence[trace.TracePod], *, percentage_of_nodes_to_score: int = 100, scored: bool = True
+) -> dict[str, Policy]:
     """The FGD configurations, expecting the mix of `pods` (the trace's own pod list)."""
     mix = workload_mix(pods)
     return {
-        f"fgd-{tie}-ties": Policy(
-            f"fgd-{tie}-ties", tie, mix, percentage_of_nodes_to_score=percentage_of_nodes_to_score
-        )
+        f"fgd-{tie}-ties": Policy(f"fgd-{tie}-ties", tie, mix, scored, percentage_of_nodes_to_score)
         for tie in TIE_BREAKS
     }
 

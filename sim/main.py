@@ -96,6 +96,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="scoring strategy of the gpuslice-binpack profile (default MostAllocated)",
     )
     parser.add_argument(
+        "--fgd-score",
+        choices=("kube", "exact"),
+        default="kube",
+        help="how the fgd-* configurations rank nodes: kube (default), the 0..100 integer score a kube-scheduler "
+        "plugin answers, as the paper's simulator did; exact, by the exact growth of expected fragmentation",
+    )
+    parser.add_argument(
         "--paper-dir", metavar="DIR", help="FGD paper results (default: fgd-paper-results beside the trace)"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -489,7 +496,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     )
     if any(name in fgd.CONFIGURATION_NAMES for name in args.config_names):
         # FGD expects the trace's own pod mix (its task types weighted by their counts).
-        chosen.update(fgd.policies(pods, percentage_of_nodes_to_score=args.fgd_percentage_of_nodes_to_score))
+        chosen.update(
+            fgd.policies(
+                pods,
+                percentage_of_nodes_to_score=args.fgd_percentage_of_nodes_to_score,
+                scored=args.fgd_score == "kube",
+            )
+        )
     results = _replay_all(
         nodes, arrivals, [chosen[name] for name in args.config_names], delay, args.jobs, record=bool(args.placements)
     )
