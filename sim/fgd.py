@@ -15,15 +15,21 @@ for (continuous shares), so granted == requested here.
   workload (here: their counts in the trace's pod list).
 - **FGD** places each pod on the node and GPU(s) whose placement increases the expected
   fragmentation least, among the nodes the default scheduler's filters pass (CPU, memory, GPU
-  model, the share on one GPU / the count of whole free GPUs). Every feasible node is scored.
+  model, the share on one GPU / the count of whole free GPUs). Every feasible node is scored, as
+  the paper's simulator configures it (percentage_of_nodes_to_score 100); less is the stock
+  scheduler's sampling.
+- **The score is an integer**, as any kube-scheduler score plugin's: 0..100 per node, the growth
+  (in GPUs, popularity as shares) through a falling sigmoid and truncated, as the paper's plugin
+  maps it; nodes with the same integer are tied. `scored=False` ranks by the exact growth.
 - **Ties** between nodes: `fixed` gives them to the lexicographically smallest node name (the
   paper's kube-scheduler fork), `random` picks uniformly among them with the seed's generator (the
   stock kube-scheduler). Ties between GPUs of one node go to the lowest index.
 
-Fragmentation is kept in integers (milli x pod counts), so ties are exact. State is numpy arrays
+Fragmentation is kept in integers (milli x pod counts), so exact ties are exact. State is numpy arrays
 over nodes x GPUs; a pod costs a few vector operations over its candidate placements.
 
-May import numpy and gpuslice.sim.replay / trace / node (for the Result and the placement records).
+May import numpy and gpuslice.sim.replay / trace / node (for the Result and the placement records)
+and gpuslice.sim.scheduler (its node-sampling constants).
 """
 
 from __future__ import annotations
