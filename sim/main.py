@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 
 from gpuslice import config
-from gpuslice.sim import kube_replay, placements, progress, replay, trace
+from gpuslice.sim import fgd, kube_replay, placements, progress, replay, trace
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args", "plot_problem"]
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+KNOWN_CONFIGURATIONS = replay.CONFIGURATION_NAMES + fgd.CONFIGURATION_NAMES
 PAPER_POLICIES = ("01-Random", "02-DotProd", "03-GpuClustering", "04-GpuPacking", "05-BestFit", "06-FGD")
 
 
@@ -66,7 +67,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=",".join(replay.CONFIGURATION_NAMES),
         help="comma-separated configurations to compare (default: all of "
         + ", ".join(replay.CONFIGURATION_NAMES)
-        + ")",
+        + "; also "
+        + ", ".join(fgd.CONFIGURATION_NAMES)
+        + ": the FGD paper's policy in its own model, docs/simulator.md)",
     )
     parser.add_argument(
         "--label-delay-binds", type=int, default=0, help="binds before a node's new labels are seen (default 0)"
@@ -83,14 +86,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
-        default=0,
-        help="kube-scheduler's percentageOfNodesToScore (0: its adaptive default; 100: every node)",
+        help="kube-scheduler's percentageOfNodesToScore (0, the default: its adaptive default; 100: every node; "
+        "the fgd-* configurations score every node unless this is given)",
     )
     parser.add_argument(
         "--binpack-strategy",
         choices=("MostAllocated", "RequestedToCapacityRatio"),
         default="MostAllocated",
         help="scoring strategy of the gpuslice-binpack profile (default MostAllocated)",
+    )
+    parser.add_argument(
+        "--fgd-score",
+        choices=("kube", "exact"),
+        default="kube",
+        help="how the fgd-* configurations rank nodes: kube (default), the 0..100 integer score a kube-scheduler "
+        "plugin answers, as the paper's simulator did; exact, by the exact growth of expected fragmentation",
     )
     parser.add_argument(
         "--paper-dir", metavar="DIR", help="FGD paper results (default: fgd-paper-results beside the trace)"
@@ -114,13 +124,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.label_delay_binds < 0 or args.label_delay_seconds < 0 or args.pod_interval < 0:
         parser.error("--label-delay-binds, --label-delay-seconds and --pod-interval must not be negative")
+    # FGD's paper ran with every node scored; the flag, when given, applies to it too.
+    args.fgd_percentage_of_nodes_to_score = 100 if args.percentage_of_nodes_to_score is None else None
+    if args.percentage_of_nodes_to_score is None:
+        args.percentage_of_nodes_to_score = 0
     if not 0 <= args.percentage_of_nodes_to_score <= 100:
         parser.error("--percentage-of-nodes-to-score must be 0..100")
+    if args.fgd_percentage_of_nodes_to_score is None:
+        args.fgd_percentage_of_nodes_to_score = args.percentage_of_nodes_to_score
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in replay.CONFIGURATION_NAMES]
+    unknown = [n for n in names if n not in KNOWN_CONFIGURATIONS]
     if unknown or not names:
         parser.error(
-            f"--configs: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(replay.CONFIGURATION_NAMES)}"
+            f"--configs: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(KNOWN_CONFIGURATIONS)}"
+        )
+    model_only = [n for n in names if n in fgd.CONFIGURATION_NAMES]
+    if model_only and args.scheduler == "kube":
+        parser.error(
+            f"--configs {', '.join(model_only)}: only with --scheduler model (FGD has no real-scheduler plugin here)"
         )
     args.config_names = names
     return args
@@ -374,10 +395,31 @@ def _workload(
         raise trace.TraceError(f"{pods_file}: {exc}") from None
 
 
+Chosen = replay.Configuration | fgd.Policy
+
+
+def _replay_one(
+    nodes: Sequence[trace.TraceNode],
+    arrivals: Sequence[trace.TracePod],
+    chosen: Chosen,
+    *,
+    seed: int,
+    label_delay: replay.LabelDelay,
+    placements: bool,
+    progress: Any = None,
+) -> replay.Result:
+    """One replay: the gpuslice model's (webhook, scheduler, kubelet) or FGD's own (sim/fgd.py)."""
+    if isinstance(chosen, fgd.Policy):
+        return fgd.replay_fgd(nodes, arrivals, chosen, seed=seed, placements=placements, progress=progress)
+    return replay.replay(
+        nodes, arrivals, chosen, seed=seed, label_delay=label_delay, placements=placements, progress=progress
+    )
+
+
 def _replay_all(
     nodes: Sequence[trace.TraceNode],
     arrivals: Mapping[int, Sequence[trace.TracePod]],
-    chosen: Sequence[replay.Configuration],
+    chosen: Sequence[Chosen],
     delay: replay.LabelDelay,
     jobs: int | None,
     *,
@@ -391,7 +433,7 @@ def _replay_all(
     with progress.bar(total, "replaying") as shown:
         if workers == 1:
             flat = [
-                replay.replay(
+                _replay_one(
                     nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record, progress=shown.update
                 )
                 for c, seed in tasks
@@ -400,9 +442,7 @@ def _replay_all(
             pool = futures.ProcessPoolExecutor(max_workers=workers)
             try:
                 pending = [
-                    pool.submit(
-                        replay.replay, nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record
-                    )
+                    pool.submit(_replay_one, nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record)
                     for c, seed in tasks
                 ]
                 # A worker cannot reach the bar: it moves by a whole replay's pods as each one ends.
@@ -447,9 +487,22 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     # Drawn once per seed here and shared by the configurations, exactly as a single-seed run does.
     arrivals = {seed: _workload(pods, capacity, args.demand, seed, pods_file) for seed in seeds}
     delay = replay.LabelDelay(args.label_delay_binds, args.label_delay_seconds, args.pod_interval)
-    chosen = replay.configurations(
-        settings, percentage_of_nodes_to_score=args.percentage_of_nodes_to_score, binpack_strategy=args.binpack_strategy
+    chosen: dict[str, Chosen] = dict(
+        replay.configurations(
+            settings,
+            percentage_of_nodes_to_score=args.percentage_of_nodes_to_score,
+            binpack_strategy=args.binpack_strategy,
+        )
     )
+    if any(name in fgd.CONFIGURATION_NAMES for name in args.config_names):
+        # FGD expects the trace's own pod mix (its task types weighted by their counts).
+        chosen.update(
+            fgd.policies(
+                pods,
+                percentage_of_nodes_to_score=args.fgd_percentage_of_nodes_to_score,
+                scored=args.fgd_score == "kube",
+            )
+        )
     results = _replay_all(
         nodes, arrivals, [chosen[name] for name in args.config_names], delay, args.jobs, record=bool(args.placements)
     )
