@@ -7,7 +7,7 @@ webhook remembers its answer per body with the uid cut out and, for a repeat, an
 decoding the body again.
 
 A remembered answer holds while the cluster view has not changed (its `generation`) and every
-decision that promises can change (`ClusterView.recording`: the GPU class chosen) comes out the
+decision that promises can change (`ClusterView.start_recording`: the GPU class chosen) comes out the
 same now; the answer is a function of the body, the configuration, the view's generation and
 those decisions, so it is then what a full review would give. A body keeps one answer per outcome
 of its decisions: as a burst's promises fill one class and then the next, its pods' answers
@@ -21,7 +21,7 @@ the first repeat: bodies that never repeat are not scanned) and has no character
 escape; a later body with the same bytes around a uid of that form is then the same review for
 that uid.
 
-May import orjson, gpuslice.config and the webhook's admission and cluster modules.
+May import orjson, gpuslice.config and the webhook's admission, cluster and mutation modules.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from gpuslice import config
-from gpuslice.webhook import admission
+from gpuslice.webhook import admission, mutation
 from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["RepeatAnswers"]
@@ -45,7 +45,7 @@ _UID_FIELD = b'"uid":"'
 _PLAIN_UID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 # Bodies larger than this are answered in full every time: a pod template is 5-20 KB.
 MAX_BODY_BYTES = 64 * 1024
-MAX_TOTAL_BYTES = 16 * 1024 * 1024
+MAX_TOTAL_BYTES = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass
@@ -118,14 +118,18 @@ class RepeatAnswers:
                 admission.promise(answer.result, cluster)
                 return _for_uid(answer.result, uid.decode()), answer.head + uid + answer.tail
         generation = cluster.generation
-        with cluster.recording() as reads:
+        reads = cluster.start_recording()
+        try:
             result = admission.review(body, settings=settings, cluster=cluster)
+        finally:
+            cluster.stop_recording()
         encoded = orjson.dumps(result.response)
         if _rememberable(uid, result):
             known = self._answers.get(key)
             if known is None or known.generation != generation or len(known.decide) != len(reads):
-                known = _Remembered(generation, tuple(again for again, _ in reads), {})
-            self._remember(key, known, tuple(decided for _, decided in reads), _Answer(*_around(encoded, uid), result))
+                known = _Remembered(generation, tuple([again for again, _ in reads]), {})
+            answer = _Answer(*_around(encoded, uid), _kept(result))
+            self._remember(key, known, tuple([decided for _, decided in reads]), answer)
         return result, encoded
 
     def _check(self, key: bytes, answer: _Answer) -> bool:
@@ -169,6 +173,16 @@ def _around(encoded: bytes, uid: bytes) -> tuple[bytes, bytes]:
     end = start + len(uid)
     assert encoded[start:end] == uid, "the answer's first uid is the request's"
     return encoded[:start], encoded[end:]
+
+
+def _kept(result: admission.Result) -> admission.Result:
+    """`result` without its patch as objects (the encoded answer has it): the many small dicts of
+    a patch, kept for every remembered body, would each be walked by the garbage collector."""
+    outcome = result.outcome
+    if outcome is None or not outcome.patch:
+        return result
+    kept = mutation.Outcome(outcome.allowed, [], outcome.message, outcome.decision, outcome.warnings, outcome.kind)
+    return admission.Result(result.response, result.result, kept, result.dry_run)
 
 
 def _for_uid(result: admission.Result, uid: str) -> admission.Result:
