@@ -3,8 +3,8 @@
 The replicas of a Deployment, Job or StatefulSet reach the webhook as the same bytes: the pod
 object is the controller's template (a generated name is chosen after admission), and only
 `request.uid` differs (and `managedFields`' time, to the second). A burst is exactly that, so the
-webhook remembers its answer per body with the uid cut out and, for a repeat, answers without
-decoding the body again.
+webhook remembers its answer per body with the uid cut out (from the second time the body comes)
+and, for a repeat, answers without decoding the body again.
 
 A remembered answer holds while the cluster view has not changed (its `generation`) and every
 decision that promises can change (`ClusterView.start_recording`: the GPU class chosen) comes out the
@@ -46,6 +46,7 @@ _PLAIN_UID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 # Bodies larger than this are answered in full every time: a pod template is 5-20 KB.
 MAX_BODY_BYTES = 64 * 1024
 MAX_TOTAL_BYTES = 4 * 1024 * 1024
+MAX_SEEN_ONCE = 4096
 
 
 @dataclasses.dataclass
@@ -87,6 +88,7 @@ class RepeatAnswers:
 
     def __init__(self, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
         self._answers: collections.OrderedDict[bytes, _Remembered] = collections.OrderedDict()
+        self._seen_once: dict[int, None] = {}  # hashes of bodies answered once, oldest first
         self._bytes = 0
         self._max_bytes = max_total_bytes
         self.repeats = 0  # answers given from memory (the metrics read it)
@@ -117,6 +119,12 @@ class RepeatAnswers:
                 self.repeats += 1
                 admission.promise(answer.result, cluster)
                 return _for_uid(answer.result, uid.decode()), answer.head + uid + answer.tail
+        elif known is None and self._first_sighting(hash(key)):
+            # Most bodies never repeat (bare pods, one-pod jobs): remembering them would cost every
+            # such admission more than a repeat saves (docs/benchmarks.md), so a body is
+            # remembered the second time it comes.
+            result = admission.review(body, settings=settings, cluster=cluster)
+            return result, orjson.dumps(result.response)
         generation = cluster.generation
         reads = cluster.start_recording()
         try:
@@ -131,6 +139,16 @@ class RepeatAnswers:
             answer = _Answer(*_around(encoded, uid), _kept(result))
             self._remember(key, known, tuple([decided for _, decided in reads]), answer)
         return result, encoded
+
+    def _first_sighting(self, key_hash: int) -> bool:
+        """True the first time a body's hash comes (the last MAX_SEEN_ONCE are kept)."""
+        if key_hash in self._seen_once:
+            del self._seen_once[key_hash]
+            return False
+        self._seen_once[key_hash] = None
+        if len(self._seen_once) > MAX_SEEN_ONCE:
+            del self._seen_once[next(iter(self._seen_once))]
+        return True
 
     def _check(self, key: bytes, answer: _Answer) -> bool:
         """Whether the first request's uid occurs in its body only where it was cut out (so the
