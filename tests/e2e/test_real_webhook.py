@@ -48,6 +48,18 @@ def _limits(pod: Any, container: int = 0) -> dict[str, str]:
     return dict(pod.spec.containers[container].resources.limits or {})
 
 
+def _quarter_gpu_template(app: str) -> dict[str, Any]:
+    """A pod template asking for a quarter of a GPU the KAI way, labelled app=`app`."""
+    return {
+        "metadata": {"labels": {"app": app}, "annotations": {"gpu-fraction": "0.25"}},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "registry.invalid/e2e:1", "resources": {"limits": {NVIDIA_GPU: "1"}}}
+            ],
+        },
+    }
+
+
 def _kai_pods() -> list[dict[str, Any]]:
     return [k8skit.with_string_quantities(p) for p in yaml.safe_load_all(demo_pods.KAI_EXAMPLE_MANIFEST) if p]
 
@@ -79,14 +91,7 @@ def test_pods_of_a_deployment_a_job_and_a_statefulset_are_converted(
     namespace: str,
     gpu_nodes: list[str],
 ) -> None:
-    template = {
-        "metadata": {"labels": {"app": "share"}, "annotations": {"gpu-fraction": "0.25"}},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "registry.invalid/e2e:1", "resources": {"limits": {NVIDIA_GPU: "1"}}}
-            ],
-        },
-    }
+    template = _quarter_gpu_template("share")
     apps = kubernetes.client.AppsV1Api(admin)
     apps.create_namespaced_deployment(
         namespace,
@@ -144,14 +149,7 @@ def test_the_replicas_of_a_deployment_are_answered_from_memory_with_the_first_on
     # generated name comes after admission): webhook/repeats.py answers the repeats from memory.
     before = release.metric("gpuslice_webhook_repeat_answers_total")
     replicas = 12
-    template = {
-        "metadata": {"labels": {"app": "many"}, "annotations": {"gpu-fraction": "0.25"}},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "registry.invalid/e2e:1", "resources": {"limits": {NVIDIA_GPU: "1"}}}
-            ],
-        },
-    }
+    template = _quarter_gpu_template("many")
     kubernetes.client.AppsV1Api(admin).create_namespaced_deployment(
         namespace,
         {
