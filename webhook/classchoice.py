@@ -179,6 +179,16 @@ def _facts(cluster: cluster_.ClusterView, contract: contract_.Contract) -> dict[
     return cluster.derived(("classchoice", contract), build)
 
 
+# Per class memory: (memory MiB, capacity in units, free-share key); with the units needed per class.
+_Rows = tuple[dict[int, int], list[tuple[int, int, tuple[float, int, int]]]]
+_MAX_DEMANDS = 1024
+
+
+def _negated(key: tuple[float, int, int]) -> tuple[float, int, int]:
+    """A `free_share_key` (smallest first) as a key to take the largest of."""
+    return (-key[0], -key[1], -key[2])
+
+
 def _best(
     classes: Sequence[cluster_.GpuClass],
     contract: contract_.Contract,
@@ -190,18 +200,25 @@ def _best(
     (the pod then waits for room in that class)."""
     if len(classes) == 1:
         return classes[0].memory_mib, "only class"
-    facts = _facts(cluster, contract)
+    memories = tuple(c.memory_mib for c in classes)
+    # What does not change until a node does, by demand: the units the pod needs in each class,
+    # and per class its capacity and tie-break key (re-taken for every repeat of a remembered
+    # answer). At most _MAX_DEMANDS per version of the view, then afresh.
+    known: dict[Any, _Rows] = cluster.derived(("best", contract), dict)
+    rows = known.get((memories, demand))
+    if rows is None:
+        if len(known) >= _MAX_DEMANDS:
+            known.clear()
+        facts = _facts(cluster, contract)
+        rows = known[(memories, demand)] = (
+            {m: demand.units(facts[m].units_per_gpu) for m in memories},
+            [(m, facts[m].capacity, facts[m].free_share_key) for m in memories],
+        )
+    needs, per_class = rows
     units = cluster.usable_free_units(
-        {c.memory_mib: demand.units(facts[c.memory_mib].units_per_gpu) for c in classes},
-        whole_gpus=bool(demand.whole_gpus),
-        cpu_milli=demand.cpu_milli,
-        memory_request_mib=demand.memory_mib,
+        needs, whole_gpus=bool(demand.whole_gpus), cpu_milli=demand.cpu_milli, memory_request_mib=demand.memory_mib
     )
-    usable = {}
-    for c in classes:
-        capacity = facts[c.memory_mib].capacity
-        usable[c.memory_mib] = units[c.memory_mib] / capacity if capacity else 0.0
-    best = min(classes, key=lambda c: (-usable[c.memory_mib], *facts[c.memory_mib].free_share_key))
-    if usable[best.memory_mib] > 0:
-        return best.memory_mib, "largest free share on nodes where the pod fits now"
-    return best.memory_mib, "largest free share (no node has room now)"
+    share, _, best = max((units[m] / capacity if capacity else 0.0, _negated(k), m) for m, capacity, k in per_class)
+    if share > 0:
+        return best, "largest free share on nodes where the pod fits now"
+    return best, "largest free share (no node has room now)"
