@@ -30,7 +30,7 @@ import dataclasses
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -105,7 +105,7 @@ class ClusterView:
         self._derived: dict[Hashable, Any] = {}
         # Changes with every node change, unique across views: an answer computed at one generation
         # holds for the next admission of the same generation but for what promises change
-        # (`recording`, webhook/repeats.py).
+        # (`start_recording`, webhook/repeats.py).
         self.generation = next(_GENERATIONS)
         self._reads: list[tuple[Callable[[], Hashable], Hashable]] | None = None
         # One row per node with shared GPUs, for `usable_free_units`: a scan of a thousand rows in
@@ -289,16 +289,12 @@ class ClusterView:
         self._reads = None
 
     def noted(self, again: Callable[[], T]) -> T:
-        """`again()`, recorded when `recording`. Whoever reads `usable_free_units` (promises change
+        """`again()`, recorded between `start_recording` and `stop_recording`. Whoever reads `usable_free_units` (promises change
         its answer) reaches its decision through this, so a remembered answer can be checked."""
         answer = again()
         if self._reads is not None:
             self._reads.append((again, cast(Hashable, answer)))
         return answer
-
-    def reads_unchanged(self, reads: Sequence[tuple[Callable[[], Hashable], Hashable]]) -> bool:
-        """Whether each recorded decision comes out the same now (promises included)."""
-        return all(again() == answer for again, answer in reads)
 
     def derived(self, key: Hashable, build: Callable[[], T]) -> T:
         """`build()`, computed once per version of the view (until a node changes) and kept under
