@@ -289,8 +289,9 @@ class ClusterView:
         self._reads = None
 
     def noted(self, again: Callable[[], T]) -> T:
-        """`again()`, recorded between `start_recording` and `stop_recording`. Whoever reads `usable_free_units` (promises change
-        its answer) reaches its decision through this, so a remembered answer can be checked."""
+        """`again()`, recorded between `start_recording` and `stop_recording`. Whoever reads
+        `usable_free_units` (promises change its answer) reaches its decision through this, so a
+        remembered answer can be checked."""
         answer = again()
         if self._reads is not None:
             self._reads.append((again, cast(Hashable, answer)))
