@@ -14,6 +14,7 @@ import celpy
 import chartkit
 import jsonpatch
 import pytest
+import reviewkit
 
 from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
@@ -359,8 +360,9 @@ def test_shares_get_the_steering_preferences_of_device_plugin_mode_but_none_of_i
     plugin_affinity = plugin_mode["spec"]["affinity"]["nodeAffinity"]
     affinity = patched["spec"]["affinity"]["nodeAffinity"]
     # The preferred terms pack; the allocator, not a required label term, keeps the share on one GPU.
-    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == (
-        plugin_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert (
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+        == (plugin_affinity["preferredDuringSchedulingIgnoredDuringExecution"])
     )
     assert "requiredDuringSchedulingIgnoredDuringExecution" in plugin_affinity
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
@@ -416,19 +418,7 @@ def test_a_reinvoked_webhook_leaves_a_converted_pod_alone():
 def admission_review(dry_run: bool = False, **annotations: str) -> dict[str, Any]:
     obj = pod(annotations=annotations)
     obj["metadata"].pop("namespace")  # the request names it
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "0a0b0c0d-1111-2222-3333-444455556666",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "team-b",
-            "operation": "CREATE",
-            "object": obj,
-            "dryRun": dry_run,
-        },
-    }
+    return reviewkit.pod_create(obj, uid="0a0b0c0d-1111-2222-3333-444455556666", namespace="team-b", dry_run=dry_run)
 
 
 async def test_the_webhook_creates_the_template_before_it_admits_the_pod(aiohttp_client):

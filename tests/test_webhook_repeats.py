@@ -9,10 +9,12 @@ from typing import Any
 
 import orjson
 import pytest
+import reviewkit
 
 from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
 from gpuslice.deviceplugin import nodefile
+from gpuslice.sim import trace
 from gpuslice.webhook import admission, cluster, repeats
 
 SETTINGS = config.Config()
@@ -25,6 +27,13 @@ def two_class_view() -> cluster.ClusterView:
     view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
     for name, file in (("demo", "demo-node.yaml"), ("h200", "h200x8-node.yaml")):
         view.update_node(name, node_labels.node_labels(nodefile.load(EXAMPLES / file), SETTINGS.contract))
+    return view
+
+
+def one_class_view() -> cluster.ClusterView:
+    """An 8 x H200 node only: one class, so promises never change the class chosen."""
+    view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    view.update_node("h200", node_labels.node_labels(nodefile.load(EXAMPLES / "h200x8-node.yaml"), SETTINGS.contract))
     return view
 
 
@@ -45,19 +54,8 @@ def body(uid: str, annotations: dict[str, str] | None = None, **request: Any) ->
             "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
         },
     }
-    review = {
-        "uid": uid,
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": "team-a",
-        "operation": "CREATE",
-        "object": pod,
-        "dryRun": False,
-        **request,
-    }
-    return json.dumps(
-        {"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": review}, separators=(",", ":")
-    ).encode()
+    review = reviewkit.pod_create(pod, uid=uid, **request)
+    return json.dumps(review, separators=(",", ":")).encode()
 
 
 def full(bodies: list[bytes]) -> tuple[list[bytes], cluster.ClusterView]:
@@ -92,17 +90,19 @@ def test_a_burst_of_replicas_gets_the_answers_of_full_reviews_and_the_same_promi
 
 
 def test_a_node_change_is_never_answered_from_memory() -> None:
+    # A gpu-memory share makes no decision that promises move: only the view's generation tells
+    # that a third class, too small for it, now exists, and the pod must be kept off it.
     answers = repeats.RepeatAnswers()
     view = two_class_view()
-    answers.review(body("a"), settings=SETTINGS, cluster=view)
-    h100 = nodefile.load(EXAMPLES / "demo-node.yaml")
-    # Both H100s taken: the next pod of the same template can only go to the H200s.
-    full_use = {g.uuid: SETTINGS.contract.units_per_gpu(H100) for g in h100.gpus}
-    view.update_node("demo", node_labels.node_labels(h100, SETTINGS.contract, allocated=full_use))
-    result, _ = answers.review(body("b"), settings=SETTINGS, cluster=view)
+    share = {"gpu-memory": "20000"}
+    for uid in ("m-1", "m-2"):  # the second is remembered
+        answers.review(body(uid, share), settings=SETTINGS, cluster=view)
+    t4 = trace.node_inventory(trace.TraceNode("t4", 96000, 393216, 2, "T4"))
+    view.update_node("t4", node_labels.node_labels(t4, SETTINGS.contract))
+    _, encoded = answers.review(body("m-3", share), settings=SETTINGS, cluster=view)
     assert answers.repeats == 0
-    assert result.outcome is not None and result.outcome.decision is not None
-    assert result.outcome.decision["classMemoryMiB"] == H200
+    assert encoded == orjson.dumps(admission.review(body("m-3", share), settings=SETTINGS, cluster=view).response)
+    assert b'"response":{"uid":"m-3","allowed":true' in encoded
 
 
 def test_dry_runs_are_remembered_apart_and_promise_nothing() -> None:
@@ -182,8 +182,7 @@ def test_denials_and_cpu_pods_repeat_too_and_malformed_reviews_never_do() -> Non
 
 
 def test_memory_stays_within_its_bound() -> None:
-    view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
-    view.update_node("h200", node_labels.node_labels(nodefile.load(EXAMPLES / "h200x8-node.yaml"), SETTINGS.contract))
+    view = one_class_view()
     answers = repeats.RepeatAnswers(max_total_bytes=12_000)
     templates = [body(f"t{i}", {"gpu-fraction": "0.5", "team": "x" * 400 + str(i)}) for i in range(10)]
     for raw in templates:
@@ -208,6 +207,10 @@ def test_a_body_that_comes_once_is_not_remembered() -> None:
 
 def test_an_answer_remembered_for_one_view_is_not_given_for_another() -> None:
     answers = repeats.RepeatAnswers()
-    answers.review(body("v-1"), settings=SETTINGS, cluster=two_class_view())
-    answers.review(body("v-2"), settings=SETTINGS, cluster=two_class_view())
-    assert answers.repeats == 0
+    first, other = one_class_view(), one_class_view()  # alike, but not the same view
+    for uid in ("v-1", "v-2"):  # the second is remembered
+        answers.review(body(uid), settings=SETTINGS, cluster=first)
+    answers.review(body("v-3"), settings=SETTINGS, cluster=first)
+    assert answers.repeats == 1  # the view it was remembered for gets it
+    answers.review(body("v-4"), settings=SETTINGS, cluster=other)
+    assert answers.repeats == 1

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import reviewkit
 import trustme
 
 from gpuslice import config
@@ -32,19 +33,7 @@ def review(
         "metadata": {"generateName": "web-", "namespace": "team-a", "annotations": annotations or {"team": "a"}},
         "spec": {"containers": [{"name": "main", "image": "busybox"}]},
     }
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "team-a",
-            "operation": "CREATE",
-            "object": pod,
-            "dryRun": dry_run,
-        },
-    }
+    return reviewkit.pod_create(pod, uid=uid, dry_run=dry_run)
 
 
 class Tls:

@@ -108,24 +108,24 @@ class RepeatAnswers:
         """`admission.review(body)` and its answer encoded; MalformedReview as it raises."""
         split = _split(body) if len(body) <= MAX_BODY_BYTES else None
         if split is None:
-            result = admission.review(body, settings=settings, cluster=cluster)
-            return result, orjson.dumps(result.response)
+            return _reviewed(body, settings, cluster)
         key, uid = split
         known = self._answers.get(key)
         if known is not None and known.generation == cluster.generation:
             decided = tuple(again() for again in known.decide)
             answer = known.answers.get(decided)
-            if answer is not None and (answer.checked or self._check(key, answer)):
-                self._answers.move_to_end(key)
-                self.repeats += 1
-                admission.promise(answer.result, cluster)
-                return _for_uid(answer.result, uid.decode()), answer.head + uid + answer.tail
+            if answer is not None:
+                if answer.checked or self._check(key, answer):
+                    self._answers.move_to_end(key)
+                    self.repeats += 1
+                    admission.promise(answer.result, cluster)
+                    return _for_uid(answer.result, uid.decode()), answer.head + uid + answer.tail
+                known = None  # `_check` forgot it
         elif known is None and self._first_sighting(hash(key)):
             # Most bodies never repeat (bare pods, one-pod jobs): remembering them would cost every
             # such admission more than a repeat saves (docs/benchmarks.md), so a body is
             # remembered the second time it comes.
-            result = admission.review(body, settings=settings, cluster=cluster)
-            return result, orjson.dumps(result.response)
+            return _reviewed(body, settings, cluster)
         generation = cluster.generation
         reads = cluster.start_recording()
         try:
@@ -134,7 +134,6 @@ class RepeatAnswers:
             cluster.stop_recording()
         encoded = orjson.dumps(result.response)
         if _rememberable(uid, result):
-            known = self._answers.get(key)
             if known is None or known.generation != generation or len(known.decide) != len(reads):
                 known = _Remembered(generation, tuple([again for again, _ in reads]), {})
             answer = _Answer(*_around(encoded, uid), _kept(result))
@@ -173,6 +172,11 @@ class RepeatAnswers:
         while self._bytes > self._max_bytes and self._answers:
             oldest, dropped = self._answers.popitem(last=False)
             self._bytes -= len(oldest) + dropped.size
+
+
+def _reviewed(body: bytes, settings: config.Config, cluster: cluster_.ClusterView) -> tuple[admission.Result, bytes]:
+    result = admission.review(body, settings=settings, cluster=cluster)
+    return result, orjson.dumps(result.response)
 
 
 def _rememberable(uid: bytes, result: admission.Result) -> bool:
