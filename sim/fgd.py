@@ -279,18 +279,11 @@ class State:
     def _scored_nodes(self, feasible: np.ndarray) -> np.ndarray:
         """The feasible nodes kube-scheduler scores: all, or the first enough of them from where the
         last cycle stopped (as scheduler.Scheduler does)."""
-        count = len(feasible)
-        if not feasible.any() or count < scheduler.MIN_FEASIBLE_NODES_TO_FIND or self.percentage >= 100:
+        if not feasible.any():
             return np.flatnonzero(feasible)
-        percentage = self.percentage
-        if percentage <= 0:
-            percentage = max(scheduler.MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND, 50 - count // 125)
-        wanted = max(scheduler.MIN_FEASIBLE_NODES_TO_FIND, count * percentage // 100)
-        order = (self.next_start + np.arange(count)) % count
-        positions = np.flatnonzero(feasible[order])
-        processed = int(positions[wanted - 1]) + 1 if len(positions) > wanted else count
-        self.next_start = (self.next_start + processed) % count
-        return np.sort(order[positions[:wanted]])
+        wanted = scheduler.nodes_to_find(len(feasible), self.percentage)
+        nodes, self.next_start = scheduler.sample_feasible(feasible, self.next_start, wanted)
+        return np.sort(nodes)
 
     def bind(self, node: int, pod: trace.TracePod, free_after: np.ndarray) -> None:
         self.free[node] = free_after
@@ -338,7 +331,7 @@ def replay_fgd(
             )
             failure_reasons[message] += 1
             if records is not None:
-                records.append(replay._record(pod, "unschedulable", message=message))
+                records.append(replay.placement_record(pod, "unschedulable", message=message))
         else:
             node, free_after = choice
             held = state.free[node] - free_after
@@ -347,7 +340,7 @@ def replay_fgd(
             allocated += pod.gpu_demand_milli
             if records is not None:
                 records.append(
-                    replay._record(
+                    replay.placement_record(
                         pod,
                         "placed",
                         node=state.names[node],
@@ -362,7 +355,7 @@ def replay_fgd(
     total_gpus = capacity // WHOLE
     gpus = np.concatenate([state.free[i, : n.gpus] for i, n in enumerate(nodes)]) if total_gpus else np.zeros(0)
     granted_gpus = allocated / WHOLE
-    curve = replay._curve(arrived_after, allocated_after, capacity)
+    curve = replay.allocation_curve(arrived_after, allocated_after, capacity)
     return replay.Result(
         name=policy.name,
         pods=len(arrivals),

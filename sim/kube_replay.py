@@ -521,9 +521,9 @@ def _figures(
         admission_failures=fleet.refusals,
         denied_pods=denied,
         gpu_allocation_ratio=granted / total_gpus if total_gpus else 0.0,
-        allocation_curve=replay._curve(arrived_after, granted_after * 1000, capacity),
+        allocation_curve=replay.allocation_curve(arrived_after, granted_after * 1000, capacity),
         requested_allocation_ratio=requested / capacity if capacity else 0.0,
-        requested_allocation_curve=replay._curve(arrived_after, requested_after, capacity),
+        requested_allocation_curve=replay.allocation_curve(arrived_after, requested_after, capacity),
         gpus_over_requested=0,  # not tracked by the kube replay (the model reports it)
         total_gpus=total_gpus,
         unallocated_gpus=total_gpus - granted,

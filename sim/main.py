@@ -124,14 +124,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.label_delay_binds < 0 or args.label_delay_seconds < 0 or args.pod_interval < 0:
         parser.error("--label-delay-binds, --label-delay-seconds and --pod-interval must not be negative")
-    # FGD's paper ran with every node scored; the flag, when given, applies to it too.
-    args.fgd_percentage_of_nodes_to_score = 100 if args.percentage_of_nodes_to_score is None else None
-    if args.percentage_of_nodes_to_score is None:
-        args.percentage_of_nodes_to_score = 0
-    if not 0 <= args.percentage_of_nodes_to_score <= 100:
+    given = args.percentage_of_nodes_to_score
+    if given is not None and not 0 <= given <= 100:
         parser.error("--percentage-of-nodes-to-score must be 0..100")
-    if args.fgd_percentage_of_nodes_to_score is None:
-        args.fgd_percentage_of_nodes_to_score = args.percentage_of_nodes_to_score
+    args.percentage_of_nodes_to_score = 0 if given is None else given
+    # FGD's paper ran with every node scored; the flag, when given, applies to it too.
+    args.fgd_percentage_of_nodes_to_score = 100 if given is None else given
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in KNOWN_CONFIGURATIONS]
     if unknown or not names:

@@ -38,7 +38,9 @@ __all__ = [
     "Configuration",
     "LabelDelay",
     "Result",
+    "allocation_curve",
     "configurations",
+    "placement_record",
     "replay",
     "workload",
 ]
@@ -315,7 +317,7 @@ def replay(
         if manifest is None:
             denied += 1
             if records is not None:
-                records.append(_record(pod, "denied", message=denial))
+                records.append(placement_record(pod, "denied", message=denial))
             continue
         request = scheduler.read_pod(manifest)
         decision = sched.schedule(request)
@@ -323,7 +325,7 @@ def replay(
             failed += 1
             failure_reasons[decision.message] += 1
             if records is not None:
-                records.append(_record(pod, "unschedulable", message=decision.message))
+                records.append(placement_record(pod, "unschedulable", message=decision.message))
             continue
         target = sim_nodes[decision.node]
         try:
@@ -332,7 +334,7 @@ def replay(
             admission += 1
             admission_reasons[_reason_kind(str(exc))] += 1
             if records is not None:
-                records.append(_record(pod, "refused", node=target.name, message=f"kubelet: {exc}"))
+                records.append(placement_record(pod, "refused", node=target.name, message=f"kubelet: {exc}"))
             continue
         state.bind(decision.node, request)
         binds += 1
@@ -345,7 +347,7 @@ def replay(
         for share in shares:
             requested_on[(decision.node, share.uuid)] += pod.gpu_milli
         if records is not None:
-            records.append(_record(pod, "placed", node=target.name, shares=shares, granted_gpus=credit))
+            records.append(placement_record(pod, "placed", node=target.name, shares=shares, granted_gpus=credit))
         if steering and target.node.gpus:
             # Every bind changes the node's CPU and memory headroom, GPU pods also its free units.
             headroom = state.headroom(decision.node)
@@ -367,9 +369,9 @@ def replay(
         admission_failures=admission,
         denied_pods=denied,
         gpu_allocation_ratio=granted / total_gpus if total_gpus else 0.0,
-        allocation_curve=_curve(arrived_after, granted_after * 1000, capacity),
+        allocation_curve=allocation_curve(arrived_after, granted_after * 1000, capacity),
         requested_allocation_ratio=requested / capacity if capacity else 0.0,
-        requested_allocation_curve=_curve(arrived_after, requested_after, capacity),
+        requested_allocation_curve=allocation_curve(arrived_after, requested_after, capacity),
         gpus_over_requested=sum(1 for milli in requested_on.values() if milli > 1000),
         total_gpus=total_gpus,
         unallocated_gpus=total_gpus - granted,
@@ -383,7 +385,7 @@ def replay(
     )
 
 
-def _record(
+def placement_record(
     pod: trace.TracePod,
     outcome: str,
     *,
@@ -455,7 +457,7 @@ def _reason_kind(message: str) -> str:
     return message[:120]
 
 
-def _curve(arrived_after: np.ndarray, allocated_after: np.ndarray, capacity: int) -> list[float]:
+def allocation_curve(arrived_after: np.ndarray, allocated_after: np.ndarray, capacity: int) -> list[float]:
     """Allocation ratio at each whole percent of arrived GPU demand (state when demand first reaches it);
     `allocated_after`: milli allocated after each arrival (granted or requested)."""
     if capacity <= 0 or len(arrived_after) == 0:

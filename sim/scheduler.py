@@ -33,7 +33,9 @@ __all__ = [
     "Scheduler",
     "binpack_profile",
     "default_profile",
+    "nodes_to_find",
     "read_pod",
+    "sample_feasible",
 ]
 
 MAX_NODE_SCORE = 100
@@ -470,6 +472,32 @@ class Decision:
     score: int = 0
 
 
+def nodes_to_find(count: int, percentage_of_nodes_to_score: int) -> int:
+    """How many feasible nodes kube-scheduler scores out of `count` (percentageOfNodesToScore; 0
+    is its adaptive default)."""
+    if count < MIN_FEASIBLE_NODES_TO_FIND or percentage_of_nodes_to_score >= 100:
+        return count
+    percentage = percentage_of_nodes_to_score
+    if percentage <= 0:
+        percentage = max(MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND, 50 - count // 125)
+    return max(MIN_FEASIBLE_NODES_TO_FIND, count * percentage // 100)
+
+
+def sample_feasible(feasible: np.ndarray, next_start: int, wanted: int) -> tuple[np.ndarray, int]:
+    """(the first `wanted` feasible nodes in scan order, the next cycle's start): filtering stops
+    once enough feasible nodes are found, starting where the last cycle stopped."""
+    count = len(feasible)
+    order = (next_start + np.arange(count)) % count
+    positions = np.flatnonzero(feasible[order])
+    if len(positions) > wanted:
+        processed = int(positions[wanted - 1]) + 1
+        nodes = order[positions[:wanted]]
+    else:
+        processed = count
+        nodes = order[positions]
+    return nodes, (next_start + processed) % count
+
+
 class Scheduler:
     """One scheduler profile over one Cluster; `schedule` is the filter + score + select of one cycle."""
 
@@ -480,13 +508,7 @@ class Scheduler:
         self.next_start = 0  # kube-scheduler's nextStartNodeIndex: filtering starts where it stopped
 
     def nodes_to_find(self) -> int:
-        count = self.cluster.count
-        if count < MIN_FEASIBLE_NODES_TO_FIND or self.profile.percentage_of_nodes_to_score >= 100:
-            return count
-        percentage = self.profile.percentage_of_nodes_to_score
-        if percentage <= 0:
-            percentage = max(MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND, 50 - count // 125)
-        return max(MIN_FEASIBLE_NODES_TO_FIND, count * percentage // 100)
+        return nodes_to_find(self.cluster.count, self.profile.percentage_of_nodes_to_score)
 
     def schedule(self, pod: PodRequest) -> Decision:
         cluster = self.cluster
@@ -498,18 +520,7 @@ class Scheduler:
         if not feasible.any():
             return Decision(None, self._unschedulable(affinity_ok, short))
 
-        # Filtering stops once enough feasible nodes are found, starting where the last cycle stopped.
-        order = (self.next_start + np.arange(cluster.count)) % cluster.count
-        in_order = feasible[order]
-        wanted = self.nodes_to_find()
-        positions = np.flatnonzero(in_order)
-        if len(positions) > wanted:
-            processed = int(positions[wanted - 1]) + 1
-            nodes = order[positions[:wanted]]
-        else:
-            processed = cluster.count
-            nodes = order[positions]
-        self.next_start = (self.next_start + processed) % cluster.count
+        nodes, self.next_start = sample_feasible(feasible, self.next_start, self.nodes_to_find())
 
         if len(nodes) == 1:
             return Decision(int(nodes[0]), feasible=1)
