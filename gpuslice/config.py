@@ -161,6 +161,20 @@ class RequeueConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PacingConfig:
+    """Scheduling gates on converted pods, released by the pacer (pacer/; docs/steering.md, "Pacing")."""
+
+    # Webhook: gate every converted device-plugin pod; the pacer must run, or gated pods wait for ever.
+    enabled: bool = False
+    # Pacer: released pods the scheduler has not yet bound (nor found unschedulable) at any moment.
+    max_in_flight: int = 1
+    # Pacer: seconds a released pod counts as in flight at most, bound or not.
+    bind_timeout_seconds: float = 10.0
+    # Pacer: most nodes a released pod is kept off (more lagging nodes than this: wait).
+    max_excluded_nodes: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
 class WebhookConfig:
     """Bounds on the webhook's HTTPS connections (issue 13.1; docs/webhook.md, "Connections")."""
 
@@ -191,6 +205,7 @@ class Config:
     monitor: MonitorConfig = MonitorConfig()
     dra: DraConfig = DraConfig()
     requeue: RequeueConfig = RequeueConfig()
+    pacing: PacingConfig = PacingConfig()
     webhook: WebhookConfig = WebhookConfig()
     # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
     default_gpu_memory_mib: int = 81920
@@ -506,6 +521,34 @@ FIELDS: tuple[Field, ...] = (
         "webhook: wait before the first recreation of a refused pod (doubled each time)",
     ),
     Field(
+        "pacing.enabled",
+        "pacing.enabled",
+        bool,
+        _always_ok,
+        "webhook: add a scheduling gate to converted pods, for the pacer to release (run the pacer too)",
+    ),
+    Field(
+        "pacing.maxInFlight",
+        "pacing.max_in_flight",
+        int,
+        _positive,
+        "pacer: released pods not yet bound or found unschedulable, at most",
+    ),
+    Field(
+        "pacing.bindTimeoutSeconds",
+        "pacing.bind_timeout_seconds",
+        float,
+        _positive,
+        "pacer: seconds a released pod counts as in flight at most",
+    ),
+    Field(
+        "pacing.maxExcludedNodes",
+        "pacing.max_excluded_nodes",
+        int,
+        _positive,
+        "pacer: most lagging nodes one released pod is kept off (more: the release waits)",
+    ),
+    Field(
         "webhook.idleTimeoutSeconds",
         "webhook.idle_timeout_seconds",
         float,
@@ -809,11 +852,14 @@ _WEBHOOK_KEYS = (
     "steering.cpuPods",
     "dra.enabled",
     "requeue.",
+    "pacing.",
     "webhook.",
 )
 # Node keys the DRA plugin does not read (it publishes every MIG device as its own device).
 _DEVICE_PLUGIN_KEYS = ("migStrategy",)
-COMPONENTS = ("webhook", "device-plugin", "dra-plugin")
+# The pacer reads the names (prefix, unit size) and its own section.
+_PACER_KEYS = ("resourcePrefix", "memoryUnitMiB", "pacing.")
+COMPONENTS = ("webhook", "device-plugin", "dra-plugin", "pacer")
 
 
 def reads(component: str | None, field: Field) -> bool:
@@ -823,6 +869,8 @@ def reads(component: str | None, field: Field) -> bool:
         return True
     if component not in COMPONENTS:
         raise ValueError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}")
+    if component == "pacer":
+        return field.path.startswith(_PACER_KEYS)
     node_only = field.path.startswith(_NODE_KEYS)
     webhook_only = field.path.startswith(_WEBHOOK_KEYS)
     if component == "webhook":

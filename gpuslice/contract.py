@@ -200,6 +200,11 @@ class Contract:
         return f"{self.prefix}/decision"
 
     @property
+    def pacing_gate(self) -> str:
+        """The scheduling gate the webhook puts on converted pods when pacing is on; the pacer removes it."""
+        return f"{self.prefix}/pacing"
+
+    @property
     def requeues_annotation(self) -> str:
         """Written by the webhook's requeuer: how often kubelet refused this pod and it was recreated."""
         return f"{self.prefix}/requeues"
@@ -255,6 +260,15 @@ class Contract:
     def label_mig_memory(self, profile: str) -> str:
         """MiB of memory of one MIG device of `profile` on the node."""
         return f"{self.prefix}/mig.{mig_resource_suffix(profile)}.memory-mib"
+
+    def free_label_of_resource(self, resource: str) -> str | None:
+        """The label that counts the free devices of one of our extended resources (memory units:
+        `gpu.free-units`; a MIG resource: its `mig.<profile>.free`); None for any other resource."""
+        if resource == self.gpu_memory_resource:
+            return self.label_free_units
+        if resource.startswith(self.mig_resource_prefix):
+            return f"{self.prefix}/mig.{resource[len(self.mig_resource_prefix) :]}.free"
+        return None
 
     def mig_profile_of_label(self, key: str) -> str | None:
         """The resource-form profile named by a `label_mig_free` key, else None."""

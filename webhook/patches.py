@@ -1,6 +1,7 @@
 """Building the JSON patch of a converted pod (device-plugin mode): each converted container's
 requests and limits, the scheduler name, the node affinity (the class pin ANDed into the pod's
-own required terms, the steering terms added) and the decision annotation. Pure.
+own required terms, the steering terms added), the pacer's scheduling gate when pacing is on, and
+the decision annotation. Pure.
 
 May import gpuslice.{config,contract} and the webhook's conversions, decision and steering modules.
 """
@@ -21,6 +22,7 @@ __all__ = [
     "KAI_SCHEDULER",
     "build",
     "dra_affinity",
+    "gate_ops",
     "json_pointer",
     "merge_node_affinity",
     "scheduler_ops",
@@ -58,8 +60,22 @@ def build(
     if affinity is not None:
         patch.append({"op": "add", "path": "/spec/affinity", "value": affinity})
 
+    if settings.pacing.enabled:
+        patch += gate_ops(spec, contract.pacing_gate)
+        conversion.decision["gated"] = contract.pacing_gate
+
     ops, notes = decision_.patch_ops(metadata, contract.decision_annotation, conversion.decision)
     return patch + ops, warnings + notes
+
+
+def gate_ops(spec: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
+    """The pacer's scheduling gate added to the pod's (none when it has it already: reinvocation)."""
+    gates = spec.get("schedulingGates")
+    if not gates:
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": gate}]}]
+    if any(isinstance(g, Mapping) and g.get("name") == gate for g in gates):
+        return []
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": gate}}]
 
 
 def scheduler_ops(

@@ -198,20 +198,36 @@ def create_shares(admin, core, resource_api, namespace: str, node_name: str, cou
         core.create_namespaced_pod(namespace, pod_with_claim(f"share-{i}", f"share-{i}", node_name))
 
 
+def six_of_seven_bound(core: Any, namespace: str, node_name: str) -> tuple[list[str], str]:
+    """The names of the six share pods the scheduler bound (all to `node_name`) and of the one left waiting."""
+    names = [f"share-{i}" for i in range(7)]
+
+    def probe() -> dict[str, str | None] | None:
+        nodes = {name: core.read_namespaced_pod(name, namespace).spec.node_name for name in names}
+        return nodes if sum(node is not None for node in nodes.values()) >= 6 else None
+
+    nodes = k8skit.wait_for("six of the seven share pods to be bound", probe, timeout=90)
+    placed = [name for name, node in nodes.items() if node is not None]
+    assert len(placed) == 6 and {nodes[name] for name in placed} == {node_name}, nodes
+    (waiting,) = set(names) - set(placed)
+    return placed, waiting
+
+
 def test_the_real_allocator_packs_webhook_shares_per_gpu_and_kubelets_dra_manager_prepares_them(
     admin, core, namespace, resource_api, device_classes, dra_node
 ):
     node_name = dra_node.name
     # 81408 MiB of whole units per H100: three 20 GiB shares each, six on the node, the seventh waits.
     create_shares(admin, core, resource_api, namespace, node_name, 7)
-    bound = [k8skit.bound_node(core, namespace, f"share-{i}", timeout=90) for i in range(6)]
-    assert set(bound) == {node_name}
-    assert "cannot allocate all claims" in k8skit.scheduling_failure(core, namespace, "share-6", timeout=90)
+    # Any six: the scheduler's queue need not follow creation order (a pod seen before its claim is retried
+    # after backoff, and a later one takes its place).
+    placed, waiting = six_of_seven_bound(core, namespace, node_name)
+    assert "cannot allocate all claims" in k8skit.scheduling_failure(core, namespace, waiting, timeout=90)
 
     per_gpu: dict[str, int] = {}
     claims = []
-    for i in range(6):
-        claim = read_json(resource_api, core, "claim", namespace, f"share-{i}")
+    for name in placed:
+        claim = read_json(resource_api, core, "claim", namespace, name)
         (result,) = claim["status"]["allocation"]["devices"]["results"]  # one device: a share never spans GPUs
         assert result["driver"] == CONTRACT.dra_driver and result["pool"] == node_name
         assert result["consumedCapacity"] == {"memory": "20Gi"} and result.get("shareID")
@@ -221,7 +237,7 @@ def test_the_real_allocator_packs_webhook_shares_per_gpu_and_kubelets_dra_manage
 
     # Kubelet's DRA manager prepares each bound pod: it reads the claim, checks it is reserved for the pod and
     # calls our NodePrepareResources over gRPC on the socket our plugin registered.
-    pods = [read_json(resource_api, core, "pod", namespace, f"share-{i}") for i in range(6)]
+    pods = [read_json(resource_api, core, "pod", namespace, name) for name in placed]
     for pod, claim in zip(pods, claims, strict=True):
         status, body = dra_node.harness.prepare(pod)
         assert status == 200, body
@@ -248,8 +264,8 @@ def test_the_real_allocator_packs_webhook_shares_per_gpu_and_kubelets_dra_manage
 
     # The pod the scheduler could not place has no allocated claim: kubelet's manager refuses it, our plugin is
     # never asked.
-    status, body = dra_node.harness.prepare(read_json(resource_api, core, "pod", namespace, "share-6"))
-    assert status == 409 and "share-6" in body["error"], body
+    status, body = dra_node.harness.prepare(read_json(resource_api, core, "pod", namespace, waiting))
+    assert status == 409 and waiting in body["error"], body
     assert dra_node.prepared_claims() == 6
 
     # The first pod terminates: kubelet unprepares its claim, our plugin removes its CDI spec; the rest stay.

@@ -1,0 +1,12 @@
+"""The pacer: releases the pods the webhook gated (`pacing.enabled`), one at a time by default,
+each kept off the nodes whose labels do not yet count the pods bound to them, so that a burst
+never lands two shares on a node by labels that no longer hold (docs/steering.md, "Pacing").
+
+ledger      which nodes lag (pure)
+release     which gated pod goes next and the patch that lets it go (pure)
+controller  the watches and the release loop
+main        the `gpuslice-pacer` command
+
+May import gpuslice.{backoff,config,contract,listwatch} and gpuslice.webhook.nodewatch (the API
+client from the environment); never the device plugin.
+"""

@@ -1,0 +1,271 @@
+"""The pacer: releases gated pods so that no node takes a share before its labels show the last one.
+
+Two watches (gpuslice.listwatch) feed it: every pod not finished, cluster-wide, and every node.
+From them the ledger (pacer/ledger.py) knows which nodes lag. The release loop removes the gate of
+the next gated pod (pacer/release.py) while fewer than `pacing.maxInFlight` released pods are
+still on their way to the scheduler (neither bound nor marked unschedulable, for at most
+`pacing.bindTimeoutSeconds`), keeping each one off the nodes that lag at that moment.
+
+With one pod in flight (the default) no two released pods can meet on a node the labels have not
+caught up with: the next is released only once the last is bound, and then avoids its node until
+the node's labels count it. A burst then runs at the speed of the scheduler's round trip, across
+all nodes at once, rather than at the pace of label writes.
+
+May import gpuslice.{backoff,config,contract,listwatch}, the pacer's own modules, prometheus_client
+and the kubernetes client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import kubernetes
+import prometheus_client
+
+from gpuslice import config, listwatch
+from gpuslice.pacer import ledger as ledger_
+from gpuslice.pacer import release
+
+__all__ = ["Pacer"]
+
+log = logging.getLogger(__name__)
+
+# Releases of one pod the API server refused (its resourceVersion moved, or a narrowing it would
+# not take) before it is released without keeping it off lagging nodes.
+_ATTEMPTS_BEFORE_PLAIN_RELEASE = 3
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    return any(
+        isinstance(c, Mapping)
+        and c.get("type") == "PodScheduled"
+        and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
+
+
+class _Metrics:
+    def __init__(self, registry: prometheus_client.CollectorRegistry | None) -> None:
+        self.released = prometheus_client.Counter(
+            "gpuslice_pacer_released_total", "Gated pods released", ["kept_off_nodes"], registry=registry
+        )
+        self.failures = prometheus_client.Counter(
+            "gpuslice_pacer_release_failures_total", "Releases the API server refused", ["status"], registry=registry
+        )
+        self.gated = prometheus_client.Gauge(
+            "gpuslice_pacer_gated_pods", "Pods waiting for the pacer", registry=registry
+        )
+        self.lagging = prometheus_client.Gauge(
+            "gpuslice_pacer_lagging_nodes",
+            "Nodes whose labels do not yet count the pods bound to them",
+            registry=registry,
+        )
+
+
+class _Pods(listwatch.ListWatch):
+    def __init__(self, api: kubernetes.client.CoreV1Api, pacer: Pacer) -> None:
+        super().__init__(
+            lambda: api.list_pod_for_all_namespaces,
+            "pods not finished",
+            field_selector="status.phase!=Succeeded,status.phase!=Failed",
+            from_cache=True,
+        )
+        self.pacer = pacer
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        self.pacer.replace_pods(items)
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self.pacer.on_pod(kind, obj)
+
+
+class _Nodes(listwatch.ListWatch):
+    def __init__(self, api: kubernetes.client.CoreV1Api, pacer: Pacer) -> None:
+        super().__init__(lambda: api.list_node, "nodes")
+        self.pacer = pacer
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        self.pacer.ledger.replace_nodes(items)
+        self.pacer.changed.set()
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind == "DELETED":
+            self.pacer.ledger.remove_node(str((obj.get("metadata") or {}).get("name") or ""))
+        else:
+            self.pacer.ledger.update_node(obj)
+        self.pacer.changed.set()
+
+
+class Pacer:
+    """`run()` until cancelled. `released` counts the pods it let go."""
+
+    def __init__(
+        self,
+        api: kubernetes.client.CoreV1Api,
+        settings: config.Config,
+        *,
+        registry: prometheus_client.CollectorRegistry | None = None,
+    ) -> None:
+        self.api = api
+        self.settings = settings
+        self.contract = settings.contract
+        self.ledger = ledger_.Ledger(self.contract)
+        self.changed = asyncio.Event()
+        self.metrics = _Metrics(registry)
+        self._gated: dict[str, release.Gated] = {}  # uid -> the latest gated version seen
+        self._queue: list[release.Gated] = []  # heap; entries no longer in _gated are skipped
+        self._released: set[str] = set()  # released, until the pod is bound or goes
+        self._in_flight: dict[str, float] = {}  # released, not bound or unschedulable: uid -> deadline
+        self._attempts: dict[str, int] = {}
+        self.released = 0
+        self.pods = _Pods(api, self)
+        self.nodes = _Nodes(api, self)
+
+    @property
+    def synced(self) -> bool:
+        return self.pods.synced.is_set() and self.nodes.synced.is_set()
+
+    # --- what the watches say ----------------------------------------------------------------
+    def replace_pods(self, items: Sequence[Mapping[str, Any]]) -> None:
+        self.ledger.replace_pods(items)
+        listed = {_uid(p) for p in items}
+        for uid in set(self._gated) - listed:
+            del self._gated[uid]
+        for uid in set(self._in_flight) - listed:
+            del self._in_flight[uid]
+        self._released &= listed
+        for pod in items:
+            self._track(pod)
+        self.changed.set()
+
+    def on_pod(self, kind: str, pod: Mapping[str, Any]) -> None:
+        uid = _uid(pod)
+        if kind == "DELETED":  # deleted, or finished (it left the watch's selection)
+            self.ledger.forget_pod(uid)
+            self._gated.pop(uid, None)
+            self._in_flight.pop(uid, None)
+            self._released.discard(uid)
+            self._attempts.pop(uid, None)
+        else:
+            self.ledger.update_pod(pod)
+            self._track(pod)
+        self.changed.set()
+
+    def _track(self, pod: Mapping[str, Any]) -> None:
+        uid = _uid(pod)
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        if uid in self._in_flight and (bound or _unschedulable(pod)):
+            del self._in_flight[uid]
+        if bound:
+            self._released.discard(uid)
+            self._attempts.pop(uid, None)
+        entry = release.gated(pod, self.contract) if uid not in self._released else None
+        if entry is None:
+            self._gated.pop(uid, None)
+        elif uid not in self._gated or self._gated[uid].resource_version != entry.resource_version:
+            self._gated[uid] = entry
+            heapq.heappush(self._queue, entry)
+
+    # --- releasing -----------------------------------------------------------------------------
+    def _next(self) -> release.Gated | None:
+        """The first gated pod in release order (stale heap entries dropped on the way)."""
+        while self._queue:
+            entry = self._queue[0]
+            current = self._gated.get(entry.uid)
+            if current is not None and current.resource_version == entry.resource_version:
+                return entry
+            heapq.heappop(self._queue)
+        return None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        feeds = [
+            asyncio.create_task(self.pods.run(), name="pacer-pods-watch"),
+            asyncio.create_task(self.nodes.run(), name="pacer-nodes-watch"),
+        ]
+        pacing = self.settings.pacing
+        try:
+            await asyncio.gather(self.pods.synced.wait(), self.nodes.synced.wait())
+            log.info("pacer watching: %d gated pods, %d lagging nodes", len(self._gated), len(self.ledger.lagging))
+            while True:
+                self.changed.clear()
+                now = loop.time()
+                for uid, deadline in list(self._in_flight.items()):
+                    if deadline <= now:
+                        del self._in_flight[uid]
+                while len(self._in_flight) < pacing.max_in_flight and (entry := self._next()) is not None:
+                    excluded = sorted(self.ledger.lagging)
+                    if len(excluded) > pacing.max_excluded_nodes:
+                        break  # too many nodes behind: wait for their labels (a node event wakes us)
+                    heapq.heappop(self._queue)
+                    del self._gated[entry.uid]
+                    await self._release(entry, excluded, loop.time() + pacing.bind_timeout_seconds)
+                self.metrics.gated.set(len(self._gated))
+                self.metrics.lagging.set(len(self.ledger.lagging))
+                timeout = min(self._in_flight.values(), default=now + 1.0) - loop.time()
+                if not self.changed.is_set():
+                    try:
+                        await asyncio.wait_for(self.changed.wait(), max(0.01, timeout))
+                    except TimeoutError:
+                        pass
+        finally:
+            self.pods.stop()
+            self.nodes.stop()
+            for task in feeds:
+                task.cancel()
+            await asyncio.gather(*feeds, return_exceptions=True)
+
+    async def _release(self, entry: release.Gated, excluded: list[str], deadline: float) -> None:
+        attempts = self._attempts.get(entry.uid, 0)
+        if attempts >= _ATTEMPTS_BEFORE_PLAIN_RELEASE:
+            excluded = []
+        ops = release.patch(entry, self.contract, excluded)
+        try:
+            await asyncio.to_thread(self.api.patch_namespaced_pod, entry.name, entry.namespace, ops)
+        except kubernetes.client.ApiException as exc:
+            self.metrics.failures.labels(str(exc.status)).inc()
+            if exc.status == 404:
+                return  # gone
+            self._attempts[entry.uid] = attempts + 1
+            log.warning(
+                "could not release %s/%s (HTTP %s, attempt %d): %s",
+                entry.namespace,
+                entry.name,
+                exc.status,
+                attempts + 1,
+                (exc.body or exc.reason or "")[:300],
+            )
+            await self._reread(entry)
+            return
+        except Exception as exc:  # noqa: BLE001 - the API server unreachable: try again shortly
+            self.metrics.failures.labels("error").inc()
+            log.warning("could not release %s/%s: %s", entry.namespace, entry.name, exc)
+            await asyncio.sleep(1.0)
+            await self._reread(entry)
+            return
+        self._attempts.pop(entry.uid, None)
+        self._released.add(entry.uid)
+        self._in_flight[entry.uid] = deadline
+        self.released += 1
+        self.metrics.released.labels("yes" if excluded else "no").inc()
+
+    async def _reread(self, entry: release.Gated) -> None:
+        """Queue the pod again as the API server has it now (its next watch event may be far off)."""
+        try:
+            response: Any = await asyncio.to_thread(
+                self.api.read_namespaced_pod, entry.name, entry.namespace, _preload_content=False
+            )
+        except Exception as exc:  # noqa: BLE001 - gone or unreachable: the watch will tell
+            log.debug("could not read %s/%s again: %s", entry.namespace, entry.name, exc)
+            return
+        self._track(json.loads(response.data))

@@ -1,0 +1,160 @@
+"""Which nodes' labels lag the pods bound to them. Pure: fed node and pod objects, no I/O.
+
+A node lags while one of its free-count labels says more than kubelet can still give: for each of
+our extended resources, the label (`gpu.free-units`, `mig.<profile>.free`) is above the node's
+allocatable minus what the pods bound to it request. That is exactly the moment between a binding
+and the labeller's write that shows it, when the scheduler can place another share by labels that
+no longer hold. The rule needs no memory of what was released: a pod bound by anyone counts, a
+pod that ends or is refused stops counting (kubelet's release then only makes the labels lower,
+never higher, than the rule allows), and events of the two watches may come in either order.
+
+May import gpuslice.contract only.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuslice import contract as contract_
+
+__all__ = ["Ledger", "pod_demand"]
+
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _count(value: Any) -> int | None:
+    """An extended resource's quantity as a whole number (they have no units); None when it is not one."""
+    text = str(value).strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+
+
+def pod_demand(spec: Mapping[str, Any], contract: contract_.Contract) -> dict[str, int]:
+    """What a pod holds of our resources once admitted: the larger of its app containers' sum and
+    its largest init container, per resource (kubelet's rule for devices)."""
+
+    def of(container: Any) -> dict[str, int]:
+        resources = (container or {}).get("resources") or {}
+        wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        counts = {}
+        for name, value in wanted.items():
+            if contract.is_gpuslice_resource(name) and (count := _count(value)):
+                counts[name] = count
+        return counts
+
+    total: collections.Counter[str] = collections.Counter()
+    for container in spec.get("containers") or ():
+        total.update(of(container))
+    for container in spec.get("initContainers") or ():
+        for name, count in of(container).items():
+            total[name] = max(total[name], count)
+    return dict(total)
+
+
+@dataclasses.dataclass
+class _Node:
+    allocatable: dict[str, int] = dataclasses.field(default_factory=dict)
+    free_labels: dict[str, int] = dataclasses.field(default_factory=dict)  # resource -> the label's count
+    bound: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+
+
+class Ledger:
+    """Nodes' allocatable and free-count labels, the demand of the pods bound to each, and the set
+    of nodes that lag (`lagging`), kept current on every update."""
+
+    def __init__(self, contract: contract_.Contract) -> None:
+        self.contract = contract
+        self._nodes: dict[str, _Node] = {}
+        self._pods: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, demand) of bound pods counted
+        self.lagging: set[str] = set()
+
+    # --- nodes ---------------------------------------------------------------------------------
+    def update_node(self, node: Mapping[str, Any]) -> None:
+        metadata = node.get("metadata") or {}
+        name = str(metadata.get("name") or "")
+        if not name:
+            return
+        record = self._nodes.setdefault(name, _Node())
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        record.allocatable = {
+            r: count
+            for r, v in allocatable.items()
+            if self.contract.is_gpuslice_resource(r) and (count := _count(v)) is not None
+        }
+        labels = metadata.get("labels") or {}
+        record.free_labels = {}
+        for resource in record.allocatable:
+            key = self.contract.free_label_of_resource(resource)
+            count = _count(labels.get(key)) if key else None
+            if count is not None:
+                record.free_labels[resource] = count
+        self._judge(name)
+
+    def remove_node(self, name: str) -> None:
+        self._nodes.pop(name, None)
+        self.lagging.discard(name)
+
+    def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
+        seen = set()
+        for node in nodes:
+            self.update_node(node)
+            seen.add(str((node.get("metadata") or {}).get("name") or ""))
+        for name in set(self._nodes) - seen:
+            bound = self._nodes[name].bound
+            if bound:  # pods still bound to a node we have not seen yet: keep their demand
+                self._nodes[name] = _Node(bound=bound)
+                self.lagging.discard(name)
+            else:
+                self.remove_node(name)
+
+    # --- pods ----------------------------------------------------------------------------------
+    def update_pod(self, pod: Mapping[str, Any]) -> None:
+        """A pod as the watch shows it: counted while bound and not finished."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName") or "")
+        phase = (pod.get("status") or {}).get("phase")
+        if not node or phase in _TERMINAL_PHASES:
+            self.forget_pod(uid)
+            return
+        if uid in self._pods:
+            return  # a bound pod's node and requests do not change
+        demand = pod_demand(spec, self.contract)
+        if not demand:
+            return
+        self._pods[uid] = (node, demand)
+        record = self._nodes.setdefault(node, _Node())
+        record.bound.update(demand)
+        self._judge(node)
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod is gone (deleted, finished, refused, or no longer in the watch's selection)."""
+        entry = self._pods.pop(uid, None)
+        if entry is None:
+            return
+        node, demand = entry
+        record = self._nodes.get(node)
+        if record is not None:
+            record.bound.subtract(demand)
+            self._judge(node)
+
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        listed = {}
+        for pod in pods:
+            listed[str((pod.get("metadata") or {}).get("uid") or "")] = pod
+        for uid in set(self._pods) - set(listed):
+            self.forget_pod(uid)
+        for pod in listed.values():
+            self.update_pod(pod)
+
+    # --- the rule ------------------------------------------------------------------------------
+    def _judge(self, name: str) -> None:
+        record = self._nodes.get(name)
+        if record is not None and any(
+            free > record.allocatable[r] - record.bound[r] for r, free in record.free_labels.items()
+        ):
+            self.lagging.add(name)
+        else:
+            self.lagging.discard(name)
