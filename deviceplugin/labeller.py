@@ -194,6 +194,7 @@ class NodeLabeller:
             raise ValueError("the node labeller needs the node's name (--node-name, from spec.nodeName)")
         self._node = node
         self._contract = settings.contract
+        self._paced = settings.pacing.enabled
         self._node_name = node_name
         self._socket = pod_resources_socket
         self._own_api = api is None
@@ -251,7 +252,7 @@ class NodeLabeller:
                 # scheduler binds a burst in milliseconds, and every pod it sends by stale labels
                 # is one kubelet refuses. The rate limit still holds back loosening writes.
                 if wait > 0 and (
-                    self._retry.failures or not labels.over_promises(self.written or {}, delta, self._contract)
+                    self._retry.failures or not labels.over_promises(self.written or {}, delta, self._contract, paced=self._paced)
                 ):
                     await self._sleep_or_wake(wait)
                     continue

@@ -111,13 +111,22 @@ def capacity_keys(node: inventory.NodeInventory, contract: contract_.Contract) -
 
 
 def over_promises(
-    written: Mapping[str, str], change: Mapping[str, str | None], contract: contract_.Contract
+    written: Mapping[str, str],
+    change: Mapping[str, str | None],
+    contract: contract_.Contract,
+    *,
+    paced: bool = False,
 ) -> bool:
     """Whether `change` (label -> new value, None: removed) lowers a label the webhook's required
     node affinity filters on (largest free block, free whole GPUs, free MIG devices): the labels
-    `written` so far promise capacity the node no longer has."""
+    `written` so far promise capacity the node no longer has. `paced` (pacing.enabled): the total
+    of free units too, so that every allocation is written at once; the pacer reads a node as
+    lagging until its labels count every pod bound to it (pacer/ledger.py)."""
+    watched = (contract.label_free_block_units, contract.label_free_gpus)
+    if paced:
+        watched += (contract.label_free_units,)
     for key, value in change.items():
-        if key not in (contract.label_free_block_units, contract.label_free_gpus):
+        if key not in watched:
             if contract.mig_profile_of_label(key) is None:
                 continue
         try:

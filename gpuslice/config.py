@@ -165,6 +165,7 @@ class PacingConfig:
     """Scheduling gates on converted pods, released by the pacer (pacer/; docs/steering.md, "Pacing")."""
 
     # Webhook: gate every converted device-plugin pod; the pacer must run, or gated pods wait for ever.
+    # Device plugin: write every allocation to the labels at once (the pacer waits for them).
     enabled: bool = False
     # Pacer: released pods the scheduler has not yet bound (nor found unschedulable) at any moment.
     max_in_flight: int = 1
@@ -525,7 +526,8 @@ FIELDS: tuple[Field, ...] = (
         "pacing.enabled",
         bool,
         _always_ok,
-        "webhook: add a scheduling gate to converted pods, for the pacer to release (run the pacer too)",
+        "webhook: gate converted pods for the pacer to release (run the pacer too); device plugin: "
+        "write every allocation to the labels at once",
     ),
     Field(
         "pacing.maxInFlight",
@@ -852,7 +854,9 @@ _WEBHOOK_KEYS = (
     "steering.cpuPods",
     "dra.enabled",
     "requeue.",
-    "pacing.",
+    "pacing.maxInFlight",
+    "pacing.bindTimeoutSeconds",
+    "pacing.maxExcludedNodes",
     "webhook.",
 )
 # Node keys the DRA plugin does not read (it publishes every MIG device as its own device).

@@ -203,13 +203,19 @@ class Pacer:
                 for uid, deadline in list(self._in_flight.items()):
                     if deadline <= now:
                         del self._in_flight[uid]
-                while len(self._in_flight) < pacing.max_in_flight and (entry := self._next()) is not None:
-                    excluded = sorted(self.ledger.lagging)
+                while (entry := self._next()) is not None:
+                    # A pod that asks for no device (a CPU pod the webhook gated to keep its place in
+                    # line) cannot be refused by a device plugin: it goes as soon as it is first.
+                    devices = bool(ledger_.pod_demand(entry.spec, self.contract))
+                    excluded = sorted(self.ledger.lagging) if devices else []
+                    if devices and len(self._in_flight) >= pacing.max_in_flight:
+                        break
                     if len(excluded) > pacing.max_excluded_nodes:
                         break  # too many nodes behind: wait for their labels (a node event wakes us)
                     heapq.heappop(self._queue)
                     del self._gated[entry.uid]
-                    await self._release(entry, excluded, loop.time() + pacing.bind_timeout_seconds)
+                    deadline = loop.time() + pacing.bind_timeout_seconds if devices else None
+                    await self._release(entry, excluded, deadline)
                 self.metrics.gated.set(len(self._gated))
                 self.metrics.lagging.set(len(self.ledger.lagging))
                 timeout = min(self._in_flight.values(), default=now + 1.0) - loop.time()
@@ -225,7 +231,8 @@ class Pacer:
                 task.cancel()
             await asyncio.gather(*feeds, return_exceptions=True)
 
-    async def _release(self, entry: release.Gated, excluded: list[str], deadline: float) -> None:
+    async def _release(self, entry: release.Gated, excluded: list[str], deadline: float | None) -> None:
+        """Let `entry` go; while `deadline` (None: it takes no device) it counts as in flight."""
         attempts = self._attempts.get(entry.uid, 0)
         if attempts >= _ATTEMPTS_BEFORE_PLAIN_RELEASE:
             excluded = []
@@ -253,9 +260,11 @@ class Pacer:
             await asyncio.sleep(1.0)
             await self._reread(entry)
             return
+        log.debug("released %s/%s kept off %s", entry.namespace, entry.name, excluded)
         self._attempts.pop(entry.uid, None)
         self._released.add(entry.uid)
-        self._in_flight[entry.uid] = deadline
+        if deadline is not None:
+            self._in_flight[entry.uid] = deadline
         self.released += 1
         self.metrics.released.labels("yes" if excluded else "no").inc()
 

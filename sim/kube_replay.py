@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -264,7 +265,11 @@ class _Outcomes:
                 self._wake(key)
             return
         for condition in (pod.get("status") or {}).get("conditions") or ():
-            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("status") == "False"
+                and condition.get("reason") != "SchedulingGated"  # waiting for the pacer, not an outcome
+            ):
                 if key not in self.unschedulable:
                     self.unschedulable[key] = str(condition.get("message") or condition.get("reason") or "")
                     self.pinned[key] = _required_classes(pod, self.fleet.contract.label_gpu_memory_mib)
@@ -413,6 +418,35 @@ def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) ->
 
     plane._wait(process, "gpuslice webhook", ready, timeout=60)
     return process, port, plane.pki.ca_pem
+
+
+def _start_pacer(plane: controlplane.ControlPlane) -> Any:
+    """The pacer process (pacing.enabled) on the webhook's config.yaml, as the chart runs it."""
+    port = controlplane.free_port()
+    process = plane.spawn(
+        "pacer",
+        [
+            sys.executable,
+            "-m",
+            "gpuslice.pacer.main",
+            f"--config={plane.workdir / 'webhook' / 'config.yaml'}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            f"--kubeconfig={plane.admin_kubeconfig}",
+            f"--log-level={os.environ.get('GPUSLICE_SIM_PACER_LOG', 'WARNING')}",
+        ],
+        env={"PYTHONUNBUFFERED": "1"},
+    )
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=3) as answer:  # noqa: S310
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    plane._wait(process, "gpuslice pacer", ready, timeout=60)
+    return process
 
 
 def _webhook_configuration(port: int, ca_pem: bytes, *, side_effects: str = "None") -> dict[str, Any]:
@@ -580,6 +614,8 @@ async def _drive(
             )
             probe = trace.user_pod(trace.TracePod("gpuslice-sim-probe", 0, 0, 1, 500), contract, namespace=NAMESPACE)
             await _webhook_in_effect(api, probe)
+            if settings.pacing.enabled and not fleet.dra:
+                await asyncio.to_thread(_start_pacer, plane)
         outcomes = _Outcomes(fleet)
         watch = asyncio.create_task(
             kube_api.follow(api, f"/api/v1/namespaces/{NAMESPACE}/pods", outcomes.on_event), name="pods-watch"

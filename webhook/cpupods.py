@@ -31,7 +31,12 @@ def patch(pod: Mapping[str, Any], settings: config.Config) -> list[dict[str, Any
     )
     if affinity is None:
         return []
-    return [{"op": "add", "path": "/spec/affinity", "value": affinity}]
+    ops = [{"op": "add", "path": "/spec/affinity", "value": affinity}]
+    if settings.pacing.enabled:
+        # Gated too, so that it keeps its place among the GPU pods the pacer releases in arrival
+        # order: let through at once, it would take the CPU beside GPUs that pods before it need.
+        ops += patches.gate_ops(pod.get("spec") or {}, contract.pacing_gate)
+    return ops
 
 
 def asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) -> bool:
