@@ -3,6 +3,7 @@
 #   gpuslice-device-plugin  (DaemonSet, the chart runs it as root: kubelet's sockets and NVML need it)
 #   gpuslice-mps-control-daemon (DaemonSet with config.mps.enabled: NVIDIA's MPS control daemon)
 #   gpuslice-dra-plugin     (DaemonSet with mode dra or both: the kubelet DRA plugin)
+#   gpuslice-pacer          (Deployment with config.pacing.enabled, non-root: releases gated pods)
 # Build: make image IMAGE=<registry>/gpuslice:0.1.0   (docker or podman; or `docker build -t ... .`)
 # Without a container engine, `make image-check` runs the same build steps in a throwaway venv.
 #

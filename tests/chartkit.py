@@ -85,7 +85,12 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
         "imagePullSecrets": [{"name": "regcred"}],
         "scheduler": {"enabled": True},
         "serviceMonitor": {"enabled": True},
-        "config": {"mps": {"enabled": True}, "convertWholeGpus": True, "deviceListStrategy": "cdi-cri"},
+        "config": {
+            "mps": {"enabled": True},
+            "convertWholeGpus": True,
+            "deviceListStrategy": "cdi-cri",
+            "pacing": {"enabled": True},
+        },
     },
 }
 

@@ -37,7 +37,13 @@ from collections.abc import Callable, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The chart's commands.
-ENTRY_POINTS = ("gpuslice-webhook", "gpuslice-device-plugin", "gpuslice-mps-control-daemon", "gpuslice-dra-plugin")
+ENTRY_POINTS = (
+    "gpuslice-webhook",
+    "gpuslice-device-plugin",
+    "gpuslice-mps-control-daemon",
+    "gpuslice-dra-plugin",
+    "gpuslice-pacer",
+)
 RUNTIME_LOCK = "requirements/image.txt"
 BUILD_LOCK = "requirements/build.txt"
 # Paths under site-packages (globs) that no gpuslice code imports, removed from the image:

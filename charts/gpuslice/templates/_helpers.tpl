@@ -105,6 +105,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 {{- define "gpuslice.devicePluginName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "device-plugin") }}{{- end }}
+{{- define "gpuslice.pacerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "pacer") }}{{- end }}
 {{- define "gpuslice.schedulerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "scheduler") }}{{- end }}
 
 {{/* DNS names the webhook's serving certificate must cover. */}}
@@ -258,4 +259,19 @@ needs the alpha DRAConsumableCapacity gate everywhere; before 1.34 it does not e
 {{/* "true" when the webhook turns annotations into ResourceClaims (and may create their templates). */}}
 {{- define "gpuslice.draClaims" -}}
 {{- if and (include "gpuslice.draMode" .) (or (eq .Values.mode "dra") .Values.config.dra.enabled) }}true{{ end }}
+{{- end }}
+
+{{/* --- Pacing (docs/steering.md, "Pacing") ----------------------------------------------------- */}}
+
+{{/* "true" when the chart runs the pacer: config.pacing.enabled with the webhook converting to extended
+resources. Pacing in DRA mode is refused rather than ignored: the webhook gates only the pods it converts
+to extended resources, and the DRA scheduler allocates from ResourceSlices, not from node labels that lag,
+so kubelet refuses nothing a pacer could prevent. */}}
+{{- define "gpuslice.pacer" -}}
+{{- if .Values.config.pacing.enabled }}
+{{- if or (eq .Values.mode "dra") .Values.config.dra.enabled }}
+{{- fail (printf "config.pacing.enabled needs the webhook in device-plugin mode, but it makes ResourceClaims here (%s): the scheduler then allocates from ResourceSlices, never by node labels that lag, so there is nothing to pace; set config.pacing.enabled=false" (ternary "mode dra" "config.dra.enabled" (eq .Values.mode "dra"))) }}
+{{- end }}
+{{- true }}
+{{- end }}
 {{- end }}
