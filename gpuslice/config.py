@@ -171,8 +171,9 @@ class PacingConfig:
     max_in_flight: int = 1
     # Pacer: seconds a released pod counts as in flight at most, bound or not.
     bind_timeout_seconds: float = 10.0
-    # Pacer: most nodes a released pod is kept off (more lagging nodes than this: wait).
-    max_excluded_nodes: int = 32
+    # Pacer: seconds a node may lag before the pacer stops waiting for it (a node whose kubelet does not
+    # admit what is bound to it, e.g. NotReady, would otherwise hold back every pod that could go there).
+    lag_timeout_seconds: float = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,11 +545,11 @@ FIELDS: tuple[Field, ...] = (
         "pacer: seconds a released pod counts as in flight at most",
     ),
     Field(
-        "pacing.maxExcludedNodes",
-        "pacing.max_excluded_nodes",
-        int,
+        "pacing.lagTimeoutSeconds",
+        "pacing.lag_timeout_seconds",
+        float,
         _positive,
-        "pacer: most lagging nodes one released pod is kept off (more: the release waits)",
+        "pacer: seconds a node's labels may lag its bound pods before the pacer stops waiting for them",
     ),
     Field(
         "webhook.idleTimeoutSeconds",
@@ -856,7 +857,7 @@ _WEBHOOK_KEYS = (
     "requeue.",
     "pacing.maxInFlight",
     "pacing.bindTimeoutSeconds",
-    "pacing.maxExcludedNodes",
+    "pacing.lagTimeoutSeconds",
     "webhook.",
 )
 # Node keys the DRA plugin does not read (it publishes every MIG device as its own device).

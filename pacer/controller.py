@@ -2,14 +2,15 @@
 
 Two watches (gpuslice.listwatch) feed it: every pod not finished, cluster-wide, and every node.
 From them the ledger (pacer/ledger.py) knows which nodes lag. The release loop removes the gate of
-the next gated pod (pacer/release.py) while fewer than `pacing.maxInFlight` released pods are
-still on their way to the scheduler (neither bound nor marked unschedulable, for at most
-`pacing.bindTimeoutSeconds`), keeping each one off the nodes that lag at that moment.
+the next gated pod (pacer/release.py, in order of priority and age) when fewer than
+`pacing.maxInFlight` released pods are still on their way to the scheduler (neither bound nor
+marked unschedulable, for at most `pacing.bindTimeoutSeconds`) and no node the pod could be placed
+on (pacer/selection.py) lags, or has lagged for less than `pacing.lagTimeoutSeconds`.
 
-With one pod in flight (the default) no two released pods can meet on a node the labels have not
-caught up with: the next is released only once the last is bound, and then avoids its node until
-the node's labels count it. A burst then runs at the speed of the scheduler's round trip, across
-all nodes at once, rather than at the pace of label writes.
+With one pod in flight (the default) no two released pods can meet on a node whose labels have not
+caught up: the next goes only once the last is bound and the labels of its node count it. A burst
+then runs at the pace of one scheduling round trip and one label write per pod; a pod that asks
+for no device (a CPU pod the webhook gated to keep its place in line) goes as soon as it is first.
 
 May import gpuslice.{backoff,config,contract,listwatch}, the pacer's own modules, prometheus_client
 and the kubernetes client.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -29,19 +31,21 @@ import prometheus_client
 
 from gpuslice import config, listwatch
 from gpuslice.pacer import ledger as ledger_
-from gpuslice.pacer import release
+from gpuslice.pacer import release, selection
 
 __all__ = ["Pacer"]
 
 log = logging.getLogger(__name__)
 
-# Releases of one pod the API server refused (its resourceVersion moved, or a narrowing it would
-# not take) before it is released without keeping it off lagging nodes.
-_ATTEMPTS_BEFORE_PLAIN_RELEASE = 3
-
 
 def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _written_order(pod: Mapping[str, Any]) -> tuple[str, int]:
+    metadata = pod.get("metadata") or {}
+    version = str(metadata.get("resourceVersion") or "")
+    return str(metadata.get("creationTimestamp") or ""), int(version) if version.isdigit() else 0
 
 
 def _unschedulable(pod: Mapping[str, Any]) -> bool:
@@ -57,7 +61,10 @@ def _unschedulable(pod: Mapping[str, Any]) -> bool:
 class _Metrics:
     def __init__(self, registry: prometheus_client.CollectorRegistry | None) -> None:
         self.released = prometheus_client.Counter(
-            "gpuslice_pacer_released_total", "Gated pods released", ["kept_off_nodes"], registry=registry
+            "gpuslice_pacer_released_total",
+            "Gated pods released, by whether they take a device",
+            ["pod"],
+            registry=registry,
         )
         self.failures = prometheus_client.Counter(
             "gpuslice_pacer_release_failures_total", "Releases the API server refused", ["status"], registry=registry
@@ -102,7 +109,11 @@ class _Nodes(listwatch.ListWatch):
         if kind == "DELETED":
             self.pacer.ledger.remove_node(str((obj.get("metadata") or {}).get("name") or ""))
         else:
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            lagged = name in self.pacer.ledger.lagging
             self.pacer.ledger.update_node(obj)
+            if lagged and name not in self.pacer.ledger.lagging:
+                log.debug("labels of %s caught up", name)
         self.pacer.changed.set()
 
 
@@ -127,6 +138,8 @@ class Pacer:
         self._released: set[str] = set()  # released, until the pod is bound or goes
         self._in_flight: dict[str, float] = {}  # released, not bound or unschedulable: uid -> deadline
         self._attempts: dict[str, int] = {}
+        self._seen: dict[str, int] = {}  # uid -> the order the pacer first saw it in
+        self._counter = itertools.count()
         self.released = 0
         self.pods = _Pods(api, self)
         self.nodes = _Nodes(api, self)
@@ -144,7 +157,11 @@ class Pacer:
         for uid in set(self._in_flight) - listed:
             del self._in_flight[uid]
         self._released &= listed
-        for pod in items:
+        for uid in set(self._seen) - listed:
+            del self._seen[uid]
+        # A list comes by name; pods not seen yet are taken in the order they were last written,
+        # which for a pod waiting at its gate is when it was created.
+        for pod in sorted(items, key=_written_order):
             self._track(pod)
         self.changed.set()
 
@@ -156,6 +173,7 @@ class Pacer:
             self._in_flight.pop(uid, None)
             self._released.discard(uid)
             self._attempts.pop(uid, None)
+            self._seen.pop(uid, None)
         else:
             self.ledger.update_pod(pod)
             self._track(pod)
@@ -166,10 +184,13 @@ class Pacer:
         bound = bool((pod.get("spec") or {}).get("nodeName"))
         if uid in self._in_flight and (bound or _unschedulable(pod)):
             del self._in_flight[uid]
+            log.debug("%s %s", "bound" if bound else "unschedulable", (pod.get("metadata") or {}).get("name"))
         if bound:
             self._released.discard(uid)
             self._attempts.pop(uid, None)
-        entry = release.gated(pod, self.contract) if uid not in self._released else None
+        if uid not in self._seen:
+            self._seen[uid] = next(self._counter)
+        entry = release.gated(pod, self.contract, self._seen[uid]) if uid not in self._released else None
         if entry is None:
             self._gated.pop(uid, None)
         elif uid not in self._gated or self._gated[uid].resource_version != entry.resource_version:
@@ -207,18 +228,22 @@ class Pacer:
                     # A pod that asks for no device (a CPU pod the webhook gated to keep its place in
                     # line) cannot be refused by a device plugin: it goes as soon as it is first.
                     devices = bool(ledger_.pod_demand(entry.spec, self.contract))
-                    excluded = sorted(self.ledger.lagging) if devices else []
-                    if devices and len(self._in_flight) >= pacing.max_in_flight:
-                        break
-                    if len(excluded) > pacing.max_excluded_nodes:
-                        break  # too many nodes behind: wait for their labels (a node event wakes us)
+                    if devices and (
+                        len(self._in_flight) >= pacing.max_in_flight or self._waits_for(entry, loop.time())
+                    ):
+                        break  # a binding or a label write wakes us
                     heapq.heappop(self._queue)
                     del self._gated[entry.uid]
-                    deadline = loop.time() + pacing.bind_timeout_seconds if devices else None
-                    await self._release(entry, excluded, deadline)
+                    until = loop.time() + pacing.bind_timeout_seconds if devices else None
+                    await self._release(entry, until)
                 self.metrics.gated.set(len(self._gated))
                 self.metrics.lagging.set(len(self.ledger.lagging))
-                timeout = min(self._in_flight.values(), default=now + 1.0) - loop.time()
+                # Wake for the first in-flight deadline, and for a lag about to time out.
+                moments = [
+                    *self._in_flight.values(),
+                    *(t + pacing.lag_timeout_seconds for t in self.ledger.lagging.values()),
+                ]
+                timeout = min((m for m in moments if m > now), default=now + 1.0) - loop.time()
                 if not self.changed.is_set():
                     try:
                         await asyncio.wait_for(self.changed.wait(), max(0.01, timeout))
@@ -231,12 +256,18 @@ class Pacer:
                 task.cancel()
             await asyncio.gather(*feeds, return_exceptions=True)
 
-    async def _release(self, entry: release.Gated, excluded: list[str], deadline: float | None) -> None:
-        """Let `entry` go; while `deadline` (None: it takes no device) it counts as in flight."""
+    def _waits_for(self, entry: release.Gated, now: float) -> bool:
+        """Whether a node the pod could be placed on lags (for less than lagTimeoutSeconds)."""
+        limit = self.settings.pacing.lag_timeout_seconds
+        for name, since in self.ledger.lagging.items():
+            if now - since < limit and selection.admits(entry.spec, name, self.ledger.labels(name)):
+                return True
+        return False
+
+    async def _release(self, entry: release.Gated, deadline: float | None) -> None:
+        """Let `entry` go; until `deadline` (None: it takes no device) it counts as in flight."""
         attempts = self._attempts.get(entry.uid, 0)
-        if attempts >= _ATTEMPTS_BEFORE_PLAIN_RELEASE:
-            excluded = []
-        ops = release.patch(entry, self.contract, excluded)
+        ops = release.patch(entry, self.contract)
         try:
             await asyncio.to_thread(self.api.patch_namespaced_pod, entry.name, entry.namespace, ops)
         except kubernetes.client.ApiException as exc:
@@ -252,21 +283,23 @@ class Pacer:
                 attempts + 1,
                 (exc.body or exc.reason or "")[:300],
             )
-            await self._reread(entry)
-            return
         except Exception as exc:  # noqa: BLE001 - the API server unreachable: try again shortly
             self.metrics.failures.labels("error").inc()
+            self._attempts[entry.uid] = attempts + 1
             log.warning("could not release %s/%s: %s", entry.namespace, entry.name, exc)
-            await asyncio.sleep(1.0)
-            await self._reread(entry)
+        else:
+            log.debug("released %s/%s", entry.namespace, entry.name)
+            self._attempts.pop(entry.uid, None)
+            self._released.add(entry.uid)
+            if deadline is not None:
+                self._in_flight[entry.uid] = deadline
+            self.released += 1
+            self.metrics.released.labels("device" if deadline is not None else "none").inc()
             return
-        log.debug("released %s/%s kept off %s", entry.namespace, entry.name, excluded)
-        self._attempts.pop(entry.uid, None)
-        self._released.add(entry.uid)
-        if deadline is not None:
-            self._in_flight[entry.uid] = deadline
-        self.released += 1
-        self.metrics.released.labels("yes" if excluded else "no").inc()
+        # Refused (its version moved on) or not answered: wait a little, longer each time, and take
+        # the pod as the API server has it now; a conflict usually succeeds at once the next time.
+        await asyncio.sleep(min(5.0, 0.05 * 2**attempts))
+        await self._reread(entry)
 
     async def _reread(self, entry: release.Gated) -> None:
         """Queue the pod again as the API server has it now (its next watch event may be far off)."""

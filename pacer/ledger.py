@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuslice import contract as contract_
@@ -56,19 +57,25 @@ def pod_demand(spec: Mapping[str, Any], contract: contract_.Contract) -> dict[st
 @dataclasses.dataclass
 class _Node:
     allocatable: dict[str, int] = dataclasses.field(default_factory=dict)
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     free_labels: dict[str, int] = dataclasses.field(default_factory=dict)  # resource -> the label's count
     bound: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
 
 class Ledger:
-    """Nodes' allocatable and free-count labels, the demand of the pods bound to each, and the set
-    of nodes that lag (`lagging`), kept current on every update."""
+    """Nodes' labels and allocatable, the demand of the pods bound to each, and the nodes that lag
+    (`lagging`: name -> since when, by `clock`), kept current on every update."""
 
-    def __init__(self, contract: contract_.Contract) -> None:
+    def __init__(self, contract: contract_.Contract, clock: Callable[[], float] = time.monotonic) -> None:
         self.contract = contract
+        self.clock = clock
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, demand) of bound pods counted
-        self.lagging: set[str] = set()
+        self.lagging: dict[str, float] = {}
+
+    def labels(self, name: str) -> Mapping[str, str]:
+        record = self._nodes.get(name)
+        return record.labels if record is not None else {}
 
     # --- nodes ---------------------------------------------------------------------------------
     def update_node(self, node: Mapping[str, Any]) -> None:
@@ -84,6 +91,7 @@ class Ledger:
             if self.contract.is_gpuslice_resource(r) and (count := _count(v)) is not None
         }
         labels = metadata.get("labels") or {}
+        record.labels = labels
         record.free_labels = {}
         for resource in record.allocatable:
             key = self.contract.free_label_of_resource(resource)
@@ -94,7 +102,7 @@ class Ledger:
 
     def remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
-        self.lagging.discard(name)
+        self.lagging.pop(name, None)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         seen = set()
@@ -105,7 +113,7 @@ class Ledger:
             bound = self._nodes[name].bound
             if bound:  # pods still bound to a node we have not seen yet: keep their demand
                 self._nodes[name] = _Node(bound=bound)
-                self.lagging.discard(name)
+                self.lagging.pop(name, None)
             else:
                 self.remove_node(name)
 
@@ -155,6 +163,6 @@ class Ledger:
         if record is not None and any(
             free > record.allocatable[r] - record.bound[r] for r, free in record.free_labels.items()
         ):
-            self.lagging.add(name)
+            self.lagging.setdefault(name, self.clock())
         else:
-            self.lagging.discard(name)
+            self.lagging.pop(name, None)

@@ -174,7 +174,7 @@ def test_in_mode_both_the_pacer_runs_while_the_webhook_serves_the_device_plugin_
         ({"config": {"pacing": {"maxInFlight": "x"}}}, "maxInFlight"),
         ({"config": {"pacing": {"maxInFlight": 0}}}, "maxInFlight"),
         ({"config": {"pacing": {"bindTimeoutSeconds": 0}}}, "bindTimeoutSeconds"),
-        ({"config": {"pacing": {"maxExcludedNodes": 1.5}}}, "maxExcludedNodes"),
+        ({"config": {"pacing": {"lagTimeoutSeconds": "soon"}}}, "lagTimeoutSeconds"),
         ({"config": {"pacing": {"enabled": "yes"}}}, "enabled"),
         ({"config": {"pacing": {"maxInflight": 2}}}, "maxInflight"),
         ({"pacer": {"replicas": 2}}, "replicas"),

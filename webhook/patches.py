@@ -69,7 +69,10 @@ def build(
 
 
 def gate_ops(spec: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
-    """The pacer's scheduling gate added to the pod's (none when it has it already: reinvocation)."""
+    """The pacer's scheduling gate added to the pod's (none when it has it already: reinvocation;
+    none for a pod that names its node, which the API server would refuse with a gate)."""
+    if spec.get("nodeName"):
+        return []
     gates = spec.get("schedulingGates")
     if not gates:
         return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": gate}]}]

@@ -1,0 +1,122 @@
+"""Pacing on the real control plane: the chart with `config.pacing.enabled`, our webhook gating the
+pods it converts, the pacer (`gpuslice-pacer`, as its own process with the chart's ServiceAccount, so
+the chart's RBAC is what it runs with) releasing them, the real kube-scheduler placing them, and
+kubelet's real device manager admitting them through our device plugin on two nodes of 2 x H100
+(test_real_burst.py's nodes). The burst that makes kubelet refuse pods without pacing (bare pods
+created back to back, docs/steering.md "Bursts") must now be admitted whole: every pod on a GPU of
+its own, no refusal, nothing requeued.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import k8skit
+import kubernetes
+import nodeagent
+import pytest
+from test_real_burst import CONTRACT, GPU_MEMORY, GROUP, NODES, gpu_nodes  # noqa: F401 - gpu_nodes is a fixture
+
+from gpuslice import contract as contract_
+from gpuslice.sim import controlplane
+
+pytestmark = [pytest.mark.e2e, pytest.mark.helm]
+
+
+@pytest.fixture
+def pacing(release: Any, cluster: controlplane.ControlPlane) -> Iterator[int]:
+    """The chart upgraded with pacing on (the webhook restarted on its config.yaml) and the pacer
+    running; its HTTP port. Restored afterwards."""
+    original = json.loads(json.dumps(release.values))
+    values = json.loads(json.dumps(original))
+    values.setdefault("config", {})["pacing"] = {"enabled": True}
+    release.upgrade(values)
+    directory = cluster.workdir / "pacer"
+    directory.mkdir(exist_ok=True)
+    (directory / "config.yaml").write_text(release.config_yaml())
+    port = k8skit.free_port()
+    process = cluster.spawn(
+        "pacer",
+        [
+            sys.executable,
+            "-m",
+            "gpuslice.pacer.main",
+            f"--config={directory / 'config.yaml'}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            f"--kubeconfig={release.kubeconfig_of(f'{release.fullname}-pacer')}",
+            "--log-level=DEBUG",
+        ],
+        env={"PYTHONUNBUFFERED": "1"},
+    )
+
+    def ready() -> bool:
+        if process.popen.poll() is not None:
+            raise AssertionError(f"the pacer exited ({process.popen.returncode}):\n{process.tail()}")
+        return pacer_page(port, "/readyz")[0] == 200
+
+    try:
+        k8skit.wait_for("the pacer to list pods and nodes", ready, timeout=60)
+        yield port
+    finally:
+        cluster.stop_process(process)
+        release.upgrade(original)
+
+
+def pacer_page(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:  # noqa: S310
+            return answer.status, answer.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def metric(port: int, name: str) -> float:
+    status, text = pacer_page(port, "/metrics")
+    assert status == 200, text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((f"{name}{{", f"{name} "))
+    )
+
+
+def test_a_paced_burst_of_bare_pods_is_admitted_whole_one_share_per_gpu(
+    core: kubernetes.client.CoreV1Api,
+    pacing: int,
+    gpu_nodes: dict[str, nodeagent.NodeAgent],  # noqa: F811 - the fixture imported above
+    namespace: str,
+) -> None:
+    # Four shares of 0.6 on two nodes of 2 x H100, created back to back: a node's 636 units take three
+    # of 191, its GPUs two. Without pacing the scheduler binds a third to a node before its labels move.
+    names = [f"paced-{i}" for i in range(2 * NODES)]
+    for name in names:
+        pod = k8skit.pod_object(
+            name, annotations={"gpu-fraction": "0.6"}, limits={"nvidia.com/gpu": 1}, nodeSelector={GROUP: namespace}
+        )
+        created = core.create_namespaced_pod(namespace, pod)
+        # The webhook gated it; whether the pacer has let it go already or not, the decision says so.
+        assert CONTRACT.pacing_gate in created.metadata.annotations[CONTRACT.decision_annotation]
+
+    def all_running() -> list[Any] | None:
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
+        ready = [pods[n] for n in names if n in pods and pods[n].status.phase == "Running"]
+        return ready if len(ready) == len(names) else None
+
+    running = k8skit.wait_for("every paced pod to run", all_running, timeout=180, interval=0.5)
+    assert not any(p.spec.scheduling_gates for p in running)
+    gpus = set()
+    for agent in gpu_nodes.values():
+        assert not agent.errors, agent.errors
+        for decision in agent.decisions.values():
+            if decision.admitted and decision.namespace == namespace and not decision.released:
+                gpus |= {(agent.node, contract_.parse_unit_device_id(i).gpu_uuid) for i in decision.devices[GPU_MEMORY]}
+    assert len(gpus) == len(names)  # one per GPU
+    refusals = [d for agent in gpu_nodes.values() for d in agent.refusals() if d.namespace == namespace]
+    assert refusals == []
+    assert all(CONTRACT.requeues_annotation not in (p.metadata.annotations or {}) for p in running)
+    assert metric(pacing, "gpuslice_pacer_released_total") >= len(names)
+    assert metric(pacing, "gpuslice_pacer_release_failures_total") == 0
+    assert metric(pacing, "gpuslice_pacer_gated_pods") == 0

@@ -1,0 +1,110 @@
+"""The pacer's bookkeeping between its watches and its release loop (pacer/controller.py), fed
+events directly; the loop against the real API server is in tests/e2e/test_real_pacer.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import prometheus_client
+
+from gpuslice import config
+from gpuslice.pacer import controller
+
+SETTINGS = dataclasses.replace(config.Config(), pacing=config.PacingConfig(enabled=True))
+CONTRACT = SETTINGS.contract
+UNITS = CONTRACT.gpu_memory_resource
+CLASS = CONTRACT.label_gpu_memory_mib
+
+
+def node(name: str, memory: str = "81559", free: int = 636) -> dict[str, Any]:
+    labels = {CLASS: memory, CONTRACT.label_free_units: str(free)}
+    return {"metadata": {"name": name, "labels": labels}, "status": {"allocatable": {UNITS: "636"}}}
+
+
+def pod(
+    name: str, *, units: int = 191, memory: str = "81559", gated: bool = True, node_name: str = "", rv: str = "1"
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "resources": {"limits": {UNITS: str(units)}} if units else {}}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": CLASS, "operator": "In", "values": [memory]}]}]
+                }
+            }
+        },
+    }
+    if gated:
+        spec["schedulingGates"] = [{"name": CONTRACT.pacing_gate}]
+    if node_name:
+        spec["nodeName"] = node_name
+    metadata = {"name": name, "namespace": "team", "uid": name, "resourceVersion": rv, "creationTimestamp": "t0"}
+    return {"metadata": metadata, "spec": spec, "status": {"phase": "Pending"}}
+
+
+def pacer() -> controller.Pacer:
+    made = controller.Pacer(None, SETTINGS, registry=prometheus_client.CollectorRegistry())  # type: ignore[arg-type]
+    made.nodes.replace([node("h100-a"), node("h200-a", memory="143771")])
+    made.replace_pods([])
+    return made
+
+
+def test_gated_pods_wait_in_order_and_leave_the_line_when_let_go_or_deleted() -> None:
+    paced = pacer()
+    paced.on_pod("ADDED", pod("b"))  # created in the same second as a, seen first
+    paced.on_pod("ADDED", pod("a"))
+    paced.on_pod("ADDED", pod("c", gated=False))  # not ours to release
+    first = paced._next()
+    assert first is not None and first.name == "b"
+    paced.on_pod("MODIFIED", pod("b", gated=False, rv="2"))  # someone else let it go
+    second = paced._next()
+    assert second is not None and second.name == "a"
+    paced.on_pod("DELETED", pod("a"))
+    assert paced._next() is None
+
+
+def test_a_newer_version_of_a_gated_pod_replaces_the_one_in_line() -> None:
+    paced = pacer()
+    paced.on_pod("ADDED", pod("a"))
+    paced.on_pod("MODIFIED", pod("a", rv="5"))
+    entry = paced._next()
+    assert entry is not None and entry.resource_version == "5"
+
+
+def test_a_pod_waits_only_for_lagging_nodes_it_could_be_placed_on() -> None:
+    paced = pacer()
+    paced.on_pod("ADDED", pod("h100-pod"))
+    paced.on_pod("ADDED", pod("h200-pod", memory="143771"))
+    paced.on_pod("MODIFIED", pod("bound", gated=False, node_name="h100-a"))  # the h100 node's labels lag
+    assert set(paced.ledger.lagging) == {"h100-a"}
+    entries = {e.name: e for e in paced._queue}
+    now = paced.ledger.lagging["h100-a"]
+    assert paced._waits_for(entries["h100-pod"], now)
+    assert not paced._waits_for(entries["h200-pod"], now)
+    # A node that lags longer than lagTimeoutSeconds (its kubelet admits nothing) holds no one back.
+    assert not paced._waits_for(entries["h100-pod"], now + SETTINGS.pacing.lag_timeout_seconds)
+    paced.nodes.apply("MODIFIED", node("h100-a", free=636 - 191))
+    assert not paced._waits_for(entries["h100-pod"], now)
+
+
+def test_a_released_pod_stops_counting_in_flight_once_bound_or_found_unschedulable() -> None:
+    paced = pacer()
+    paced._in_flight = {"a": 1e12, "b": 1e12, "c": 1e12}
+    paced._released = {"a", "b", "c"}
+    paced.on_pod("MODIFIED", pod("a", gated=False, node_name="h100-a"))
+    unschedulable = pod("b", gated=False)
+    unschedulable["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    paced.on_pod("MODIFIED", unschedulable)
+    paced.on_pod("MODIFIED", pod("c", rv="0"))  # an older event still showing the gate: not queued again
+    assert paced._in_flight == {"c": 1e12} and paced._next() is None
+
+
+def test_a_list_orders_pods_not_seen_yet_by_when_they_were_written() -> None:
+    paced = controller.Pacer(None, SETTINGS, registry=prometheus_client.CollectorRegistry())  # type: ignore[arg-type]
+    paced.replace_pods([pod("a", rv="30"), pod("b", rv="20"), pod("c", rv="100")])
+    order = []
+    while (entry := paced._next()) is not None:
+        order.append(entry.name)
+        paced.on_pod("DELETED", pod(entry.name))
+    assert order == ["b", "a", "c"]

@@ -1,0 +1,86 @@
+"""With `pacing.enabled` the webhook gates the pods it changes, for the pacer to release in arrival
+order; the device plugin's labeller writes every allocation at once (pacer/, docs/steering.md)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+from test_webhook_mutation import deployment_pod, make_view
+
+from gpuslice import config
+from gpuslice.deviceplugin import labels as node_labels
+from gpuslice.webhook import mutation
+
+PACED = dataclasses.replace(config.Config(), pacing=config.PacingConfig(enabled=True))
+CONTRACT = PACED.contract
+GATE = {"name": CONTRACT.pacing_gate}
+
+
+def mutated(pod: dict, settings: config.Config = PACED) -> dict:
+    outcome = mutation.mutate(pod, settings=settings, cluster=make_view(settings=settings))
+    assert outcome.allowed, outcome.message
+    return jsonpatch.apply_patch(copy.deepcopy(pod), outcome.patch)
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [{"gpu-fraction": "0.5"}, {"gpu-memory": "2000"}, {"gpu-memory": "10000", CONTRACT.isolation_annotation: "mig"}],
+    ids=["fraction", "memory", "mig"],
+)
+def test_a_converted_pod_is_gated_and_its_decision_says_so(annotations: dict) -> None:
+    after = mutated(deployment_pod(annotations))
+    assert after["spec"]["schedulingGates"] == [GATE]
+    assert CONTRACT.pacing_gate in after["metadata"]["annotations"][CONTRACT.decision_annotation]
+    kubernetes_validate.validate(after, "1.31", strict=True)
+
+
+def test_a_cpu_pod_the_webhook_steers_is_gated_to_keep_its_place_in_line() -> None:
+    after = mutated(deployment_pod())
+    assert after["spec"]["schedulingGates"] == [GATE]
+    assert after["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+
+
+def test_without_pacing_nothing_is_gated() -> None:
+    for pod in (deployment_pod({"gpu-fraction": "0.5"}), deployment_pod()):
+        assert "schedulingGates" not in mutated(pod, config.Config())["spec"]
+
+
+def test_other_gates_stay_and_a_reinvocation_adds_ours_once() -> None:
+    pod = deployment_pod({"gpu-fraction": "0.5"}, schedulingGates=[{"name": "example.com/quota"}])
+    after = mutated(pod)
+    assert after["spec"]["schedulingGates"] == [{"name": "example.com/quota"}, GATE]
+    again = mutation.mutate(after, settings=PACED, cluster=make_view(settings=PACED))
+    assert again.patch == []  # already converted: left alone
+
+
+def test_a_pod_that_names_its_node_is_converted_but_not_gated() -> None:
+    # The API server refuses scheduling gates on a pod with spec.nodeName.
+    after = mutated(deployment_pod({"gpu-fraction": "0.5"}, nodeName="n1"))
+    assert CONTRACT.gpu_memory_resource in after["spec"]["containers"][0]["resources"]["limits"]
+    assert "schedulingGates" not in after["spec"]
+
+
+def test_paced_labellers_write_every_lower_free_total_at_once() -> None:
+    written = {CONTRACT.label_free_units: "636", CONTRACT.label_free_block_units: "318"}
+    change = {CONTRACT.label_free_units: "445"}  # an allocation that left the largest block as it was
+    assert not node_labels.over_promises(written, change, CONTRACT)
+    assert node_labels.over_promises(written, change, CONTRACT, paced=True)
+    assert not node_labels.over_promises(written, {CONTRACT.label_free_units: "700"}, CONTRACT, paced=True)
+
+
+def test_the_pacer_reads_only_the_names_and_its_own_section() -> None:
+    read = {f.path for f in config.FIELDS if config.reads("pacer", f)}
+    assert read == {
+        "resourcePrefix",
+        "memoryUnitMiB",
+        "pacing.enabled",
+        "pacing.maxInFlight",
+        "pacing.bindTimeoutSeconds",
+        "pacing.lagTimeoutSeconds",
+    }
+    device_plugin = {f.path for f in config.FIELDS if config.reads("device-plugin", f)}
+    assert "pacing.enabled" in device_plugin and "pacing.maxInFlight" not in device_plugin
