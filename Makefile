@@ -63,7 +63,7 @@ demo: venv proto
 # Lint and types (run by .ci/run). ruff does not follow the gpuslice/<folder> links, so it is given
 # the folders; mypy checks the package (pyproject's [tool.mypy]) and follows them.
 check: venv proto
-	$(BIN)/ruff check gpuslice webhook deviceplugin dra sim demo proto tests benchmarks tools
+	$(BIN)/ruff check gpuslice webhook deviceplugin dra pacer sim demo proto tests benchmarks tools
 	$(BIN)/mypy
 
 # The container image (Dockerfile) with the first of docker and podman that answers (ENGINE=... to choose).

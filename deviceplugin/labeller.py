@@ -252,7 +252,8 @@ class NodeLabeller:
                 # scheduler binds a burst in milliseconds, and every pod it sends by stale labels
                 # is one kubelet refuses. The rate limit still holds back loosening writes.
                 if wait > 0 and (
-                    self._retry.failures or not labels.over_promises(self.written or {}, delta, self._contract, paced=self._paced)
+                    self._retry.failures
+                    or not labels.over_promises(self.written or {}, delta, self._contract, paced=self._paced)
                 ):
                     await self._sleep_or_wake(wait)
                     continue

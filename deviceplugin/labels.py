@@ -122,7 +122,7 @@ def over_promises(
     `written` so far promise capacity the node no longer has. `paced` (pacing.enabled): the total
     of free units too, so that every allocation is written at once; the pacer reads a node as
     lagging until its labels count every pod bound to it (pacer/ledger.py)."""
-    watched = (contract.label_free_block_units, contract.label_free_gpus)
+    watched: tuple[str, ...] = (contract.label_free_block_units, contract.label_free_gpus)
     if paced:
         watched += (contract.label_free_units,)
     for key, value in change.items():
