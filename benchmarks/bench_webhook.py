@@ -214,16 +214,6 @@ def split(count: int) -> None:
     """CPU time of each step of a review of a pod that never repeats, timed apart in process
     (median of 5 passes over `count` distinct pods per kind, after one pass to warm the memos).
     The steps overlap (mutate holds the ones above it); `repeats.review` is the whole server step."""
-    import base64
-    import copy
-
-    import orjson
-
-    from gpuslice import config
-    from gpuslice.webhook import admission, cpupods, mutation, patches, repeats, shape, shares, tolerations
-    from gpuslice.webhook import annotations as annotations_
-
-    settings = config.Config()
 
     def timed(step: Any, items: list[Any]) -> float:
         for item in items:
@@ -237,65 +227,76 @@ def split(count: int) -> None:
         return statistics.median(samples)
 
     for kind in POD_KINDS:
-        bodies = make_reviews(kind, count, "distinct")
-        view = cluster_view(settings)
-        gc.freeze()
-        documents = [orjson.loads(body) for body in bodies]
-        pods = [document["request"]["object"] for document in documents]
-        steps = {
-            "orjson.loads": timed(orjson.loads, bodies),
-            "request checks": timed(lambda d: admission._check_request(d["request"]), documents),
-            "shape.check_pod": timed(shape.check_pod, pods),
-        }
-        if kind == "cpu-only":
-            steps["cpupods.patch"] = timed(lambda p: cpupods.patch(p, settings), pods)
-        else:
-            contract = settings.contract
-            read = [annotations_.read(p["spec"], p["metadata"]["annotations"], contract) for p in pods]
-            converted = [shares.convert(s, p["spec"], settings, view) for s, p in zip(read, pods, strict=True)]
-            steps |= {
-                "annotations.read": timed(
-                    lambda p: annotations_.read(p["spec"], p["metadata"]["annotations"], contract), pods
-                ),
-                "shares.convert (class choice)": timed(
-                    lambda a: shares.convert(a[0], a[1]["spec"], settings, view), list(zip(read, pods, strict=True))
-                ),
-                "tolerations": timed(
-                    lambda p: tolerations.patch_ops(p["spec"], settings.converted_pod_tolerations), pods
-                ),
-                "steering terms": timed(lambda c: patches._steering_terms(c, settings), converted),
-                "patches.build": timed(
-                    lambda a: patches.build(a[1], copy.copy(a[0]), settings), list(zip(converted, pods, strict=True))
-                ),
-            }
-        outcomes = [mutation.mutate(p, settings=settings, cluster=view) for p in pods]
+        _split_kind(kind, count, timed)
+
+
+def _split_kind(kind: str, count: int, timed: Any) -> None:
+    import base64
+    import copy
+
+    import orjson
+
+    from gpuslice import config
+    from gpuslice.webhook import admission, cpupods, decoding, mutation, patches, repeats, shape, shares, tolerations
+    from gpuslice.webhook import annotations as annotations_
+
+    settings = config.Config()
+    bodies = make_reviews(kind, count, "distinct")
+    view = cluster_view(settings)
+    gc.freeze()
+    documents = [orjson.loads(body) for body in bodies]
+    pods = [document["request"]["object"] for document in documents]
+    steps = {
+        "orjson.loads": timed(orjson.loads, bodies),
+        "decoding.fields (the fields read)": timed(decoding.fields, bodies),
+        "request checks": timed(lambda d: admission._check_request(d["request"]), documents),
+        "shape.check_pod": timed(shape.check_pod, pods),
+    }
+    if kind == "cpu-only":
+        steps["cpupods.patch"] = timed(lambda p: cpupods.patch(p, settings), pods)
+    else:
+        contract = settings.contract
+        read = [annotations_.read(p["spec"], p["metadata"]["annotations"], contract) for p in pods]
+        converted = [shares.convert(s, p["spec"], settings, view) for s, p in zip(read, pods, strict=True)]
         steps |= {
-            "mutation.mutate": timed(lambda p: mutation.mutate(p, settings=settings, cluster=view), pods),
-            "encode the answer": timed(
-                lambda o: orjson.dumps(
-                    admission._answer(
-                        "u", True, patchType="JSONPatch", patch=base64.b64encode(orjson.dumps(o.patch)).decode()
-                    )
-                ),
-                outcomes,
+            "annotations.read": timed(
+                lambda p: annotations_.read(p["spec"], p["metadata"]["annotations"], contract), pods
             ),
-            "admission.review (decoded)": timed(
-                lambda d: admission.review(d, settings=settings, cluster=view), documents
+            "shares.convert (class choice)": timed(
+                lambda a: shares.convert(a[0], a[1]["spec"], settings, view), list(zip(read, pods, strict=True))
             ),
-            "admission.review (bytes)": timed(lambda b: admission.review(b, settings=settings, cluster=view), bodies),
+            "tolerations": timed(lambda p: tolerations.patch_ops(p["spec"], settings.converted_pod_tolerations), pods),
+            "steering terms": timed(lambda c: patches._steering_terms(c, settings), converted),
+            "patches.build": timed(
+                lambda a: patches.build(a[1], copy.copy(a[0]), settings), list(zip(converted, pods, strict=True))
+            ),
         }
-        firsts = []  # a fresh memory for each pass: every body is a first sighting
-        for _ in range(5):
-            answers = repeats.RepeatAnswers()
-            started = time.process_time()
-            for body in bodies:
-                answers.review(body, settings=settings, cluster=view)
-            firsts.append((time.process_time() - started) / len(bodies) * 1e6)
-        steps["repeats.review (first sightings)"] = statistics.median(firsts)
-        print(f"{kind}:")
-        for name, us in steps.items():
-            print(f"  {name:<34} {us:6.1f} us")
-        gc.unfreeze()
+    outcomes = [mutation.mutate(p, settings=settings, cluster=view) for p in pods]
+    steps |= {
+        "mutation.mutate": timed(lambda p: mutation.mutate(p, settings=settings, cluster=view), pods),
+        "encode the answer": timed(
+            lambda o: orjson.dumps(
+                admission._answer(
+                    "u", True, patchType="JSONPatch", patch=base64.b64encode(orjson.dumps(o.patch)).decode()
+                )
+            ),
+            outcomes,
+        ),
+        "admission.review (decoded)": timed(lambda d: admission.review(d, settings=settings, cluster=view), documents),
+        "admission.review (bytes)": timed(lambda b: admission.review(b, settings=settings, cluster=view), bodies),
+    }
+    firsts = []  # a fresh memory for each pass: every body is a first sighting
+    for _ in range(5):
+        answers = repeats.RepeatAnswers()
+        started = time.process_time()
+        for body in bodies:
+            answers.review(body, settings=settings, cluster=view)
+        firsts.append((time.process_time() - started) / len(bodies) * 1e6)
+    steps["repeats.review (first sightings)"] = statistics.median(firsts)
+    print(f"{kind}:")
+    for name, us in steps.items():
+        print(f"  {name:<34} {us:6.1f} us")
+    gc.unfreeze()
 
 
 def profile(kind: str, count: int = 4000) -> None:
