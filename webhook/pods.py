@@ -44,7 +44,11 @@ def has_gpuslice_resource(container: Mapping[str, Any], contract: contract_.Cont
     if not requests and not limits:
         return False
     memory, mig_prefix = contract.gpu_memory_resource, contract.mig_resource_prefix
-    return any(name == memory or name.startswith(mig_prefix) for m in (requests, limits) for name in m)
+    for amounts in (requests, limits):  # loops, not a generator: this runs for every container
+        for name in amounts:
+            if name == memory or name.startswith(mig_prefix):
+                return True
+    return False
 
 
 def nvidia_gpus(container: Mapping[str, Any]) -> Any:
