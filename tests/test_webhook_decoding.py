@@ -79,8 +79,10 @@ def test_fields_the_webhook_does_not_read_are_left_out() -> None:
     pod = kit.deployment_pod({"gpu-fraction": "0.5"}, containers=[kit.container(limits={"nvidia.com/gpu": "1"})])
     pod["spec"]["containers"][0]["env"] = [{"name": "A", "value": "b"}]
     pod["spec"]["volumes"] = [{"name": "data"}]
-    document = decoding.fields(json.dumps(fuzz.review_of(pod, userInfo={"username": "x"})).encode())
-    assert document is not None
+    decoded = decoding.fields(json.dumps(fuzz.review_of(pod, userInfo={"username": "x"})).encode())
+    assert decoded is not None
+    document, shaped = decoded
+    assert shaped
     assert "userInfo" not in document["request"] and "kind" not in document["request"]
     assert "volumes" not in document["request"]["object"]["spec"]
     assert set(document["request"]["object"]["spec"]["containers"][0]) == {"name", "resources"}
@@ -99,11 +101,46 @@ def test_fields_the_webhook_does_not_read_are_left_out() -> None:
         pytest.param(b'{"a":' + b"[" * 1000 + b"]" * 1000 + b"}", id="deep"),
     ],
 )
-def test_what_the_fast_pass_cannot_promise_goes_to_the_whole_decode(body: bytes) -> None:
+def test_what_the_typed_pass_cannot_promise_goes_to_the_whole_decode(body: bytes) -> None:
     assert decoding.fields(body) is None
 
 
 @given(body=st.binary(max_size=64) | st.builds(lambda v: json.dumps(v).encode(), fuzz.JSON))
 def test_any_body_is_decoded_to_an_object_or_left_to_the_whole_decode(body: bytes) -> None:
-    document = decoding.fields(body)
-    assert document is None or isinstance(document, dict)
+    decoded = decoding.fields(body)
+    assert decoded is None or isinstance(decoded[0], dict)
+
+
+def _pod() -> dict[str, Any]:
+    return kit.deployment_pod({"gpu-fraction": "0.5"}, containers=[kit.container(limits={"nvidia.com/gpu": "1"})])
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        (lambda p: p["metadata"]["annotations"].update(note=5), "object.metadata.annotations['note'] must be"),
+        (lambda p: p["metadata"].update(ownerReferences=[{"kind": 5}]), "object.metadata.ownerReferences[0].kind"),
+        (lambda p: p["spec"]["containers"][0].update(name=["a"]), "object.spec.containers[0].name"),
+        (lambda p: p["spec"]["containers"][0]["resources"].update(limits="1"), "containers[0].resources.limits"),
+        (lambda p: p["spec"]["containers"][0]["resources"].update(claims=[1]), "containers[0].resources.claims[0]"),
+        (lambda p: p["spec"].update(affinity={"nodeAffinity": []}), "object.spec.affinity.nodeAffinity"),
+        (lambda p: p["spec"].update(resourceClaims=[{"name": 1}]), "object.spec.resourceClaims[0].name"),
+        (lambda p: p["spec"].update(tolerations=["x"]), "object.spec.tolerations[0]"),
+        (lambda p: p["spec"].update(nodeSelector={"a": True}), "object.spec.nodeSelector['a']"),
+    ],
+    ids=["annotation", "owner", "name", "limits", "claims", "affinity", "resource-claims", "toleration", "selector"],
+)
+def test_a_field_of_the_wrong_type_is_refused_with_the_message_of_the_whole_decode(where: Any, words: str) -> None:
+    pod = _pod()
+    where(pod)
+    fast, whole = both_ways(fuzz.review_of(pod))
+    assert fast == whole
+    assert isinstance(fast, str) and words in fast, fast
+
+
+def test_the_pod_types_are_reported_checked_only_when_the_parts_kept_whole_pass_too() -> None:
+    pod = _pod()
+    assert (decoding.fields(json.dumps(fuzz.review_of(pod)).encode()) or ({}, False))[1]
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "x"}}
+    decoded = decoding.fields(json.dumps(fuzz.review_of(pod)).encode())
+    assert decoded is not None and not decoded[1]

@@ -45,22 +45,23 @@ class Result:
     dry_run: bool
 
 
-def _decode(body: bytes | str | Mapping[str, Any]) -> Mapping[str, Any]:
+def _decode(body: bytes | str | Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
+    """(the document, whether its pod's types are checked already)."""
     if isinstance(body, Mapping):
-        return body
+        return body, False
     if isinstance(body, bytes):
         # Decoding the 5-20 KB pod is the largest cost of an admission (docs/benchmarks.md): only
         # the fields read, in one typed pass; anything unusual is decoded whole below.
-        fields = decoding.fields(body)
-        if fields is not None:
-            return fields
+        decoded = decoding.fields(body)
+        if decoded is not None:
+            return decoded
     try:
         document = orjson.loads(body)
     except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MalformedReview(f"request body is not JSON: {exc}") from None
     if not isinstance(document, Mapping):
         raise MalformedReview(f"request body must be a JSON object, not {type(document).__name__}")
-    return document
+    return document, False
 
 
 def _answer(uid: str, allowed: bool, **fields: Any) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def _check_request(request: Mapping[str, Any]) -> None:
 
 def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Result:
     """Answer one AdmissionReview. Raises MalformedReview when there is nothing to answer."""
-    document = _decode(body)
+    document, shaped = _decode(body)
     if document.get("kind") != KIND or document.get("apiVersion") != API_VERSION:
         raise MalformedReview(
             f"expected kind {KIND} apiVersion {API_VERSION}, got kind {document.get('kind')!r} "
@@ -110,7 +111,8 @@ def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cl
     if not isinstance(pod, Mapping):
         raise MalformedReview("AdmissionReview request for a pod CREATE has no object")
     try:
-        shape.check_pod(pod)
+        if not shaped:
+            shape.check_pod(pod)
     except shape.WrongShape as exc:
         raise MalformedReview(f"AdmissionReview request.{exc}") from None
     outcome = mutation.mutate(pod, settings=settings, cluster=cluster)
