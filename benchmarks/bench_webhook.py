@@ -584,12 +584,18 @@ def main() -> None:
         f"{args.connections} keep-alive connections; load average at end: {os.getloadavg()[0]:.2f}"
     )
     compared = [kind for kind in kinds if kind != "noop"]
+    # Each run's webhook, no-op and baseline ran one after the other: the median of the per-run
+    # ratios cancels load that drifts between runs (the machine may be shared).
     print(
         "| pod | arrival | no-op µs CPU / admission | "
-        + " | ".join(f"{kind} µs CPU / admission | {kind} / no-op: ratio of medians (runs)" for kind in compared)
-        + " |"
+        + " | ".join(
+            f"{kind} µs CPU / admission | {kind} / no-op: ratio of medians (runs) | "
+            f"{kind} / no-op: median of per-run ratios"
+            for kind in compared
+        )
+        + (" | webhook / baseline: median of per-run ratios |" if "baseline" in compared else " |")
     )
-    print("|---|---|---|" + "---|---|" * len(compared))
+    print("|---|---|---|" + "---|---|---|" * len(compared) + ("---|" if "baseline" in compared else ""))
     for pods, arrival in cases:
         noop = results[("noop", pods, arrival)]
         cells = [f"{statistics.median(noop):.0f}"]
@@ -597,7 +603,17 @@ def main() -> None:
             cpu = results[(kind, pods, arrival)]
             pairs = [w / n for w, n in zip(cpu, noop, strict=True)]
             ratio = statistics.median(cpu) / statistics.median(noop)
-            cells += [f"{statistics.median(cpu):.0f}", f"**{ratio:.2f}** ({min(pairs):.2f}-{max(pairs):.2f})"]
+            cells += [
+                f"{statistics.median(cpu):.0f}",
+                f"**{ratio:.2f}** ({min(pairs):.2f}-{max(pairs):.2f})",
+                f"{statistics.median(pairs):.2f}",
+            ]
+        if "baseline" in compared:
+            versus = [
+                w / b
+                for w, b in zip(results[("webhook", pods, arrival)], results[("baseline", pods, arrival)], strict=True)
+            ]
+            cells.append(f"{statistics.median(versus):.2f} ({min(versus):.2f}-{max(versus):.2f})")
         print(f"| {pods} | {arrival} | " + " | ".join(cells) + " |")
 
 
