@@ -98,7 +98,7 @@ def test_fields_the_webhook_does_not_read_are_left_out() -> None:
         pytest.param(b'{"kind":"AdmissionReview","request":{"uid":"\xed\xa0\x80"}}', id="not-utf-8-where-read"),
         pytest.param(b'{"kind":"AdmissionReview",}', id="not-json"),
         pytest.param(b"[1, 2]", id="not-an-object"),
-        pytest.param(b'{"a":' + b"[" * 1000 + b"]" * 1000 + b"}", id="deep"),
+        pytest.param(b'{"a":' + b"[" * 1100 + b"]" * 1100 + b"}", id="deep"),
     ],
 )
 def test_what_the_typed_pass_cannot_promise_goes_to_the_whole_decode(body: bytes) -> None:
@@ -144,3 +144,13 @@ def test_the_pod_types_are_reported_checked_only_when_the_parts_kept_whole_pass_
     pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "x"}}
     decoded = decoding.fields(json.dumps(fuzz.review_of(pod)).encode())
     assert decoded is not None and not decoded[1]
+
+
+@pytest.mark.parametrize("depth", [1000, 1030, 5000])
+def test_nesting_in_a_field_not_read_is_refused_where_orjson_refuses_it(depth: int) -> None:
+    pod = _pod()
+    pod["spec"]["containers"][0]["env"] = "@"  # replaced below by the nested lists
+    review = json.dumps(fuzz.review_of(pod, dryRun=True)).replace('"@"', "[" * depth + "]" * depth)
+    fast, whole = answer(review.encode()), answer(review)
+    assert fast == whole
+    assert isinstance(whole, str) == (depth > 1020), whole  # a few levels are the review's own

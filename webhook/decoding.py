@@ -9,7 +9,8 @@ the rest), so the review need not walk them again; or None when the typed pass c
 the document: the caller then decodes the whole body with orjson, which also words the errors.
 So what is unusual takes the old path and gets the old answer: a field named below with another
 JSON type (a string where an object belongs), a body that is not UTF-8 (msgspec does not check
-the strings it skips, so it is checked here), JSON nested deeper than msgspec goes, or not JSON.
+the strings it skips, so it is checked here), one with more brackets than orjson's nesting limit
+(1024; msgspec's follows Python's recursion limit), or not JSON.
 The kept fields are encoded again and read by orjson (a few hundred bytes), so their values are
 exactly orjson's: it reads an integer beyond 64 bits as a float, msgspec as an int. Explicit nulls
 stay None and absent keys stay absent; of an owner reference only the kind is kept.
@@ -92,12 +93,15 @@ class _Review(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Review)
+_ORJSON_MAX_DEPTH = 1024  # orjson refuses deeper nesting; a body with fewer brackets cannot reach it
 _ENCODER = msgspec.json.Encoder()
 
 
 def fields(body: bytes) -> tuple[dict[str, Any], bool] | None:
     """(the fields of the AdmissionReview `body` the webhook reads, whether its pod's types are
     those `shape.check_pod` checks), or None: decode it whole."""
+    if body.count(b"{") + body.count(b"[") > _ORJSON_MAX_DEPTH:
+        return None  # perhaps nested deeper than orjson reads; msgspec's limit is Python's, which may be raised
     if not body.isascii():
         try:
             body.decode()
