@@ -271,7 +271,7 @@ class ClusterView:
         for every class: the admission path calls this for every converted pod. Units promised to
         pods converted since the labels were written (`promise`) are not free, so a decision
         drawn from this answer must be reached through `noted`."""
-        query = self._derived.get(_Query) or self.derived(_Query, lambda: _Query(self._table))
+        query = self.derived(_Query, lambda: _Query(self._table))
         usable = query.usable(tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib)
         if self._promised:
             now = self.clock()  # once for every class: this runs for every converted pod
