@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_webhook.py --baseline DIR        # also an earlier tree's webhook, alternated
     .venv/bin/python benchmarks/bench_webhook.py --in-process 2000      # admission.review alone, per pod kind
     .venv/bin/python benchmarks/bench_webhook.py --profile gpu-fraction  # cProfile of admission.review
+    .venv/bin/python benchmarks/bench_webhook.py --split 2000            # admission.review's steps, timed apart
 
 Two server processes serve the same certificate with the same TLS context (certs.server_context):
 the webhook as gpuslice-webhook builds it (server.make_app, served by server.start: the bounded
@@ -207,6 +208,95 @@ def in_process(count: int) -> None:
                 f"best {min(samples):6.1f} us ({answers.repeats} of {count} from memory); "
                 f"orjson.loads alone: median {statistics.median(floor):5.1f} us"
             )
+
+
+def split(count: int) -> None:
+    """CPU time of each step of a review of a pod that never repeats, timed apart in process
+    (median of 5 passes over `count` distinct pods per kind, after one pass to warm the memos).
+    The steps overlap (mutate holds the ones above it); `repeats.review` is the whole server step."""
+
+    def timed(step: Any, items: list[Any]) -> float:
+        for item in items:
+            step(item)
+        samples = []
+        for _ in range(5):
+            started = time.process_time()
+            for item in items:
+                step(item)
+            samples.append((time.process_time() - started) / len(items) * 1e6)
+        return statistics.median(samples)
+
+    for kind in POD_KINDS:
+        _split_kind(kind, count, timed)
+
+
+def _split_kind(kind: str, count: int, timed: Any) -> None:
+    import base64
+    import copy
+
+    import orjson
+
+    from gpuslice import config
+    from gpuslice.webhook import admission, cpupods, decoding, mutation, patches, repeats, shape, shares, tolerations
+    from gpuslice.webhook import annotations as annotations_
+
+    settings = config.Config()
+    bodies = make_reviews(kind, count, "distinct")
+    view = cluster_view(settings)
+    gc.freeze()
+    documents = [orjson.loads(body) for body in bodies]
+    pods = [document["request"]["object"] for document in documents]
+    steps = {
+        "orjson.loads": timed(orjson.loads, bodies),
+        "decoding.fields (the fields read)": timed(decoding.fields, bodies),
+        "request checks": timed(lambda d: admission._check_request(d["request"]), documents),
+        "shape.check_pod": timed(shape.check_pod, pods),
+    }
+    if kind == "cpu-only":
+        steps["cpupods.patch"] = timed(lambda p: cpupods.patch(p, settings), pods)
+    else:
+        contract = settings.contract
+        read = [annotations_.read(p["spec"], p["metadata"]["annotations"], contract) for p in pods]
+        converted = [shares.convert(s, p["spec"], settings, view) for s, p in zip(read, pods, strict=True)]
+        steps |= {
+            "annotations.read": timed(
+                lambda p: annotations_.read(p["spec"], p["metadata"]["annotations"], contract), pods
+            ),
+            "shares.convert (class choice)": timed(
+                lambda a: shares.convert(a[0], a[1]["spec"], settings, view), list(zip(read, pods, strict=True))
+            ),
+            "tolerations": timed(lambda p: tolerations.patch_ops(p["spec"], settings.converted_pod_tolerations), pods),
+            "steering terms": timed(lambda c: patches._steering_terms(c, settings), converted),
+            "patches.build": timed(
+                lambda a: patches.build(a[1], copy.copy(a[0]), settings), list(zip(converted, pods, strict=True))
+            ),
+        }
+    outcomes = [mutation.mutate(p, settings=settings, cluster=view) for p in pods]
+    steps |= {
+        "mutation.mutate": timed(lambda p: mutation.mutate(p, settings=settings, cluster=view), pods),
+        "encode the answer": timed(
+            lambda o: orjson.dumps(
+                admission._answer(
+                    "u", True, patchType="JSONPatch", patch=base64.b64encode(orjson.dumps(o.patch)).decode()
+                )
+            ),
+            outcomes,
+        ),
+        "admission.review (decoded)": timed(lambda d: admission.review(d, settings=settings, cluster=view), documents),
+        "admission.review (bytes)": timed(lambda b: admission.review(b, settings=settings, cluster=view), bodies),
+    }
+    firsts = []  # a fresh memory for each pass: every body is a first sighting
+    for _ in range(5):
+        answers = repeats.RepeatAnswers()
+        started = time.process_time()
+        for body in bodies:
+            answers.review(body, settings=settings, cluster=view)
+        firsts.append((time.process_time() - started) / len(bodies) * 1e6)
+    steps["repeats.review (first sightings)"] = statistics.median(firsts)
+    print(f"{kind}:")
+    for name, us in steps.items():
+        print(f"  {name:<34} {us:6.1f} us")
+    gc.unfreeze()
 
 
 def profile(kind: str, count: int = 4000) -> None:
@@ -415,6 +505,9 @@ def main() -> None:
     )
     parser.add_argument("--in-process", type=int, default=0, metavar="N", help="only time admission.review, N per kind")
     parser.add_argument("--profile", choices=POD_KINDS, help="only cProfile admission.review on this pod kind")
+    parser.add_argument(
+        "--split", type=int, default=0, metavar="N", help="only time the review's steps, N pods per kind"
+    )
     parser.add_argument("--role", choices=["main", "server", "client"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="webhook", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -427,6 +520,9 @@ def main() -> None:
         return
     if args.profile:
         profile(args.profile)
+        return
+    if args.split:
+        split(args.split)
         return
     if args.role == "server":
         run_server(args.kind, args.port, args.cert, args.key)
@@ -488,12 +584,18 @@ def main() -> None:
         f"{args.connections} keep-alive connections; load average at end: {os.getloadavg()[0]:.2f}"
     )
     compared = [kind for kind in kinds if kind != "noop"]
+    # Each run's webhook, no-op and baseline ran one after the other: the median of the per-run
+    # ratios cancels load that drifts between runs (the machine may be shared).
     print(
         "| pod | arrival | no-op µs CPU / admission | "
-        + " | ".join(f"{kind} µs CPU / admission | {kind} / no-op: ratio of medians (runs)" for kind in compared)
-        + " |"
+        + " | ".join(
+            f"{kind} µs CPU / admission | {kind} / no-op: ratio of medians (runs) | "
+            f"{kind} / no-op: median of per-run ratios"
+            for kind in compared
+        )
+        + (" | webhook / baseline: median of per-run ratios |" if "baseline" in compared else " |")
     )
-    print("|---|---|---|" + "---|---|" * len(compared))
+    print("|---|---|---|" + "---|---|---|" * len(compared) + ("---|" if "baseline" in compared else ""))
     for pods, arrival in cases:
         noop = results[("noop", pods, arrival)]
         cells = [f"{statistics.median(noop):.0f}"]
@@ -501,7 +603,17 @@ def main() -> None:
             cpu = results[(kind, pods, arrival)]
             pairs = [w / n for w, n in zip(cpu, noop, strict=True)]
             ratio = statistics.median(cpu) / statistics.median(noop)
-            cells += [f"{statistics.median(cpu):.0f}", f"**{ratio:.2f}** ({min(pairs):.2f}-{max(pairs):.2f})"]
+            cells += [
+                f"{statistics.median(cpu):.0f}",
+                f"**{ratio:.2f}** ({min(pairs):.2f}-{max(pairs):.2f})",
+                f"{statistics.median(pairs):.2f}",
+            ]
+        if "baseline" in compared:
+            versus = [
+                w / b
+                for w, b in zip(results[("webhook", pods, arrival)], results[("baseline", pods, arrival)], strict=True)
+            ]
+            cells.append(f"{statistics.median(versus):.2f} ({min(versus):.2f}-{max(versus):.2f})")
         print(f"| {pods} | {arrival} | " + " | ".join(cells) + " |")
 
 

@@ -10,6 +10,7 @@ A `Contract` is built once from the configured resource prefix and unit size, th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from typing import NamedTuple
@@ -160,17 +161,18 @@ def units_for_mib(mib: float, unit_mib: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Contract:
-    """Names derived from the configured resource prefix and unit size."""
+    """Names derived from the configured resource prefix and unit size (each built once per
+    contract: the webhook reads several on every admission)."""
 
     prefix: str = DEFAULT_PREFIX
     unit_mib: int = DEFAULT_UNIT_MIB
 
     # --- extended resources -------------------------------------------------------------
-    @property
+    @functools.cached_property
     def gpu_memory_resource(self) -> str:
         return f"{self.prefix}/gpu-memory"
 
-    @property
+    @functools.cached_property
     def mig_resource_prefix(self) -> str:
         return f"{self.prefix}/mig-"
 
@@ -189,66 +191,66 @@ class Contract:
         return gpu_memory_mib // self.unit_mib
 
     # --- annotations ---------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def isolation_annotation(self) -> str:
         """`<prefix>/isolation: mig` asks for a MIG slice instead of memory units."""
         return f"{self.prefix}/isolation"
 
-    @property
+    @functools.cached_property
     def decision_annotation(self) -> str:
         """Written by the webhook: what it converted and why, for `kubectl describe pod`."""
         return f"{self.prefix}/decision"
 
-    @property
+    @functools.cached_property
     def pacing_gate(self) -> str:
         """The scheduling gate the webhook puts on converted pods when pacing is on; the pacer removes it."""
         return f"{self.prefix}/pacing"
 
-    @property
+    @functools.cached_property
     def requeues_annotation(self) -> str:
         """Written by the webhook's requeuer: how often kubelet refused this pod and it was recreated."""
         return f"{self.prefix}/requeues"
 
     # --- node labels (published by the device plugin, read by the webhook and scheduler) --
-    @property
+    @functools.cached_property
     def label_gpu_product(self) -> str:
         return f"{self.prefix}/gpu.product"
 
-    @property
+    @functools.cached_property
     def label_gpu_memory_mib(self) -> str:
         return f"{self.prefix}/gpu.memory-mib"
 
-    @property
+    @functools.cached_property
     def label_gpu_count(self) -> str:
         return f"{self.prefix}/gpu.count"
 
-    @property
+    @functools.cached_property
     def label_free_block_units(self) -> str:
         """Largest number of free memory units on a single GPU of the node."""
         return f"{self.prefix}/gpu.free-block-units"
 
-    @property
+    @functools.cached_property
     def label_free_partial_block_units(self) -> str:
         """Largest number of free memory units on a single GPU that is already partly allocated
         ("0" when none): a share that fits there does not break a fully free GPU."""
         return f"{self.prefix}/gpu.free-partial-block-units"
 
-    @property
+    @functools.cached_property
     def label_free_units(self) -> str:
         """Total free memory units on the node, over all its shared GPUs."""
         return f"{self.prefix}/gpu.free-units"
 
-    @property
+    @functools.cached_property
     def label_free_cpu_milli(self) -> str:
         """CPU (millicores) of the node's allocatable not yet requested by its pods."""
         return f"{self.prefix}/node.free-cpu-milli"
 
-    @property
+    @functools.cached_property
     def label_free_memory_mib(self) -> str:
         """Memory (MiB) of the node's allocatable not yet requested by its pods."""
         return f"{self.prefix}/node.free-memory-mib"
 
-    @property
+    @functools.cached_property
     def label_free_gpus(self) -> str:
         """Number of GPUs of the node with every memory unit free."""
         return f"{self.prefix}/gpu.free-gpus"
@@ -275,30 +277,30 @@ class Contract:
         head, tail = f"{self.prefix}/mig.", ".free"
         return key[len(head) : -len(tail)] if key.startswith(head) and key.endswith(tail) else None
 
-    @property
+    @functools.cached_property
     def label_placement_score(self) -> str:
         """0..100: how much real free memory and idle time the node's GPUs have (NVML)."""
         return f"{self.prefix}/gpu.placement-score"
 
-    @property
+    @functools.cached_property
     def label_pod_cpu_steering(self) -> str:
         """A pod label: `"off"` keeps a pod that asks for no device exactly as written (no
         preference for nodes without a free GPU is added to it)."""
         return f"{self.prefix}/cpu-pod-steering"
 
-    @property
+    @functools.cached_property
     def label_node_config(self) -> str:
         """Set by operators: the entry of the configuration's nodeConfigs that the device plugin of
         this node layers over the file (docs/configuration.md, "Per-node configuration")."""
         return f"{self.prefix}/config"
 
-    @property
+    @functools.cached_property
     def label_node_enabled(self) -> str:
         """Set by operators on GPU nodes that run the gpuslice device plugin."""
         return f"{self.prefix}/enabled"
 
     # --- DRA mode (docs/dra.md) ------------------------------------------------------------
-    @property
+    @functools.cached_property
     def dra_driver(self) -> str:
         """The DRA driver name: ResourceSlice spec.driver, the kubelet plugin's name, the domain
         of its device attributes. ValueError when the prefix makes it longer than the API allows."""
@@ -310,33 +312,33 @@ class Contract:
             )
         return name
 
-    @property
+    @functools.cached_property
     def dra_device_class(self) -> str:
         """DeviceClass of the GPUs shared by memory (and whole GPUs)."""
         return f"gpu.{self.prefix}"
 
-    @property
+    @functools.cached_property
     def dra_mig_device_class(self) -> str:
         """DeviceClass of the MIG devices."""
         return f"mig.{self.prefix}"
 
-    @property
+    @functools.cached_property
     def dra_cdi_kind(self) -> str:
         """CDI kind of the per-claim devices the DRA plugin writes ("k8s.gpu.gpuslice.io/claim")."""
         return f"k8s.{self.dra_driver}/claim"
 
-    @property
+    @functools.cached_property
     def dra_unhealthy_taint(self) -> str:
         """Device taint key the DRA plugin puts on a GPU or MIG device NVML reports as failed."""
         return f"{self.dra_driver}/unhealthy"
 
-    @property
+    @functools.cached_property
     def label_node_dra(self) -> str:
         """Set by operators on GPU nodes that run the DRA plugin instead of the device plugin
         (chart mode "both")."""
         return f"{self.prefix}/dra"
 
-    @property
+    @functools.cached_property
     def dra_template_label(self) -> str:
         """Label of the ResourceClaimTemplates the webhook creates (value: "webhook")."""
         return f"{self.prefix}/claim-template"

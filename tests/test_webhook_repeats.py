@@ -214,3 +214,21 @@ def test_an_answer_remembered_for_one_view_is_not_given_for_another() -> None:
     assert answers.repeats == 1  # the view it was remembered for gets it
     answers.review(body("v-4"), settings=SETTINGS, cluster=other)
     assert answers.repeats == 1
+
+
+def test_large_bodies_that_share_a_fingerprint_get_their_own_answers() -> None:
+    # Two 20 KB bodies of one length that differ only between the fingerprint's windows.
+    def padded(uid: str, memory: str) -> bytes:
+        return body(uid, {"pad-a": "a" * 7_000, "gpu-memory": memory, "pad-b": "b" * 13_000})
+
+    first, second = padded("f-1", "2000"), padded("s-1", "4000")
+    assert len(first) == len(second) and first != second.replace(b'"uid":"s-1"', b'"uid":"f-1"')
+    start, end = repeats._uid_span(first) or (0, 0)
+    assert repeats._fingerprint(first, start, end) == repeats._fingerprint(second, start, end)
+    answers, view = repeats.RepeatAnswers(), one_class_view()
+    sequence = [padded("f-1", "2000"), padded("f-2", "2000"), padded("s-1", "4000"), padded("s-2", "4000")]
+    sequence += [padded("f-3", "2000"), padded("s-3", "4000")]
+    for raw in sequence:
+        _, encoded = answers.review(raw, settings=SETTINGS, cluster=view)
+        assert encoded == orjson.dumps(admission.review(raw, settings=SETTINGS, cluster=one_class_view()).response)
+    assert answers.repeats == 1  # s-3: s-2 took f-2's place; f-3 was answered in full

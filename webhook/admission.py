@@ -20,7 +20,7 @@ import orjson
 
 from gpuslice import config
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import mutation, shape
+from gpuslice.webhook import decoding, mutation, shape
 
 __all__ = ["MalformedReview", "Result", "promise", "review"]
 
@@ -45,17 +45,23 @@ class Result:
     dry_run: bool
 
 
-def _decode(body: bytes | str | Mapping[str, Any]) -> Mapping[str, Any]:
+def _decode(body: bytes | str | Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
+    """(the document, whether its pod's types are checked already)."""
     if isinstance(body, Mapping):
-        return body
+        return body, False
+    if isinstance(body, bytes):
+        # Decoding the 5-20 KB pod is the largest cost of an admission (docs/benchmarks.md): only
+        # the fields read, in one typed pass; anything unusual is decoded whole below.
+        decoded = decoding.fields(body)
+        if decoded is not None:
+            return decoded
     try:
-        # orjson: decoding the 5-20 KB pod is the largest cost of an admission (docs/benchmarks.md).
         document = orjson.loads(body)
     except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MalformedReview(f"request body is not JSON: {exc}") from None
     if not isinstance(document, Mapping):
         raise MalformedReview(f"request body must be a JSON object, not {type(document).__name__}")
-    return document
+    return document, False
 
 
 def _answer(uid: str, allowed: bool, **fields: Any) -> dict[str, Any]:
@@ -79,7 +85,7 @@ def _check_request(request: Mapping[str, Any]) -> None:
 
 def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Result:
     """Answer one AdmissionReview. Raises MalformedReview when there is nothing to answer."""
-    document = _decode(body)
+    document, shaped = _decode(body)
     if document.get("kind") != KIND or document.get("apiVersion") != API_VERSION:
         raise MalformedReview(
             f"expected kind {KIND} apiVersion {API_VERSION}, got kind {document.get('kind')!r} "
@@ -105,7 +111,8 @@ def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cl
     if not isinstance(pod, Mapping):
         raise MalformedReview("AdmissionReview request for a pod CREATE has no object")
     try:
-        shape.check_pod(pod)
+        if not shaped:
+            shape.check_pod(pod)
     except shape.WrongShape as exc:
         raise MalformedReview(f"AdmissionReview request.{exc}") from None
     outcome = mutation.mutate(pod, settings=settings, cluster=cluster)
@@ -128,4 +135,3 @@ def promise(result: Result, cluster: cluster_.ClusterView) -> None:
     label shows it: the next pods of a burst choose their class knowing it (cluster.py, promises)."""
     if result.result == RESULT_MUTATED and not result.dry_run and result.outcome is not None:
         cluster.promise_conversion(result.outcome.decision)
-

@@ -48,14 +48,18 @@ def wanted(annotations: Mapping[str, Any], contract: contract_.Contract) -> bool
     return contract.isolation_annotation in annotations
 
 
+_FRACTION_NAME = f"annotation {contract_.KAI_GPU_FRACTION}"
+_MEMORY_NAME = f"annotation {contract_.KAI_GPU_MEMORY}"
+
+
 def parse_fraction(text: Any) -> float:
     """The gpu-fraction value, or parsing.Invalid naming what is wrong."""
-    return parsing.fraction(f"annotation {contract_.KAI_GPU_FRACTION}", text)
+    return parsing.fraction(_FRACTION_NAME, text)
 
 
 def parse_memory_mib(text: Any) -> int:
     """The gpu-memory value in MiB (rounded up), or parsing.Invalid naming what is wrong."""
-    return parsing.memory_mib(f"annotation {contract_.KAI_GPU_MEMORY}", text)
+    return parsing.memory_mib(_MEMORY_NAME, text)
 
 
 def read(spec: Mapping[str, Any], annotations: Mapping[str, Any], contract: contract_.Contract) -> Share | None:
@@ -100,11 +104,12 @@ def read(spec: Mapping[str, Any], annotations: Mapping[str, Any], contract: cont
             )
         return None  # only gpu-fraction-container-name: nothing to convert
 
-    if any(pods.has_gpuslice_resource(c, contract) for _, _, c in pods.containers(spec)):
+    every = list(pods.containers(spec))
+    if any([pods.has_gpuslice_resource(c, contract) for _, _, c in every]):
         # Already converted (reinvocation, where the placeholder is gone and a sidecar may now come
         # first) or written by hand: leave the pod alone.
         return None
-    field, index, container = _find_container(spec, annotations.get(contract_.KAI_GPU_FRACTION_CONTAINER_NAME))
+    field, index, container = _find_container(every, annotations.get(contract_.KAI_GPU_FRACTION_CONTAINER_NAME))
     _check_placeholder(container, share)
     fraction = parse_fraction(fraction_text) if fraction_text is not None else None
     memory_mib = parse_memory_mib(memory_text) if memory_text is not None else None
@@ -120,13 +125,14 @@ def _parse_num_devices(text: Any) -> int:
     return value
 
 
-def _find_container(spec: Mapping[str, Any], name: str | None) -> tuple[str, int, Mapping[str, Any]]:
+def _find_container(
+    every: list[tuple[str, int, Mapping[str, Any]]], name: str | None
+) -> tuple[str, int, Mapping[str, Any]]:
     """The container the share goes to: the one the annotation names; else the first container
     carrying KAI's nvidia.com/gpu placeholder (regular containers first, then init containers);
     else the first regular container. Going by the placeholder, not the position, keeps the share on
     the GPU container when another webhook inserts a sidecar in front of it."""
-    if name is None:
-        every = list(pods.containers(spec))  # regular containers first
+    if name is None:  # `every`: pods.containers, regular containers first
         regular = [entry for entry in every if entry[0] == "containers"]
         if not regular:
             raise parsing.Invalid("the pod has no containers to give the GPU share to")
@@ -134,11 +140,10 @@ def _find_container(spec: Mapping[str, Any], name: str | None) -> tuple[str, int
             if pods.nvidia_gpus(entry[2]) is not None:
                 return entry
         return regular[0]
-    containers = list(pods.containers(spec))
-    for entry in containers:
+    for entry in every:
         if entry[2].get("name") == name:
             return entry
-    names = parsing.cut(", ".join(str(c.get("name")) for _, _, c in containers) or "none")
+    names = parsing.cut(", ".join(str(c.get("name")) for _, _, c in every) or "none")
     raise parsing.Invalid(
         f"annotation {contract_.KAI_GPU_FRACTION_CONTAINER_NAME}={parsing.quote(name)} names no container of the pod "
         f"(containers: {names}); accepted: the name of one of them"

@@ -179,7 +179,7 @@ def _facts(cluster: cluster_.ClusterView, contract: contract_.Contract) -> dict[
     return cluster.derived(("classchoice", contract), build)
 
 
-# Per class memory: (memory MiB, capacity in units, free-share key); with the units needed per class.
+# Per class memory: (memory MiB, capacity in units, free-share key negated); with the units needed per class.
 _Rows = tuple[dict[int, int], list[tuple[int, int, tuple[float, int, int]]]]
 _MAX_DEMANDS = 1024
 
@@ -204,7 +204,8 @@ def _best(
     # What does not change until a node does, by demand: the units the pod needs in each class,
     # and per class its capacity and tie-break key (re-taken for every repeat of a remembered
     # answer). At most _MAX_DEMANDS per version of the view, then afresh.
-    known: dict[Any, _Rows] = cluster.derived(("best", contract), dict)
+    # Keyed by the contract's fields: hashing the frozen dataclass costs a Python call per admission.
+    known: dict[Any, _Rows] = cluster.derived(("best", contract.prefix, contract.unit_mib), dict)
     rows = known.get((memories, demand))
     if rows is None:
         if len(known) >= _MAX_DEMANDS:
@@ -212,13 +213,13 @@ def _best(
         facts = _facts(cluster, contract)
         rows = known[(memories, demand)] = (
             {m: demand.units(facts[m].units_per_gpu) for m in memories},
-            [(m, facts[m].capacity, facts[m].free_share_key) for m in memories],
+            [(m, facts[m].capacity, _negated(facts[m].free_share_key)) for m in memories],
         )
     needs, per_class = rows
     units = cluster.usable_free_units(
         needs, whole_gpus=bool(demand.whole_gpus), cpu_milli=demand.cpu_milli, memory_request_mib=demand.memory_mib
     )
-    share, _, best = max((units[m] / capacity if capacity else 0.0, _negated(k), m) for m, capacity, k in per_class)
+    share, _, best = max((units[m] / capacity if capacity else 0.0, key, m) for m, capacity, key in per_class)
     if share > 0:
         return best, "largest free share on nodes where the pod fits now"
     return best, "largest free share (no node has room now)"

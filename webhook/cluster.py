@@ -68,6 +68,7 @@ class _ClassTotals:
     gpus_per_node: Counter[int] = dataclasses.field(default_factory=Counter)
 
 
+_MISSING = object()  # `derived`: not built yet (None may be a value)
 _GENERATIONS = itertools.count()
 
 _COLUMNS = ("memory_mib", "free_units", "free_block", "free_gpus", "free_cpu_milli", "free_memory_mib")
@@ -273,8 +274,9 @@ class ClusterView:
         query = self.derived(_Query, lambda: _Query(self._table))
         usable = query.usable(tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib)
         if self._promised:
-            usable = {m: max(0, n - self.promised_units(m)) for m, n in usable.items()}
-        return usable
+            now = self.clock()  # once for every class: this runs for every converted pod
+            return {m: max(0, n - self.promised_units(m, now=now)) for m, n in usable.items()}
+        return dict(usable)
 
     def start_recording(self) -> list[tuple[Callable[[], Hashable], Hashable]]:
         """Until `stop_recording`, every answer that depends on promises (`noted`) is appended to
@@ -300,9 +302,10 @@ class ClusterView:
     def derived(self, key: Hashable, build: Callable[[], T]) -> T:
         """`build()`, computed once per version of the view (until a node changes) and kept under
         `key`: for what admissions need from the nodes alone. Promises are not part of a version."""
-        if key not in self._derived:
-            self._derived[key] = build()
-        return cast(T, self._derived[key])
+        value = self._derived.get(key, _MISSING)
+        if value is _MISSING:
+            value = self._derived[key] = build()
+        return cast(T, value)
 
     def mig_profiles(self) -> dict[str, int]:
         """Resource-form MIG profile -> MiB of one device (the smallest seen for that profile)."""
@@ -393,14 +396,15 @@ class _Query:
     def usable(
         self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int
     ) -> dict[int, int]:
-        """Labelled free units per class on nodes where the demand fits (no promises counted)."""
+        """Labelled free units per class on nodes where the demand fits (no promises counted);
+        the memo's own dict, not to be changed."""
         key = (needs, whole_gpus, cpu_milli, memory_mib)
         answer = self.answers.get(key)
         if answer is None:
             if len(self.answers) >= self._MAX_ANSWERS:
                 self.answers.clear()
             answer = self.answers[key] = self._compute(needs, whole_gpus, cpu_milli, memory_mib)
-        return dict(answer)
+        return answer
 
     def _compute(
         self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int

@@ -6,6 +6,7 @@ May import gpuslice.contract and the webhook's parsing module.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -43,7 +44,11 @@ def has_gpuslice_resource(container: Mapping[str, Any], contract: contract_.Cont
     if not requests and not limits:
         return False
     memory, mig_prefix = contract.gpu_memory_resource, contract.mig_resource_prefix
-    return any(name == memory or name.startswith(mig_prefix) for m in (requests, limits) for name in m)
+    for amounts in (requests, limits):  # loops, not a generator: this runs for every container
+        for name in amounts:
+            if name == memory or name.startswith(mig_prefix):
+                return True
+    return False
 
 
 def nvidia_gpus(container: Mapping[str, Any]) -> Any:
@@ -87,12 +92,22 @@ def requests(spec: Mapping[str, Any]) -> tuple[int, int]:
 
     def of(container: Mapping[str, Any]) -> tuple[int, int]:
         amounts = (container.get("resources") or {}).get("requests") or {}
-        cpu = parsing.request_quantity(amounts.get("cpu", 0)) * 1000
-        memory = parsing.request_quantity(amounts.get("memory", 0)) / 2**20
-        return int(cpu), int(memory)
+        cpu, memory = amounts.get("cpu", 0), amounts.get("memory", 0)
+        try:
+            return _amounts(cpu, memory)
+        except TypeError:  # not hashable: read it without the memo (it comes to 0)
+            return _amounts.__wrapped__(cpu, memory)
 
-    regular = [of(c) for c in spec.get("containers") or ()]
-    init = [of(c) for c in spec.get("initContainers") or ()]
+    regular = [of(c) for c in spec.get("containers") or () if isinstance(c, Mapping)]  # null entries: none
+    init = [of(c) for c in spec.get("initContainers") or () if isinstance(c, Mapping)]
     cpu = max(sum(c for c, _ in regular), max((c for c, _ in init), default=0))
     mem = max(sum(m for _, m in regular), max((m for _, m in init), default=0))
     return cpu, mem
+
+
+# Pods repeat a handful of request pairs ("4", "16Gi"); the Decimal arithmetic costs more than a lookup.
+# typed: True and 1 are different keys (a boolean request counts as 0).
+@functools.lru_cache(maxsize=4096, typed=True)
+def _amounts(cpu: Any, memory: Any) -> tuple[int, int]:
+    """(CPU millicores, memory MiB) of one container's CPU and memory requests."""
+    return int(parsing.request_quantity(cpu) * 1000), int(parsing.request_quantity(memory) / 2**20)

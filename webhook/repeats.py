@@ -22,6 +22,12 @@ the first repeat: bodies that never repeat are not scanned) and has no character
 escape; a later body with the same bytes around a uid of that form is then the same review for
 that uid.
 
+Bodies are told apart by a fingerprint: a small body whole, a larger one by its length and a few
+windows of its bytes (about 1 µs, where hashing a 15 KB body costs 7-10; docs/benchmarks.md). The
+bytes are compared in full (`startswith`, `endswith`: no copy) before an answer is given again,
+so two bodies with one fingerprint only cost time: the second is remembered at its first
+sighting, in place of the first.
+
 May import orjson, gpuslice.config and the webhook's admission, cluster and mutation modules.
 """
 
@@ -62,17 +68,28 @@ class _Answer:
 class _Remembered:
     """The answers to one body at one generation of the view, by what its decisions came to."""
 
+    head: bytes  # the body up to its uid's value
+    tail: bytes  # ... and after it
     generation: int
     decide: tuple[Callable[[], Hashable], ...]  # the decisions promises can change, to take again
     answers: dict[tuple[Hashable, ...], _Answer]
 
+    def holds(self, body: bytes, start: int, end: int) -> bool:
+        """`body`, its uid's value at [start, end), is this body but for the uid."""
+        return (
+            start == len(self.head)
+            and len(body) - end == len(self.tail)
+            and body.startswith(self.head)
+            and body.endswith(self.tail)
+        )
+
     @property
     def size(self) -> int:
-        return sum(len(a.head) + len(a.tail) for a in self.answers.values())
+        return len(self.head) + len(self.tail) + sum(len(a.head) + len(a.tail) for a in self.answers.values())
 
 
-def _split(body: bytes) -> tuple[bytes, bytes] | None:
-    """(body without the first `"uid":"` value, that value), or None when there is none usable."""
+def _uid_span(body: bytes) -> tuple[int, int] | None:
+    """Where the first `"uid":"` value is, or None when there is none usable."""
     start = body.find(_UID_FIELD)
     if start < 0:
         return None
@@ -80,7 +97,31 @@ def _split(body: bytes) -> tuple[bytes, bytes] | None:
     end = body.find(b'"', start)
     if end < 0 or not _PLAIN_UID.fullmatch(body, start, end):
         return None
-    return body[:start] + body[end:], body[start:end]
+    return start, end
+
+
+# Bodies up to this size are fingerprinted whole; larger ones by windows of their bytes.
+_WHOLE_BYTES = 2048
+_WINDOW = 128
+
+
+def _fingerprint(body: bytes, start: int, end: int) -> int:
+    """A hash of the body but for the bytes in [start, end) (the uid): of it whole when small, else
+    of its length, the bytes before the uid, two windows after it (the request's fields, the
+    pod's names), three spread over the rest, and the last."""
+    if len(body) <= _WHOLE_BYTES:
+        return hash((body[:start], body[end:]))
+    rest = len(body) - end
+    spread = [end + rest * part // 4 for part in (1, 2, 3)]
+    return hash(
+        (
+            rest,
+            body[:start],
+            body[end : end + 2 * _WINDOW],
+            *[body[at : at + _WINDOW] for at in spread],
+            body[-_WINDOW:],
+        )
+    )
 
 
 class RepeatAnswers:
@@ -88,8 +129,8 @@ class RepeatAnswers:
     forgotten first (at most MAX_TOTAL_BYTES)."""
 
     def __init__(self, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
-        self._answers: collections.OrderedDict[bytes, _Remembered] = collections.OrderedDict()
-        self._seen_once: dict[int, None] = {}  # hashes of bodies answered once, oldest first
+        self._answers: collections.OrderedDict[int, _Remembered] = collections.OrderedDict()  # by fingerprint
+        self._seen_once: dict[int, None] = {}  # fingerprints of bodies answered once, oldest first
         self._bytes = 0
         self._max_bytes = max_total_bytes
         self.repeats = 0  # answers given from memory (the metrics read it)
@@ -106,22 +147,26 @@ class RepeatAnswers:
         self, body: bytes, *, settings: config.Config, cluster: cluster_.ClusterView
     ) -> tuple[admission.Result, bytes]:
         """`admission.review(body)` and its answer encoded; MalformedReview as it raises."""
-        split = _split(body) if len(body) <= MAX_BODY_BYTES else None
-        if split is None:
+        span = _uid_span(body) if len(body) <= MAX_BODY_BYTES else None
+        if span is None:
             return _reviewed(body, settings, cluster)
-        key, uid = split
-        known = self._answers.get(key)
-        if known is not None and known.generation == cluster.generation:
+        start, end = span
+        print_ = _fingerprint(body, start, end)
+        known = self._answers.get(print_)
+        if known is not None and not known.holds(body, start, end):
+            known = None  # another body with the same fingerprint: this one takes its place below
+        elif known is not None and known.generation == cluster.generation:
             decided = tuple(again() for again in known.decide)
             answer = known.answers.get(decided)
             if answer is not None:
-                if answer.checked or self._check(key, answer):
-                    self._answers.move_to_end(key)
+                if answer.checked or self._check(print_, known, answer):
+                    self._answers.move_to_end(print_)
                     self.repeats += 1
                     admission.promise(answer.result, cluster)
+                    uid = body[start:end]
                     return _for_uid(answer.result, uid.decode()), answer.head + uid + answer.tail
                 known = None  # `_check` forgot it
-        elif known is None and self._first_sighting(hash(key)):
+        elif known is None and self._first_sighting(print_):
             # Most bodies never repeat (bare pods, one-pod jobs): remembering them would cost every
             # such admission more than a repeat saves (docs/benchmarks.md), so a body is
             # remembered the second time it comes.
@@ -133,45 +178,46 @@ class RepeatAnswers:
         finally:
             cluster.stop_recording()
         encoded = orjson.dumps(result.response)
+        uid = body[start:end]
         if _rememberable(uid, result):
             if known is None or known.generation != generation or len(known.decide) != len(reads):
-                known = _Remembered(generation, tuple([again for again, _ in reads]), {})
+                known = _Remembered(body[:start], body[end:], generation, tuple([again for again, _ in reads]), {})
             answer = _Answer(*_around(encoded, uid), _kept(result))
-            self._remember(key, known, tuple([decided for _, decided in reads]), answer)
+            self._remember(print_, known, tuple([decided for _, decided in reads]), answer)
         return result, encoded
 
-    def _first_sighting(self, key_hash: int) -> bool:
-        """True the first time a body's hash comes (the last MAX_SEEN_ONCE are kept)."""
-        if key_hash in self._seen_once:
-            del self._seen_once[key_hash]
+    def _first_sighting(self, print_: int) -> bool:
+        """True the first time a body's fingerprint comes (the last MAX_SEEN_ONCE are kept)."""
+        if print_ in self._seen_once:
+            del self._seen_once[print_]
             return False
-        self._seen_once[key_hash] = None
+        self._seen_once[print_] = None
         if len(self._seen_once) > MAX_SEEN_ONCE:
             del self._seen_once[next(iter(self._seen_once))]
         return True
 
-    def _check(self, key: bytes, answer: _Answer) -> bool:
+    def _check(self, print_: int, known: _Remembered, answer: _Answer) -> bool:
         """Whether the first request's uid occurs in its body only where it was cut out (so the
         cut was `request.uid`); checked once, at the first repeat, as most bodies never repeat.
         A body that fails is forgotten."""
         first = str(answer.result.response["response"]["uid"]).encode()
-        if first in key:
-            entry = self._answers.pop(key)
-            self._bytes -= len(key) + entry.size
+        if first in known.head + known.tail:
+            self._answers.pop(print_)
+            self._bytes -= known.size
             return False
         answer.checked = True
         return True
 
-    def _remember(self, key: bytes, entry: _Remembered, decided: tuple[Hashable, ...], answer: _Answer) -> None:
-        old = self._answers.pop(key, None)
+    def _remember(self, print_: int, entry: _Remembered, decided: tuple[Hashable, ...], answer: _Answer) -> None:
+        old = self._answers.pop(print_, None)
         if old is not None:
-            self._bytes -= len(key) + old.size
+            self._bytes -= old.size
         entry.answers[decided] = answer
-        self._answers[key] = entry
-        self._bytes += len(key) + entry.size
+        self._answers[print_] = entry
+        self._bytes += entry.size
         while self._bytes > self._max_bytes and self._answers:
-            oldest, dropped = self._answers.popitem(last=False)
-            self._bytes -= len(oldest) + dropped.size
+            _, dropped = self._answers.popitem(last=False)
+            self._bytes -= dropped.size
 
 
 def _reviewed(body: bytes, settings: config.Config, cluster: cluster_.ClusterView) -> tuple[admission.Result, bytes]:

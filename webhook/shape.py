@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["WrongShape", "check_pod"]
+__all__ = ["WrongShape", "check_pod", "parts_kept_whole_pass"]
 
 Check = Callable[[Any], None]
 
@@ -90,12 +90,8 @@ def _object(fields: Mapping[str, Check] | None = None, *, values: Check | None =
 
 
 _RESOURCE_MAP = _object(values=_quantity)
-_CONTAINER = _object(
-    {
-        "name": _string,
-        "resources": _object({"requests": _RESOURCE_MAP, "limits": _RESOURCE_MAP, "claims": _list(_object())}),
-    }
-)
+_RESOURCES = _object({"requests": _RESOURCE_MAP, "limits": _RESOURCE_MAP, "claims": _list(_object())})
+_CONTAINER = _object({"name": _string, "resources": _RESOURCES})
 _EXPRESSION = _object({"key": _string, "operator": _string, "values": _list(_string)})
 _TERM = _object({"matchExpressions": _list(_EXPRESSION), "matchFields": _list(_EXPRESSION)})
 _NODE_AFFINITY = _object(
@@ -104,6 +100,8 @@ _NODE_AFFINITY = _object(
         "preferredDuringSchedulingIgnoredDuringExecution": _list(_object({"preference": _TERM})),
     }
 )
+_AFFINITY = _object({"nodeAffinity": _NODE_AFFINITY})
+_RESOURCE_CLAIMS = _list(_object({"name": _string}))
 _POD = _object(
     {
         "metadata": _object(
@@ -123,9 +121,9 @@ _POD = _object(
                 "nodeSelector": _object(values=_string),
                 "nodeName": _string,
                 "schedulerName": _string,
-                "affinity": _object({"nodeAffinity": _NODE_AFFINITY}),
+                "affinity": _AFFINITY,
                 "tolerations": _list(_object()),
-                "resourceClaims": _list(_object({"name": _string})),
+                "resourceClaims": _RESOURCE_CLAIMS,
             }
         ),
     }
@@ -139,3 +137,23 @@ def check_pod(pod: Any) -> None:
     except WrongShape as exc:
         exc.path.insert(0, "object")
         raise
+
+
+def parts_kept_whole_pass(spec: Mapping[str, Any] | None) -> bool:
+    """Whether the parts of a pod's `spec` that webhook/decoding.py keeps whole, untyped (each
+    container's resources, the affinity, the resource claims), pass `check_pod`'s checks; it has
+    checked the rest of what `check_pod` checks as it decoded. (False: `check_pod` words it.)"""
+    if not spec:
+        return True
+    try:
+        for field in ("containers", "initContainers"):
+            for container in spec.get(field) or ():
+                if container is not None and container.get("resources") is not None:
+                    _RESOURCES(container["resources"])
+        if spec.get("affinity") is not None:
+            _AFFINITY(spec["affinity"])
+        if spec.get("resourceClaims") is not None:
+            _RESOURCE_CLAIMS(spec["resourceClaims"])
+    except WrongShape:
+        return False
+    return True

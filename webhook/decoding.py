@@ -1,0 +1,121 @@
+"""The AdmissionReview fields the webhook reads, decoded in one typed pass (msgspec) that skips
+the rest of the pod (env, volumes, probes, managedFields: most of its 5-20 KB) without building
+Python objects for it. Pure; no I/O.
+
+`fields(body)` gives the document as orjson decodes it, with only the keys the webhook reads
+(admission, shape, mutation and its steps: the types below), and whether the pod's fields have
+the types `shape.check_pod` asks for (the typed pass checks most, `shape.parts_kept_whole_pass`
+the rest), so the review need not walk them again; or None when the typed pass cannot promise
+the document: the caller then decodes the whole body with orjson, which also words the errors.
+So what is unusual takes the old path and gets the old answer: a field named below with another
+JSON type (a string where an object belongs), a body that is not UTF-8 (msgspec does not check
+the strings it skips, so it is checked here), one with more brackets than orjson's nesting limit
+(1024; msgspec's follows Python's recursion limit), or not JSON.
+The kept fields are encoded again and read by orjson (a few hundred bytes), so their values are
+exactly orjson's: it reads an integer beyond 64 bits as a float, msgspec as an int. Explicit nulls
+stay None and absent keys stay absent; of an owner reference only the kind is kept.
+
+One leniency, for input kube-apiserver cannot send (a Pod's numbers are 32- and 64-bit integers):
+a number beyond a double's range (1e999) in a field the webhook does not read is skipped, where
+orjson refuses the whole body.
+
+May import msgspec, orjson and the webhook's shape module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import orjson
+
+from gpuslice.webhook import shape
+
+__all__ = ["fields"]
+
+_UNSET: Any = msgspec.UNSET
+
+
+# The pod's fields as webhook/shape.py checks them (null counts as absent): a field of another
+# type makes the typed pass fail, and the whole decode and `shape.check_pod` word it. The parts
+# kept whole (Any) are checked after (`shape.parts_kept_whole_pass`).
+_Strings = dict[str, str | None] | None
+
+
+class _Container(msgspec.Struct):
+    name: str | None = _UNSET
+    resources: Any = _UNSET  # kept whole: the patch rewrites it
+
+
+class _Owner(msgspec.Struct):
+    kind: str | None = _UNSET  # all the webhook reads of an owner (DaemonSet pods are not steered)
+
+
+class _Metadata(msgspec.Struct):
+    name: str | None = _UNSET
+    generateName: str | None = _UNSET
+    namespace: str | None = _UNSET
+    annotations: _Strings = _UNSET
+    labels: _Strings = _UNSET
+    ownerReferences: list[_Owner | None] | None = _UNSET
+
+
+class _Spec(msgspec.Struct):
+    containers: list[_Container | None] | None = _UNSET
+    initContainers: list[_Container | None] | None = _UNSET
+    nodeSelector: _Strings = _UNSET
+    nodeName: str | None = _UNSET
+    schedulerName: str | None = _UNSET
+    affinity: Any = _UNSET  # kept whole: the patch rewrites it
+    tolerations: list[dict[str, Any] | None] | None = _UNSET
+    resourceClaims: Any = _UNSET
+
+
+class _Pod(msgspec.Struct):
+    metadata: _Metadata | None = _UNSET
+    spec: _Spec | None = _UNSET
+
+
+class _Request(msgspec.Struct):
+    uid: Any = _UNSET
+    resource: Any = _UNSET
+    subResource: Any = _UNSET
+    namespace: Any = _UNSET
+    operation: Any = _UNSET
+    dryRun: Any = _UNSET
+    object: _Pod | None = _UNSET
+
+
+class _Review(msgspec.Struct):
+    apiVersion: Any = _UNSET
+    kind: Any = _UNSET
+    request: _Request | None = _UNSET
+
+
+_DECODER = msgspec.json.Decoder(_Review)
+_ORJSON_MAX_DEPTH = 1024  # orjson refuses deeper nesting; a body with fewer brackets cannot reach it
+_ENCODER = msgspec.json.Encoder()
+
+
+def fields(body: bytes) -> tuple[dict[str, Any], bool] | None:
+    """(the fields of the AdmissionReview `body` the webhook reads, whether its pod's types are
+    those `shape.check_pod` checks), or None: decode it whole."""
+    if body.count(b"{") + body.count(b"[") > _ORJSON_MAX_DEPTH:
+        return None  # perhaps nested deeper than orjson reads; msgspec's limit is Python's, which may be raised
+    if not body.isascii():
+        try:
+            body.decode()
+        except UnicodeDecodeError:
+            return None
+    try:
+        review = _DECODER.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None  # msgspec.ValidationError is a DecodeError
+    # Re-encoded and read by orjson, the few kept fields are exactly what orjson makes of them
+    # (it turns integers beyond 64 bits into floats, msgspec keeps them).
+    document = orjson.loads(_ENCODER.encode(review))
+    if not isinstance(document, dict):
+        return None
+    pod = review.request.object if isinstance(review.request, _Request) else None
+    spec = (document["request"]["object"] or {}).get("spec") if isinstance(pod, _Pod) else None
+    return document, shape.parts_kept_whole_pass(spec)
