@@ -3,17 +3,20 @@ order; the device plugin's labeller writes every allocation at once (pacer/, doc
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 
 import jsonpatch
 import kubernetes_validate
+import orjson
 import pytest
+import reviewkit
 from test_webhook_mutation import deployment_pod, make_view
 
 from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
-from gpuslice.webhook import mutation
+from gpuslice.webhook import admission, mutation
 
 PACED = dataclasses.replace(config.Config(), pacing=config.PacingConfig(enabled=True))
 CONTRACT = PACED.contract
@@ -84,3 +87,14 @@ def test_the_pacer_reads_only_the_names_and_its_own_section() -> None:
     }
     device_plugin = {f.path for f in config.FIELDS if config.reads("device-plugin", f)}
     assert "pacing.enabled" in device_plugin and "pacing.maxInFlight" not in device_plugin
+
+
+def test_a_review_as_bytes_keeps_the_pods_own_gates() -> None:
+    # The typed decode reads only the fields the webhook uses: the pod's gates must be one of them,
+    # or the gate op would replace them.
+    pod = deployment_pod({"gpu-fraction": "0.5"}, schedulingGates=[{"name": "example.com/quota"}])
+    body = orjson.dumps(reviewkit.pod_create(pod, uid="u-1"))
+    result = admission.review(body, settings=PACED, cluster=make_view(settings=PACED))
+    patch = orjson.loads(base64.b64decode(result.response["response"]["patch"]))
+    after = jsonpatch.apply_patch(copy.deepcopy(pod), patch)
+    assert after["spec"]["schedulingGates"] == [{"name": "example.com/quota"}, GATE]

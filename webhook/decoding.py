@@ -69,6 +69,7 @@ class _Spec(msgspec.Struct):
     affinity: Any = _UNSET  # kept whole: the patch rewrites it
     tolerations: list[dict[str, Any] | None] | None = _UNSET
     resourceClaims: Any = _UNSET
+    schedulingGates: Any = _UNSET  # kept whole: pacing appends its gate to the pod's own
 
 
 class _Pod(msgspec.Struct):

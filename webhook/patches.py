@@ -74,6 +74,8 @@ def gate_ops(spec: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
     if spec.get("nodeName"):
         return []
     gates = spec.get("schedulingGates")
+    if gates is not None and not isinstance(gates, list):
+        return []  # not a list: kube-apiserver cannot send it; nothing safe to add to
     if not gates:
         return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": gate}]}]
     if any(isinstance(g, Mapping) and g.get("name") == gate for g in gates):
