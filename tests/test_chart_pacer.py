@@ -185,7 +185,7 @@ def test_in_mode_both_the_pacer_runs_while_the_webhook_serves_the_device_plugin_
         "in-flight-not-a-number",
         "no-pod-in-flight",
         "zero-timeout",
-        "fractional-nodes",
+        "lag-timeout-not-a-number",
         "enabled-not-boolean",
         "misspelt-key",
         "replicas-are-not-a-value",
