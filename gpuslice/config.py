@@ -813,6 +813,11 @@ def load(
         problem = _BY_PATH[path].check(value)
         if problem:
             raise ConfigError(f"{path}: {problem}, got {value!r}")
+    if values.get("pacing.enabled") and values.get("dra.enabled"):
+        raise ConfigError(
+            "pacing.enabled: needs device-plugin mode, but dra.enabled is true (in DRA mode the scheduler "
+            "allocates from ResourceSlices, never by node labels that lag: there is nothing to pace)"
+        )
     return dataclasses.replace(_build(values), node_config_names=tuple(sorted(node_configs)), node_config=node_config)
 
 

@@ -790,6 +790,8 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     chosen = {}
     for mode in args.mode:
         enabled = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, enabled=mode == "dra"))
+        if mode == "dra":  # nothing to pace: the scheduler allocates from ResourceSlices (docs/steering.md)
+            enabled = dataclasses.replace(enabled, pacing=dataclasses.replace(enabled.pacing, enabled=False))
         configurations = replay.configurations(
             enabled,
             percentage_of_nodes_to_score=args.percentage_of_nodes_to_score,

@@ -98,3 +98,11 @@ def test_a_review_as_bytes_keeps_the_pods_own_gates() -> None:
     patch = orjson.loads(base64.b64decode(result.response["response"]["patch"]))
     after = jsonpatch.apply_patch(copy.deepcopy(pod), patch)
     assert after["spec"]["schedulingGates"] == [{"name": "example.com/quota"}, GATE]
+
+
+def test_pacing_in_dra_mode_is_refused_at_start_and_gates_nothing_if_forced() -> None:
+    with pytest.raises(config.ConfigError, match="pacing.enabled: needs device-plugin mode"):
+        config.load(overrides={"pacing.enabled": True, "dra.enabled": True}, environ={})
+    # The replay switches modes after loading: a CPU pod must still not wait for a pacer that never runs.
+    forced = dataclasses.replace(PACED, dra=dataclasses.replace(PACED.dra, enabled=True))
+    assert "schedulingGates" not in mutated(deployment_pod(), forced)["spec"]

@@ -32,7 +32,7 @@ def patch(pod: Mapping[str, Any], settings: config.Config) -> list[dict[str, Any
     if affinity is None:
         return []
     ops = [{"op": "add", "path": "/spec/affinity", "value": affinity}]
-    if settings.pacing.enabled:
+    if settings.pacing.enabled and not settings.dra.enabled:
         # Gated too, so that it keeps its place among the GPU pods the pacer releases in arrival
         # order: let through at once, it would take the CPU beside GPUs that pods before it need.
         ops += patches.gate_ops(pod.get("spec") or {}, contract.pacing_gate)
