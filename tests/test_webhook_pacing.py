@@ -84,9 +84,15 @@ def test_the_pacer_reads_only_the_names_and_its_own_section() -> None:
         "pacing.maxInFlight",
         "pacing.bindTimeoutSeconds",
         "pacing.lagTimeoutSeconds",
+        "pacing.leaseName",
+        "pacing.leaseNamespace",
+        "pacing.leaseSeconds",
     }
     device_plugin = {f.path for f in config.FIELDS if config.reads("device-plugin", f)}
     assert "pacing.enabled" in device_plugin and "pacing.maxInFlight" not in device_plugin
+    assert not {"pacing.leaseName", "pacing.leaseNamespace", "pacing.leaseSeconds"} & device_plugin
+    webhook = {f.path for f in config.FIELDS if config.reads("webhook", f)}
+    assert {"pacing.leaseName", "pacing.leaseNamespace", "pacing.leaseSeconds"} <= webhook
 
 
 def test_a_review_as_bytes_keeps_the_pods_own_gates() -> None:
