@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import kubernetes
@@ -55,7 +56,7 @@ class Heartbeat:
         namespace: str,
         identity: str,
         lease_seconds: int,
-        clock: Any = _now,
+        clock: Callable[[], datetime.datetime] = _now,
     ) -> None:
         self.api = api
         self.name = name
