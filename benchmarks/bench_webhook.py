@@ -253,7 +253,7 @@ def _split_kind(kind: str, count: int, timed: Any) -> None:
         "shape.check_pod": timed(shape.check_pod, pods),
     }
     if kind == "cpu-only":
-        steps["cpupods.patch"] = timed(lambda p: cpupods.patch(p, settings), pods)
+        steps["cpupods.patch"] = timed(lambda p: cpupods.patch(p, settings, pacer_absent=""), pods)
     else:
         contract = settings.contract
         read = [annotations_.read(p["spec"], p["metadata"]["annotations"], contract) for p in pods]
@@ -268,7 +268,8 @@ def _split_kind(kind: str, count: int, timed: Any) -> None:
             "tolerations": timed(lambda p: tolerations.patch_ops(p["spec"], settings.converted_pod_tolerations), pods),
             "steering terms": timed(lambda c: patches._steering_terms(c, settings), converted),
             "patches.build": timed(
-                lambda a: patches.build(a[1], copy.copy(a[0]), settings), list(zip(converted, pods, strict=True))
+                lambda a: patches.build(a[1], copy.copy(a[0]), settings, pacer_absent=""),
+                list(zip(converted, pods, strict=True)),
             ),
         }
     outcomes = [mutation.mutate(p, settings=settings, cluster=view) for p in pods]

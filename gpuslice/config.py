@@ -71,6 +71,7 @@ _QUALIFIED_NAME_RE = re.compile(
 
 _PREFIX_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_OBJECT_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ConfigError(ValueError):
@@ -164,7 +165,7 @@ class RequeueConfig:
 class PacingConfig:
     """Scheduling gates on converted pods, released by the pacer (pacer/; docs/steering.md, "Pacing")."""
 
-    # Webhook: gate every converted device-plugin pod; the pacer must run, or gated pods wait for ever.
+    # Webhook: gate every converted device-plugin pod while a pacer renews its Lease (`lease_*`).
     # Device plugin: write every allocation to the labels at once (the pacer waits for them).
     enabled: bool = False
     # Pacer: released pods the scheduler has not yet bound (nor found unschedulable) at any moment.
@@ -174,6 +175,18 @@ class PacingConfig:
     # Pacer: seconds a node may lag before the pacer stops waiting for it (a node whose kubelet does not
     # admit what is bound to it, e.g. NotReady, would otherwise hold back every pod that could go there).
     lag_timeout_seconds: float = 10.0
+    # Pacer: renews this coordination.k8s.io Lease while it can release pods; webhook: gates only
+    # while it is renewed (a pacer that is down must not leave every new pod waiting).
+    lease_name: str = "gpuslice-pacer"
+    # The Lease's namespace; "" is the pod's own (POD_NAMESPACE, else "default").
+    lease_namespace: str = ""
+    # Pacer: the Lease's duration, renewed every third of it; webhook: gates no more once a
+    # renewal is this much older.
+    lease_seconds: int = 15
+
+    def lease_namespace_in(self, environ: Mapping[str, str]) -> str:
+        """The Lease's namespace: `lease_namespace`, else the pod's own (POD_NAMESPACE), else "default"."""
+        return self.lease_namespace or environ.get("POD_NAMESPACE") or "default"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +323,15 @@ def _scheduler_name(value: str) -> str | None:
 def _cdi_kind(value: str) -> str | None:
     vendor, sep, cls = value.partition("/")
     return None if sep and vendor and cls else "must be <vendor>/<class>, e.g. nvidia.com/gpu"
+
+
+def _dns_subdomain(value: str) -> str | None:
+    ok = len(value) <= 253 and _OBJECT_NAME_RE.match(value)
+    return None if ok else "must be a Kubernetes object name (lower case letters, digits, '-' and '.')"
+
+
+def _namespace_or_empty(value: str) -> str | None:
+    return None if value == "" or _DNS_LABEL_RE.match(value) else f"{value!r} is not a namespace name"
 
 
 def _always_ok(value: Any) -> str | None:
@@ -527,7 +549,7 @@ FIELDS: tuple[Field, ...] = (
         "pacing.enabled",
         bool,
         _always_ok,
-        "webhook: gate converted pods for the pacer to release (run the pacer too); device plugin: "
+        "webhook: gate converted pods for the pacer to release, while it renews its Lease; device plugin: "
         "write every allocation to the labels at once",
     ),
     Field(
@@ -550,6 +572,29 @@ FIELDS: tuple[Field, ...] = (
         float,
         _positive,
         "pacer: seconds a node's labels may lag its bound pods before the pacer stops waiting for them",
+    ),
+    Field(
+        "pacing.leaseName",
+        "pacing.lease_name",
+        str,
+        _dns_subdomain,
+        "pacer: the coordination.k8s.io Lease it renews while it runs; webhook: gates pods only while "
+        "that Lease is renewed",
+    ),
+    Field(
+        "pacing.leaseNamespace",
+        "pacing.lease_namespace",
+        str,
+        _namespace_or_empty,
+        "pacer and webhook: the Lease's namespace (empty: their own, from POD_NAMESPACE, else default)",
+    ),
+    Field(
+        "pacing.leaseSeconds",
+        "pacing.lease_seconds",
+        int,
+        _positive,
+        "pacer: the Lease's duration (renewed every third of it); webhook: a pacer whose last renewal "
+        "is older is gone, and pods are no longer gated",
     ),
     Field(
         "webhook.idleTimeoutSeconds",
@@ -863,6 +908,7 @@ _WEBHOOK_KEYS = (
     "pacing.maxInFlight",
     "pacing.bindTimeoutSeconds",
     "pacing.lagTimeoutSeconds",
+    "pacing.lease",
     "webhook.",
 )
 # Node keys the DRA plugin does not read (it publishes every MIG device as its own device).

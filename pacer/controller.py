@@ -5,7 +5,8 @@ From them the ledger (pacer/ledger.py) knows which nodes lag. The release loop r
 the next gated pod (pacer/release.py, in order of priority and age) when fewer than
 `pacing.maxInFlight` released pods are still on their way to the scheduler (neither bound nor
 marked unschedulable, for at most `pacing.bindTimeoutSeconds`) and no node the pod could be placed
-on (pacer/selection.py) lags, or has lagged for less than `pacing.lagTimeoutSeconds`.
+on (pacer/selection.py) lags, or has lagged for less than `pacing.lagTimeoutSeconds`. Once both
+watches have listed it renews its Lease (pacer/heartbeat.py): the webhook gates only while it does.
 
 With one pod in flight (the default) no two released pods can meet on a node whose labels have not
 caught up: the next goes only once the last is bound and the labels of its node count it. A burst
@@ -30,6 +31,7 @@ import kubernetes
 import prometheus_client
 
 from gpuslice import config, listwatch
+from gpuslice.pacer import heartbeat as heartbeat_
 from gpuslice.pacer import ledger as ledger_
 from gpuslice.pacer import release, selection
 
@@ -126,8 +128,10 @@ class Pacer:
         settings: config.Config,
         *,
         registry: prometheus_client.CollectorRegistry | None = None,
+        heartbeat: heartbeat_.Heartbeat | None = None,
     ) -> None:
         self.api = api
+        self.heartbeat = heartbeat  # renewed once the watches have listed (the pacer can release)
         self.settings = settings
         self.contract = settings.contract
         self.ledger = ledger_.Ledger(self.contract)
@@ -218,6 +222,8 @@ class Pacer:
         try:
             await asyncio.gather(self.pods.synced.wait(), self.nodes.synced.wait())
             log.info("pacer watching: %d gated pods, %d lagging nodes", len(self._gated), len(self.ledger.lagging))
+            if self.heartbeat is not None:  # from now on the webhook may gate: this pacer releases
+                feeds.append(asyncio.create_task(self.heartbeat.run(), name="pacer-heartbeat"))
             while True:
                 self.changed.clear()
                 now = loop.time()

@@ -6,6 +6,10 @@ GET /healthz  the process answers
 GET /readyz   both watches have listed once
 GET /metrics  Prometheus text (plain HTTP: nothing secret)
 
+Once its watches have listed it renews the Lease `pacing.leaseName` in `pacing.leaseNamespace`
+(default: its own namespace, POD_NAMESPACE) as its host name (the pod's name); the webhook gates
+pods only while that Lease is renewed.
+
 Configuration errors print one line naming the problem and exit with status 2. SIGTERM and SIGINT
 stop it (the watches and the release loop cancelled and awaited); gated pods wait for the next
 pacer, nothing is lost.
@@ -16,7 +20,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -25,7 +31,7 @@ import prometheus_client
 from aiohttp import web
 
 from gpuslice import config
-from gpuslice.pacer import controller
+from gpuslice.pacer import controller, heartbeat
 from gpuslice.webhook import nodewatch
 
 __all__ = ["build_parser", "main"]
@@ -65,7 +71,14 @@ def make_app(pacer: controller.Pacer, registry: prometheus_client.CollectorRegis
 
 async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api) -> None:
     registry = prometheus_client.CollectorRegistry()
-    pacer = controller.Pacer(api, settings, registry=registry)
+    beat = heartbeat.Heartbeat(
+        kubernetes.client.CoordinationV1Api(api.api_client),
+        name=settings.pacing.lease_name,
+        namespace=settings.pacing.lease_namespace_in(os.environ),
+        identity=socket.gethostname(),
+        lease_seconds=settings.pacing.lease_seconds,
+    )
+    pacer = controller.Pacer(api, settings, registry=registry, heartbeat=beat)
     runner = web.AppRunner(make_app(pacer, registry))
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()

@@ -420,8 +420,10 @@ def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) ->
     return process, port, plane.pki.ca_pem
 
 
-def _start_pacer(plane: controlplane.ControlPlane) -> Any:
-    """The pacer process (pacing.enabled) on the webhook's config.yaml, as the chart runs it."""
+def _start_pacer(plane: controlplane.ControlPlane, webhook_port: int) -> Any:
+    """The pacer process (pacing.enabled) on the webhook's config.yaml, as the chart runs it; once
+    the webhook at `webhook_port` has read its Lease (both use the admin kubeconfig and, with no
+    POD_NAMESPACE, the Lease in "default"), so that the burst is gated from its first pod."""
     port = controlplane.free_port()
     process = plane.spawn(
         "pacer",
@@ -446,6 +448,12 @@ def _start_pacer(plane: controlplane.ControlPlane) -> Any:
             return False
 
     plane._wait(process, "gpuslice pacer", ready, timeout=60)
+
+    def gating() -> bool:
+        status, body = controlplane._https_get(f"https://127.0.0.1:{webhook_port}/metrics", plane.ca_file)
+        return status == 200 and b"\ngpuslice_webhook_pacer_alive 1.0" in body
+
+    plane._wait(process, "the webhook to see the pacer's Lease", gating, timeout=60)
     return process
 
 
@@ -615,7 +623,7 @@ async def _drive(
             probe = trace.user_pod(trace.TracePod("gpuslice-sim-probe", 0, 0, 1, 500), contract, namespace=NAMESPACE)
             await _webhook_in_effect(api, probe)
             if settings.pacing.enabled and not fleet.dra:
-                await asyncio.to_thread(_start_pacer, plane)
+                await asyncio.to_thread(_start_pacer, plane, port)
         outcomes = _Outcomes(fleet)
         watch = asyncio.create_task(
             kube_api.follow(api, f"/api/v1/namespaces/{NAMESPACE}/pods", outcomes.on_event), name="pods-watch"

@@ -1,6 +1,7 @@
 """The chart's pacer (config.pacing.enabled; docs/steering.md, "Pacing"): nothing of it by default;
-with pacing on one pacer that is never two (Recreate), allowed only to watch pods and nodes and
-patch pods, reading the shared configuration; pacing in DRA mode is refused with a message."""
+with pacing on one pacer that is never two (Recreate), allowed only to watch pods and nodes,
+patch pods and renew its Lease (which the webhook may read), reading the shared configuration;
+pacing in DRA mode is refused with a message."""
 
 from __future__ import annotations
 
@@ -95,8 +96,40 @@ def test_the_pacer_may_only_watch_pods_and_nodes_and_patch_pods():
     service_account = manifests.one("ServiceAccount", "pacer")["metadata"]
     assert (subject["name"], subject["namespace"]) == (service_account["name"], service_account["namespace"])
     assert chartkit.pod_spec(manifests.one("Deployment", "pacer"))["serviceAccountName"] == subject["name"]
-    # Pacing adds nothing to the webhook's own rights.
+    # Pacing adds nothing to the webhook's cluster-wide rights (only the Lease below).
     assert manifests.one("ClusterRole", "webhook") == chartkit.render({}).one("ClusterRole", "webhook")
+
+
+@pytest.mark.parametrize(
+    ("pacing", "name", "namespace"),
+    [({}, "gpuslice-pacer", "gpuslice"), ({"leaseName": "beat", "leaseNamespace": "ops"}, "beat", "ops")],
+    ids=["defaults", "own-name-and-namespace"],
+)
+def test_the_pacer_may_renew_its_lease_and_the_webhook_only_read_it(pacing, name, namespace):
+    manifests = chartkit.render(chartkit.merged(PACING, {"config": {"pacing": pacing}}))
+    lease = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+    roles = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o for o in manifests.all("Role")}
+    # create cannot be limited by name: the name of an object being created is not known to RBAC.
+    assert roles["pacer"]["rules"] == [
+        {**lease, "resourceNames": [name], "verbs": ["get", "update"]},
+        {**lease, "verbs": ["create"]},
+    ]
+    assert roles["webhook"]["rules"] == [{**lease, "resourceNames": [name], "verbs": ["get"]}]
+    for component in ("pacer", "webhook"):
+        role = roles[component]
+        (binding,) = [
+            b for b in manifests.all("RoleBinding", component) if b["roleRef"]["name"] == role["metadata"]["name"]
+        ]
+        account = manifests.one("ServiceAccount", component)["metadata"]
+        assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == namespace
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+        ]
+        assert chartkit.schema_errors(role, chartkit.KUBE_VERSIONS[-1]) == []
+        # Both read the Lease's namespace, when the configuration leaves it empty, from the downward API.
+        env = chartkit.container(manifests.one("Deployment", component))["env"]
+        assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in env
+    assert chartkit.render({}).all("Role", "pacer") == []
 
 
 def test_the_pacer_runs_locked_down_and_takes_its_placement_from_its_values():
@@ -143,6 +176,7 @@ def test_the_notes_say_gated_pods_wait_for_the_pacer(tmp_path):
     deployment = chartkit.render(PACING).one("Deployment", "pacer")["metadata"]["name"]
     assert contract.Contract().pacing_gate in notes
     assert f"until the pacer, Deployment {deployment}, releases them" in notes
+    assert "renews its Lease gpuslice-pacer: with the pacer down, new pods go ungated" in notes
 
 
 @pytest.mark.parametrize(
@@ -177,6 +211,9 @@ def test_in_mode_both_the_pacer_runs_while_the_webhook_serves_the_device_plugin_
         ({"config": {"pacing": {"lagTimeoutSeconds": "soon"}}}, "lagTimeoutSeconds"),
         ({"config": {"pacing": {"enabled": "yes"}}}, "enabled"),
         ({"config": {"pacing": {"maxInflight": 2}}}, "maxInflight"),
+        ({"config": {"pacing": {"leaseName": "Pacer_Lease"}}}, "leaseName"),
+        ({"config": {"pacing": {"leaseSeconds": 0}}}, "leaseSeconds"),
+        ({"config": {"pacing": {"leaseNamespace": "a.b"}}}, "leaseNamespace"),
         ({"pacer": {"replicas": 2}}, "replicas"),
         ({"pacer": {"httpPort": 80}}, "httpPort"),
         ({"pacer": {"resources": []}}, "resources"),
@@ -188,6 +225,9 @@ def test_in_mode_both_the_pacer_runs_while_the_webhook_serves_the_device_plugin_
         "lag-timeout-not-a-number",
         "enabled-not-boolean",
         "misspelt-key",
+        "lease-name-not-an-object-name",
+        "lease-that-never-holds",
+        "lease-namespace-not-a-namespace",
         "replicas-are-not-a-value",
         "privileged-port",
         "resources-not-a-map",

@@ -1,11 +1,13 @@
-"""With `pacing.enabled` the webhook gates the pods it changes, for the pacer to release in arrival
-order; the device plugin's labeller writes every allocation at once (pacer/, docs/steering.md)."""
+"""With `pacing.enabled` the webhook gates the pods it changes while a pacer is alive, for the pacer
+to release in arrival order; the device plugin's labeller writes every allocation at once (pacer/,
+docs/steering.md). Whether a pacer is alive is read from its Lease: tests/test_webhook_pacerlease.py."""
 
 from __future__ import annotations
 
 import base64
 import copy
 import dataclasses
+import json
 
 import jsonpatch
 import kubernetes_validate
@@ -16,17 +18,27 @@ from test_webhook_mutation import deployment_pod, make_view
 
 from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
-from gpuslice.webhook import admission, mutation
+from gpuslice.webhook import admission, cluster, mutation
 
 PACED = dataclasses.replace(config.Config(), pacing=config.PacingConfig(enabled=True))
 CONTRACT = PACED.contract
 GATE = {"name": CONTRACT.pacing_gate}
 
 
-def mutated(pod: dict, settings: config.Config = PACED) -> dict:
-    outcome = mutation.mutate(pod, settings=settings, cluster=make_view(settings=settings))
+def paced_view(*, pacer_alive: bool = True) -> cluster.ClusterView:
+    view = make_view(settings=PACED)
+    view.set_pacer("" if pacer_alive else "no pacer alive: Lease gpuslice/gpuslice-pacer not renewed within 15 s")
+    return view
+
+
+def mutated(pod: dict, settings: config.Config = PACED, *, pacer_alive: bool = True) -> dict:
+    outcome = mutation.mutate(pod, settings=settings, cluster=paced_view(pacer_alive=pacer_alive))
     assert outcome.allowed, outcome.message
     return jsonpatch.apply_patch(copy.deepcopy(pod), outcome.patch)
+
+
+def decision(pod: dict) -> dict:
+    return json.loads(pod["metadata"]["annotations"][CONTRACT.decision_annotation])
 
 
 @pytest.mark.parametrize(
@@ -52,11 +64,34 @@ def test_without_pacing_nothing_is_gated() -> None:
         assert "schedulingGates" not in mutated(pod, config.Config())["spec"]
 
 
+@pytest.mark.parametrize(
+    "pod", [deployment_pod({"gpu-fraction": "0.5"}), deployment_pod()], ids=["converted", "cpu-pod"]
+)
+def test_with_no_pacer_alive_nothing_is_gated(pod: dict) -> None:
+    after = mutated(pod, pacer_alive=False)
+    assert "schedulingGates" not in after["spec"]
+    assert after["spec"]["affinity"]  # converted or steered all the same
+
+
+def test_the_decision_of_a_pod_left_ungated_says_no_pacer_was_alive() -> None:
+    after = mutated(deployment_pod({"gpu-fraction": "0.5"}), pacer_alive=False)
+    assert "gated" not in decision(after)
+    assert decision(after)["notGated"].startswith("no pacer alive: Lease gpuslice/gpuslice-pacer")
+    assert "notGated" not in decision(mutated(deployment_pod({"gpu-fraction": "0.5"})))
+
+
+def test_a_webhook_without_a_cluster_gates_nothing() -> None:
+    view = make_view(settings=PACED)  # never told of a pacer: main() reads no Lease without a cluster
+    outcome = mutation.mutate(deployment_pod({"gpu-fraction": "0.5"}), settings=PACED, cluster=view)
+    assert not any(op["path"].startswith("/spec/schedulingGates") for op in outcome.patch)
+    assert outcome.decision is not None and "no pacer" in outcome.decision["notGated"]
+
+
 def test_other_gates_stay_and_a_reinvocation_adds_ours_once() -> None:
     pod = deployment_pod({"gpu-fraction": "0.5"}, schedulingGates=[{"name": "example.com/quota"}])
     after = mutated(pod)
     assert after["spec"]["schedulingGates"] == [{"name": "example.com/quota"}, GATE]
-    again = mutation.mutate(after, settings=PACED, cluster=make_view(settings=PACED))
+    again = mutation.mutate(after, settings=PACED, cluster=paced_view())
     assert again.patch == []  # already converted: left alone
 
 
@@ -84,9 +119,15 @@ def test_the_pacer_reads_only_the_names_and_its_own_section() -> None:
         "pacing.maxInFlight",
         "pacing.bindTimeoutSeconds",
         "pacing.lagTimeoutSeconds",
+        "pacing.leaseName",
+        "pacing.leaseNamespace",
+        "pacing.leaseSeconds",
     }
     device_plugin = {f.path for f in config.FIELDS if config.reads("device-plugin", f)}
     assert "pacing.enabled" in device_plugin and "pacing.maxInFlight" not in device_plugin
+    assert not {"pacing.leaseName", "pacing.leaseNamespace", "pacing.leaseSeconds"} & device_plugin
+    webhook = {f.path for f in config.FIELDS if config.reads("webhook", f)}
+    assert {"pacing.leaseName", "pacing.leaseNamespace", "pacing.leaseSeconds"} <= webhook
 
 
 def test_a_review_as_bytes_keeps_the_pods_own_gates() -> None:
@@ -94,7 +135,7 @@ def test_a_review_as_bytes_keeps_the_pods_own_gates() -> None:
     # or the gate op would replace them.
     pod = deployment_pod({"gpu-fraction": "0.5"}, schedulingGates=[{"name": "example.com/quota"}])
     body = orjson.dumps(reviewkit.pod_create(pod, uid="u-1"))
-    result = admission.review(body, settings=PACED, cluster=make_view(settings=PACED))
+    result = admission.review(body, settings=PACED, cluster=paced_view())
     patch = orjson.loads(base64.b64decode(result.response["response"]["patch"]))
     after = jsonpatch.apply_patch(copy.deepcopy(pod), patch)
     assert after["spec"]["schedulingGates"] == [{"name": "example.com/quota"}, GATE]

@@ -104,9 +104,9 @@ class ClusterView:
         # What admissions derive from the nodes alone (the table `usable_free_units` reads, the
         # class choice's per-class figures): built on the first query after a node changed.
         self._derived: dict[Hashable, Any] = {}
-        # Changes with every node change, unique across views: an answer computed at one generation
-        # holds for the next admission of the same generation but for what promises change
-        # (`start_recording`, webhook/repeats.py).
+        # Changes with every node change (and when a pacer comes or goes), unique across views: an
+        # answer computed at one generation holds for the next admission of the same generation but
+        # for what promises change (`start_recording`, webhook/repeats.py).
         self.generation = next(_GENERATIONS)
         self._reads: list[tuple[Callable[[], Hashable], Hashable]] | None = None
         # One row per node with shared GPUs, for `usable_free_units`: a scan of a thousand rows in
@@ -117,6 +117,9 @@ class ClusterView:
         # Class memory MiB -> promises not yet seen in labels, oldest first: [deadline, units].
         self._promised: dict[int, collections.deque[list[float]]] = {}
         self._promised_total: Counter[int] = Counter()  # their units per class, kept as they change
+        # Pacing: "" while a pacer renews its Lease (webhook/pacerlease.py), else why none is alive,
+        # in the words a pod's decision carries. No cluster, no pacer: nothing is gated.
+        self.pacer_absent = "no pacer Lease read (the webhook watches no cluster)"
 
     # --- updates -------------------------------------------------------------------------
     def update_node(self, name: str, labels: Mapping[str, str], *, status: Mapping[str, Any] | None = None) -> None:
@@ -225,6 +228,20 @@ class ClusterView:
             decrease -= taken
             if queue[0][1] <= 0:
                 queue.popleft()
+
+    @property
+    def pacer_alive(self) -> bool:
+        return not self.pacer_absent
+
+    def set_pacer(self, absent: str) -> bool:
+        """Record that a pacer is alive (`absent` "") or why none is. A change is a new
+        `generation`, so no answer remembered while a pacer was alive (a gated pod) is given once
+        it is gone (webhook/repeats.py). Whether anything changed."""
+        if absent == self.pacer_absent:
+            return False
+        self.pacer_absent = absent
+        self.generation = next(_GENERATIONS)  # what nodes alone give (`derived`) still holds
+        return True
 
     def node_names(self) -> set[str]:
         """Nodes in the view, and nodes left out for their labels (so a relist can forget them)."""

@@ -20,9 +20,10 @@ __all__ = ["asks_for_no_device", "patch"]
 _PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 
 
-def patch(pod: Mapping[str, Any], settings: config.Config) -> list[dict[str, Any]]:
-    """The pod's patch: its affinity with the preferences added; empty when steering is off, the
-    pod is not one to steer, or it already has them."""
+def patch(pod: Mapping[str, Any], settings: config.Config, *, pacer_absent: str) -> list[dict[str, Any]]:
+    """The pod's patch: its affinity with the preferences added (and the pacer's gate, with pacing
+    on while a pacer is alive: `pacer_absent` ""); empty when steering is off, the pod is not one
+    to steer, or it already has them."""
     contract = settings.contract
     if not (settings.steering.enabled and settings.steering.cpu_pods) or not asks_for_no_device(pod, contract):
         return []
@@ -32,7 +33,7 @@ def patch(pod: Mapping[str, Any], settings: config.Config) -> list[dict[str, Any
     if affinity is None:
         return []
     ops = [{"op": "add", "path": "/spec/affinity", "value": affinity}]
-    if settings.pacing.enabled and not settings.dra.enabled:
+    if settings.pacing.enabled and not settings.dra.enabled and not pacer_absent:
         # Gated too, so that it keeps its place among the GPU pods the pacer releases in arrival
         # order: let through at once, it would take the CPU beside GPUs that pods before it need.
         ops += patches.gate_ops(pod.get("spec") or {}, contract.pacing_gate)

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import kubernetes
 
 from gpuslice import config
-from gpuslice.webhook import certs, claim_templates, nodewatch, requeue, server, waiting
+from gpuslice.webhook import certs, claim_templates, nodewatch, pacerlease, requeue, server, waiting
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
@@ -67,6 +68,16 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     background = []
     if api is not None and settings.requeue.enabled and not settings.dra.enabled:
         background.append(requeue.Requeuer(api, settings, registry=metrics.registry).run)
+    if api is not None and settings.pacing.enabled and not settings.dra.enabled:
+        # Pods are gated only while a pacer renews its Lease (webhook/pacerlease.py); no cluster: never.
+        lease = pacerlease.PacerLease(
+            kubernetes.client.CoordinationV1Api(api.api_client),
+            view,
+            name=settings.pacing.lease_name,
+            namespace=settings.pacing.lease_namespace_in(os.environ),
+            lease_seconds=settings.pacing.lease_seconds,
+        )
+        background.append(lease.run)
     if api is not None:  # promises of pods the scheduler cannot place are given back (webhook/waiting.py)
         background.append(waiting.WaitingPods(api, view).run)
     # DRA mode: claim templates are created with the same credentials as the node watch (--kubeconfig).

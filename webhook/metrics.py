@@ -56,6 +56,11 @@ class Metrics:
             "HTTPS connections open (after their TLS handshake), as of the last sweep",
             registry=self.registry,
         )
+        self.pacer_alive = prometheus_client.Gauge(
+            "gpuslice_webhook_pacer_alive",
+            "1 while a pacer renews its Lease (with pacing.enabled pods are gated only then), else 0",
+            registry=self.registry,
+        )
         self._untrusted_nodes = _UntrustedNodes()
         self.registry.register(self._untrusted_nodes)
         self._repeats = _Repeats()
@@ -87,6 +92,10 @@ class Metrics:
     def track_untrusted_nodes(self, untrusted: Callable[[], Mapping[str, tuple[str, str]]]) -> None:
         """Export the nodes the cluster view leaves out, read at each scrape (node -> (reason, text))."""
         self._untrusted_nodes.source = untrusted
+
+    def track_pacer(self, alive: Callable[[], bool]) -> None:
+        """Export whether a pacer is alive (the cluster view's word), read at each scrape."""
+        self.pacer_alive.set_function(lambda: float(alive()))
 
     def track_repeats(self, count: Callable[[], int]) -> None:
         """Export how many admissions were answered from memory (webhook/repeats.py), read at each

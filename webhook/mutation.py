@@ -61,7 +61,7 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
         return Outcome(allowed=False, message=str(denied))
     if conversion is None:
         # Annotated but nothing to convert (already converted, container name only): leave it.
-        return _UNCHANGED if annotated else _steer_cpu_pod(pod, settings)
+        return _UNCHANGED if annotated else _steer_cpu_pod(pod, settings, cluster)
     # The pod no longer requests nvidia.com/gpu, so Kubernetes adds no toleration for GPU taints.
     toleration_ops, added = tolerations.patch_ops(spec, settings.converted_pod_tolerations)
     if added:
@@ -71,7 +71,7 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
         patch = claims.patch + toleration_ops + patches.dra_affinity(pod, conversion, settings)
         return Outcome(True, patch, "", claims.decision, claims.warnings, conversion.kind, (claims.template,))
-    patch, warnings = patches.build(pod, conversion, settings)
+    patch, warnings = patches.build(pod, conversion, settings, pacer_absent=cluster.pacer_absent)
     return Outcome(
         allowed=True,
         patch=patch + toleration_ops,
@@ -97,6 +97,6 @@ def _convert(
     return None
 
 
-def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config) -> Outcome:
-    patch = cpupods.patch(pod, settings)
+def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
+    patch = cpupods.patch(pod, settings, pacer_absent=cluster.pacer_absent)
     return Outcome(allowed=True, patch=patch, kind=conversions.KIND_CPU_POD) if patch else _UNCHANGED

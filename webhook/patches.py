@@ -1,6 +1,6 @@
 """Building the JSON patch of a converted pod (device-plugin mode): each converted container's
 requests and limits, the scheduler name, the node affinity (the class pin ANDed into the pod's
-own required terms, the steering terms added), the pacer's scheduling gate when pacing is on, and
+own required terms, the steering terms added), the pacer's scheduling gate when pacing is on and a pacer is alive, and
 the decision annotation. Pure.
 
 May import gpuslice.{config,contract} and the webhook's conversions, decision and steering modules.
@@ -33,9 +33,11 @@ DEFAULT_SCHEDULER = "default-scheduler"
 
 
 def build(
-    pod: Mapping[str, Any], conversion: conversions.Conversion, settings: config.Config
+    pod: Mapping[str, Any], conversion: conversions.Conversion, settings: config.Config, *, pacer_absent: str
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """(patch ops, warnings for kubectl) for `conversion`; notes what it changed in its decision."""
+    """(patch ops, warnings for kubectl) for `conversion`; notes what it changed in its decision.
+    With pacing on the pod is gated while a pacer is alive (`pacer_absent` ""); else the decision
+    says why it is not (`notGated`)."""
     contract = settings.contract
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -60,9 +62,11 @@ def build(
     if affinity is not None:
         patch.append({"op": "add", "path": "/spec/affinity", "value": affinity})
 
-    if settings.pacing.enabled:
+    if settings.pacing.enabled and not pacer_absent:
         patch += gate_ops(spec, contract.pacing_gate)
         conversion.decision["gated"] = contract.pacing_gate
+    elif settings.pacing.enabled:
+        conversion.decision["notGated"] = pacer_absent
 
     ops, notes = decision_.patch_ops(metadata, contract.decision_annotation, conversion.decision)
     return patch + ops, warnings + notes

@@ -7,7 +7,8 @@ tests/e2e/test_real_webhook.py; a StatefulSet's pods carry their names). A burst
 webhook remembers its answer per body with the uid cut out (from the second time the body comes)
 and, for a repeat, answers without decoding the body again.
 
-A remembered answer holds while the cluster view has not changed (its `generation`) and every
+A remembered answer holds while the cluster view has not changed (its `generation`, which also
+moves when a pacer comes or goes: a pod gated for a pacer that died is not answered again) and every
 decision that promises can change (`ClusterView.start_recording`: the GPU class chosen) comes out the
 same now; the answer is a function of the body, the configuration, the view's generation and
 those decisions, so it is then what a full review would give. A body keeps one answer per outcome

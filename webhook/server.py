@@ -6,7 +6,8 @@ GET  /readyz   the cluster view is synced (or there is no cluster to watch)
 GET  /metrics  Prometheus text
 
 The handler only reads the body, calls `admission.review` and writes the answer; background
-tasks (certificate reload, node watch) live in the app's cleanup context: created on start,
+tasks (certificate reload, node watch, and those `main` adds: the pacer's Lease, the requeuer,
+waiting pods) live in the app's cleanup context: created on start,
 cancelled and awaited on shutdown.
 
 May import gpuslice.config and the webhook's modules.
@@ -166,6 +167,7 @@ def make_app(
     app[CLUSTER] = cluster
     app[METRICS] = metrics or metrics_.Metrics()
     app[METRICS].track_untrusted_nodes(lambda: cluster.untrusted)
+    app[METRICS].track_pacer(lambda: cluster.pacer_alive)
     app[WATCHER] = watcher
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()

@@ -133,6 +133,7 @@ class Release:
             config_yaml=self.config_yaml(),
             kubeconfig=self.kubeconfig_of(f"{self.fullname}-webhook"),
             port=self.port,
+            env={"POD_NAMESPACE": self.namespace},  # as the chart's downward API gives it
         )
         return self.webhook
 

@@ -268,6 +268,7 @@ def start_webhook(
     kubeconfig: str,
     port: int,
     extra_args: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Webhook:
     """Runs the webhook with the certificate from the chart's TLS Secret, the chart's config.yaml and a
     kubeconfig for its node watch, and waits until it answers over HTTPS with that certificate."""
@@ -290,7 +291,7 @@ def start_webhook(
             f"--kubeconfig={kubeconfig}",
             *extra_args,
         ],
-        env={"PYTHONUNBUFFERED": "1"},
+        env={"PYTHONUNBUFFERED": "1", **(env or {})},
     )
     cafile = str(directory / "ca.crt")
 
