@@ -420,10 +420,16 @@ def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) ->
     return process, port, plane.pki.ca_pem
 
 
-def _start_pacer(plane: controlplane.ControlPlane, webhook_port: int) -> Any:
-    """The pacer process (pacing.enabled) on the webhook's config.yaml, as the chart runs it; once
-    the webhook at `webhook_port` has read its Lease (both use the admin kubeconfig and, with no
-    POD_NAMESPACE, the Lease in "default"), so that the burst is gated from its first pod."""
+def start_pacer(
+    plane: controlplane.ControlPlane,
+    config_file: str | os.PathLike[str],
+    kubeconfig: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    log_level: str = "WARNING",
+) -> tuple[Any, int]:
+    """`gpuslice-pacer` as its own process on 127.0.0.1, once both its watches have listed;
+    (process, HTTP port). The replay and the end-to-end tests both start it this way."""
     port = controlplane.free_port()
     process = plane.spawn(
         "pacer",
@@ -431,13 +437,13 @@ def _start_pacer(plane: controlplane.ControlPlane, webhook_port: int) -> Any:
             sys.executable,
             "-m",
             "gpuslice.pacer.main",
-            f"--config={plane.workdir / 'webhook' / 'config.yaml'}",
+            f"--config={config_file}",
             "--host=127.0.0.1",
             f"--port={port}",
-            f"--kubeconfig={plane.admin_kubeconfig}",
-            f"--log-level={os.environ.get('GPUSLICE_SIM_PACER_LOG', 'WARNING')}",
+            f"--kubeconfig={kubeconfig}",
+            f"--log-level={log_level}",
         ],
-        env={"PYTHONUNBUFFERED": "1"},
+        env={"PYTHONUNBUFFERED": "1", **(env or {})},
     )
 
     def ready() -> bool:
@@ -448,6 +454,19 @@ def _start_pacer(plane: controlplane.ControlPlane, webhook_port: int) -> Any:
             return False
 
     plane._wait(process, "gpuslice pacer", ready, timeout=60)
+    return process, port
+
+
+def _start_pacer(plane: controlplane.ControlPlane, webhook_port: int) -> Any:
+    """The pacer (pacing.enabled) on the webhook's config.yaml, as the chart runs it; once the
+    webhook at `webhook_port` has read its Lease (both use the admin kubeconfig and, with no
+    POD_NAMESPACE, the Lease in "default"), so that the burst is gated from its first pod."""
+    process, _ = start_pacer(
+        plane,
+        plane.workdir / "webhook" / "config.yaml",
+        str(plane.admin_kubeconfig),
+        log_level=os.environ.get("GPUSLICE_SIM_PACER_LOG", "WARNING"),
+    )
 
     def gating() -> bool:
         status, body = controlplane._https_get(f"https://127.0.0.1:{webhook_port}/metrics", plane.ca_file)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 from test_real_burst import CONTRACT, GPU_MEMORY, GROUP, NODES, gpu_nodes  # noqa: F401 - gpu_nodes is a fixture
 
 from gpuslice import contract as contract_
-from gpuslice.sim import controlplane
+from gpuslice.sim import controlplane, kube_replay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
@@ -51,30 +50,15 @@ def pacing(release: Any, cluster: controlplane.ControlPlane) -> Iterator[Pacer]:
     directory = cluster.workdir / "pacer"
     directory.mkdir(exist_ok=True)
     (directory / "config.yaml").write_text(release.config_yaml())
-    port = k8skit.free_port()
-    process = cluster.spawn(
-        "pacer",
-        [
-            sys.executable,
-            "-m",
-            "gpuslice.pacer.main",
-            f"--config={directory / 'config.yaml'}",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--kubeconfig={release.kubeconfig_of(f'{release.fullname}-pacer')}",
-            "--log-level=DEBUG",
-        ],
-        # The Lease's namespace, as the chart's downward API gives it.
-        env={"PYTHONUNBUFFERED": "1", "POD_NAMESPACE": release.namespace},
+    # The Lease's namespace, as the chart's downward API gives it.
+    process, port = kube_replay.start_pacer(
+        cluster,
+        directory / "config.yaml",
+        release.kubeconfig_of(f"{release.fullname}-pacer"),
+        env={"POD_NAMESPACE": release.namespace},
+        log_level="DEBUG",
     )
-
-    def ready() -> bool:
-        if process.popen.poll() is not None:
-            raise AssertionError(f"the pacer exited ({process.popen.returncode}):\n{process.tail()}")
-        return pacer_page(port, "/readyz")[0] == 200
-
     try:
-        k8skit.wait_for("the pacer to list pods and nodes", ready, timeout=60)
         # The webhook gates only once it has read a renewal of the pacer's Lease.
         k8skit.wait_for("the webhook to see the pacer alive", lambda: webhook_sees_pacer(release), timeout=30)
         yield Pacer(port, process)
