@@ -120,7 +120,7 @@ class _Nodes(listwatch.ListWatch):
 
 
 class Pacer:
-    """`run()` until cancelled. `released` counts the pods it let go."""
+    """`run()` until cancelled."""
 
     def __init__(
         self,
@@ -144,7 +144,6 @@ class Pacer:
         self._attempts: dict[str, int] = {}
         self._seen: dict[str, int] = {}  # uid -> the order the pacer first saw it in
         self._counter = itertools.count()
-        self.released = 0
         self.pods = _Pods(api, self)
         self.nodes = _Nodes(api, self)
 
@@ -299,7 +298,6 @@ class Pacer:
             self._released.add(entry.uid)
             if deadline is not None:
                 self._in_flight[entry.uid] = deadline
-            self.released += 1
             self.metrics.released.labels("device" if deadline is not None else "none").inc()
             return
         # Refused (its version moved on) or not answered: wait a little, longer each time, and take

@@ -100,6 +100,7 @@ def test_a_pod_that_names_its_node_is_converted_but_not_gated() -> None:
     after = mutated(deployment_pod({"gpu-fraction": "0.5"}, nodeName="n1"))
     assert CONTRACT.gpu_memory_resource in after["spec"]["containers"][0]["resources"]["limits"]
     assert "schedulingGates" not in after["spec"]
+    assert CONTRACT.pacing_gate not in after["metadata"]["annotations"][CONTRACT.decision_annotation]
 
 
 def test_paced_labellers_write_every_lower_free_total_at_once() -> None:

@@ -32,12 +32,10 @@ def patch(pod: Mapping[str, Any], settings: config.Config, *, pacer_absent: str)
     )
     if affinity is None:
         return []
-    ops = [{"op": "add", "path": "/spec/affinity", "value": affinity}]
-    if settings.pacing.enabled and not settings.dra.enabled and not pacer_absent:
-        # Gated too, so that it keeps its place among the GPU pods the pacer releases in arrival
-        # order: let through at once, it would take the CPU beside GPUs that pods before it need.
-        ops += patches.gate_ops(pod.get("spec") or {}, contract.pacing_gate)
-    return ops
+    # Gated too, with pacing, so that it keeps its place among the GPU pods the pacer releases in
+    # arrival order: let through at once, it would take the CPU beside GPUs that pods before it need.
+    gate = patches.gate_ops(pod.get("spec") or {}, settings, pacer_absent=pacer_absent)
+    return [{"op": "add", "path": "/spec/affinity", "value": affinity}, *gate]
 
 
 def asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) -> bool:

@@ -62,21 +62,24 @@ def build(
     if affinity is not None:
         patch.append({"op": "add", "path": "/spec/affinity", "value": affinity})
 
-    if settings.pacing.enabled and not pacer_absent:
-        patch += gate_ops(spec, contract.pacing_gate)
+    gate = gate_ops(spec, settings, pacer_absent=pacer_absent)
+    if gate:
+        patch += gate
         conversion.decision["gated"] = contract.pacing_gate
-    elif settings.pacing.enabled:
+    elif settings.pacing.enabled and pacer_absent:
         conversion.decision["notGated"] = pacer_absent
 
     ops, notes = decision_.patch_ops(metadata, contract.decision_annotation, conversion.decision)
     return patch + ops, warnings + notes
 
 
-def gate_ops(spec: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
-    """The pacer's scheduling gate added to the pod's (none when it has it already: reinvocation;
-    none for a pod that names its node, which the API server would refuse with a gate)."""
-    if spec.get("nodeName"):
+def gate_ops(spec: Mapping[str, Any], settings: config.Config, *, pacer_absent: str) -> list[dict[str, Any]]:
+    """The pacer's scheduling gate added to the pod's, with pacing on in device-plugin mode while a
+    pacer is alive (`pacer_absent` ""); none when the pod has it already (reinvocation), and none
+    for a pod that names its node, which the API server would refuse with a gate."""
+    if not settings.pacing.enabled or settings.dra.enabled or pacer_absent or spec.get("nodeName"):
         return []
+    gate = settings.contract.pacing_gate
     gates = spec.get("schedulingGates")
     if gates is not None and not isinstance(gates, list):
         return []  # not a list: kube-apiserver cannot send it; nothing safe to add to

@@ -178,6 +178,19 @@ def bound_node(api: kubernetes.client.CoreV1Api, namespace: str, name: str, time
     return wait_for(f"pod {namespace}/{name} to be bound", probe, timeout)
 
 
+def all_running(
+    api: kubernetes.client.CoreV1Api, namespace: str, names: list[str], what: str, timeout: float = 180.0
+) -> list[Any]:
+    """The pods `names` once every one is Running (the node agent writes that status)."""
+
+    def probe() -> list[Any] | None:
+        pods = {p.metadata.name: p for p in api.list_namespaced_pod(namespace).items}
+        ready = [pods[n] for n in names if n in pods and pods[n].status.phase == "Running"]
+        return ready if len(ready) == len(names) else None
+
+    return wait_for(what, probe, timeout, interval=0.5)
+
+
 def scheduling_failure(api: kubernetes.client.CoreV1Api, namespace: str, name: str, timeout: float = 60.0) -> str:
     """The scheduler's PodScheduled=False message for a pod it cannot place."""
 

@@ -202,12 +202,7 @@ def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_webhook_requeue
         )
         core.create_namespaced_pod(namespace, pod)
 
-    def all_running() -> list[Any] | None:
-        pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
-        ready = [pods[n] for n in names if n in pods and pods[n].status.phase == "Running"]
-        return ready if len(ready) == len(names) else None
-
-    running = k8skit.wait_for("every bare pod to run", all_running, timeout=180, interval=0.5)
+    running = k8skit.all_running(core, namespace, names, "every bare pod to run")
     gpus = set()
     for agent in gpu_nodes.values():
         for decision in agent.decisions.values():

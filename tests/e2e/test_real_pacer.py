@@ -104,12 +104,7 @@ def test_a_paced_burst_of_bare_pods_is_admitted_whole_one_share_per_gpu(
         # The webhook gated it; whether the pacer has let it go already or not, the decision says so.
         assert CONTRACT.pacing_gate in created.metadata.annotations[CONTRACT.decision_annotation]
 
-    def all_running() -> list[Any] | None:
-        pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
-        ready = [pods[n] for n in names if n in pods and pods[n].status.phase == "Running"]
-        return ready if len(ready) == len(names) else None
-
-    running = k8skit.wait_for("every paced pod to run", all_running, timeout=180, interval=0.5)
+    running = k8skit.all_running(core, namespace, names, "every paced pod to run")
     assert not any(p.spec.scheduling_gates for p in running)
     gpus = set()
     for agent in gpu_nodes.values():
