@@ -6,6 +6,7 @@ whole decode."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -81,7 +82,7 @@ def test_fields_the_webhook_does_not_read_are_left_out() -> None:
     pod["spec"]["volumes"] = [{"name": "data"}]
     decoded = decoding.fields(json.dumps(fuzz.review_of(pod, userInfo={"username": "x"})).encode())
     assert decoded is not None
-    document, shaped = decoded
+    document, shaped, _ = decoded
     assert shaped
     assert "userInfo" not in document["request"] and "kind" not in document["request"]
     assert "volumes" not in document["request"]["object"]["spec"]
@@ -154,3 +155,27 @@ def test_nesting_in_a_field_not_read_is_refused_where_orjson_refuses_it(depth: i
     fast, whole = answer(review.encode()), answer(review)
     assert fast == whole
     assert isinstance(whole, str) == (depth > 1020), whole  # a few levels are the review's own
+
+
+def test_the_answer_key_leaves_out_what_no_answer_reads() -> None:
+    def key(uid: str, name: str, labels: dict[str, str]) -> bytes | None:
+        pod = kit.deployment_pod({"gpu-fraction": "0.5"}, containers=[kit.container(limits={"nvidia.com/gpu": "1"})])
+        pod["metadata"].update(name=name, labels=labels)
+        decoded = decoding.fields(json.dumps(fuzz.review_of(pod, uid=uid)).encode(), labels_read=("read",))
+        assert decoded is not None and decoded.document["request"]["uid"] == uid  # the document keeps them
+        assert decoded.document["request"]["object"]["metadata"]["name"] == name
+        return decoded.key
+
+    first = key("u-1", "a", {"app": "x", "read": "off"})
+    assert first is not None and first == key("u-2", "b", {"app": "y", "read": "off"})
+    assert first != key("u-3", "a", {"app": "x"}) and first != key("u-4", "a", {"app": "x", "read": "on"})
+
+
+def test_a_body_deeper_than_orjson_reads_goes_to_the_whole_decode_with_a_raised_recursion_limit() -> None:
+    deep = b'{"a":' + b"[" * 1100 + b"]" * 1100 + b"}"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(5000)  # msgspec would now read it; orjson refuses it
+    try:
+        assert decoding.fields(deep) is None
+    finally:
+        sys.setrecursionlimit(limit)

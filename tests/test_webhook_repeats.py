@@ -7,9 +7,12 @@ import json
 import pathlib
 from typing import Any
 
+import hypothesis
 import orjson
 import pytest
 import reviewkit
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
@@ -95,14 +98,15 @@ def test_a_node_change_is_never_answered_from_memory() -> None:
     answers = repeats.RepeatAnswers()
     view = two_class_view()
     share = {"gpu-memory": "20000"}
-    for uid in ("m-1", "m-2"):  # the second is remembered
+    for uid in ("m-1", "m-2", "m-3"):  # the second is remembered, the third answered from memory
         answers.review(body(uid, share), settings=SETTINGS, cluster=view)
+    assert answers.repeats == 1
     t4 = trace.node_inventory(trace.TraceNode("t4", 96000, 393216, 2, "T4"))
     view.update_node("t4", node_labels.node_labels(t4, SETTINGS.contract))
-    _, encoded = answers.review(body("m-3", share), settings=SETTINGS, cluster=view)
-    assert answers.repeats == 0
-    assert encoded == orjson.dumps(admission.review(body("m-3", share), settings=SETTINGS, cluster=view).response)
-    assert b'"response":{"uid":"m-3","allowed":true' in encoded
+    _, encoded = answers.review(body("m-4", share), settings=SETTINGS, cluster=view)
+    assert answers.repeats == 1
+    assert encoded == orjson.dumps(admission.review(body("m-4", share), settings=SETTINGS, cluster=view).response)
+    assert b'"response":{"uid":"m-4","allowed":true' in encoded
 
 
 def test_dry_runs_are_remembered_apart_and_promise_nothing() -> None:
@@ -146,7 +150,7 @@ def test_a_body_whose_first_uid_is_not_the_request_uid_is_not_remembered() -> No
         for u in ("o1", "o2", "o3")
     ]
     assert uids == ["request-uid"] * 3
-    assert answers.repeats == 0
+    assert answers.repeats == answers.by_fields == 1  # by the decoded request uid, never by the bytes
 
 
 def test_a_uid_that_occurs_twice_is_not_answered_again() -> None:
@@ -156,11 +160,12 @@ def test_a_uid_that_occurs_twice_is_not_answered_again() -> None:
     raw = body("dup-uid", {"gpu-fraction": "0.5", "note": "dup-uid"})
     for _ in range(3):
         answers.review(raw, settings=SETTINGS, cluster=view)
-    assert answers.repeats == 0
+    assert answers.repeats == answers.by_fields == 1  # by the decoded uid only, never by the bytes
     plain = body("dup-uid", {"gpu-fraction": "0.5", "note": "other"})
     for _ in range(3):
         answers.review(plain, settings=SETTINGS, cluster=view)
-    assert answers.repeats == 1  # the same body without the second occurrence is answered again
+    # The same body without the second occurrence is answered by its bytes the third time.
+    assert answers.repeats - answers.by_fields == 1
 
 
 def test_denials_and_cpu_pods_repeat_too_and_malformed_reviews_never_do() -> None:
@@ -232,3 +237,78 @@ def test_large_bodies_that_share_a_fingerprint_get_their_own_answers() -> None:
         _, encoded = answers.review(raw, settings=SETTINGS, cluster=view)
         assert encoded == orjson.dumps(admission.review(raw, settings=SETTINGS, cluster=one_class_view()).response)
     assert answers.repeats == 1  # s-3: s-2 took f-2's place; f-3 was answered in full
+
+
+def variant(uid: str, index: int, annotations: dict[str, str] | None = None, **container: Any) -> bytes:
+    """A pod of one template that differs from its siblings only in what the webhook skips: name,
+    labels, owner uid, image, env (one-pod Jobs of one CronJob, say)."""
+    document = json.loads(body(uid, annotations))
+    pod = document["request"]["object"]
+    pod["metadata"].pop("generateName")
+    pod["metadata"]["name"] = f"job-{index}-x7k2p"
+    pod["metadata"]["labels"] = {"job-name": f"job-{index}", "controller-uid": f"c-{index}"}
+    pod["metadata"]["ownerReferences"][0]["uid"] = f"owner-{index}"
+    pod["spec"]["containers"][0].update({"image": f"trainer:{index}", "env": [{"name": "RUN", "value": str(index)}]})
+    pod["spec"]["containers"][0].update(container)
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def test_pods_that_differ_only_in_what_the_webhook_skips_share_answers() -> None:
+    # Every body is new, so none is answered by its bytes; the fields read are one template's.
+    bodies = [variant(f"j-{i:04d}", i) for i in range(24)]
+    expected, full_view = full(bodies)
+    got, view, repeated = remembered(bodies)
+    assert got == expected
+    for memory in (H100, H200):
+        assert view.promised_units(memory) == full_view.promised_units(memory) > 0
+    assert 12 < repeated < 24  # all but the first of each class choice
+
+
+def test_a_label_or_field_the_answer_reads_keeps_answers_apart() -> None:
+    answers, view = repeats.RepeatAnswers(), one_class_view()
+    off = {SETTINGS.contract.label_pod_cpu_steering: "off"}
+    cpu = [variant(f"c-{i}", i, {}, resources={}) for i in range(3)]
+    opted_out = [
+        orjson.dumps(document)
+        for i in range(3)
+        if (document := json.loads(variant(f"o-{i}", i, {}, resources={})))
+        and document["request"]["object"]["metadata"]["labels"].update(off) is None
+    ]
+    renamed = [variant(f"r-{i}", i, name="other") for i in range(3)]
+    for raw in [variant("g-0", 0), *(raw for trio in zip(cpu, opted_out, renamed, strict=True) for raw in trio)]:
+        _, encoded = answers.review(raw, settings=SETTINGS, cluster=view)
+        assert encoded == orjson.dumps(admission.review(raw, settings=SETTINGS, cluster=one_class_view()).response)
+    assert answers.by_fields == 3  # the third of each (remembered at the second): none took another's answer
+    steered, left = (
+        orjson.loads(answers.review(r, settings=SETTINGS, cluster=view)[1]) for r in (cpu[0], opted_out[0])
+    )
+    assert "patch" in steered["response"] and "patch" not in left["response"]
+
+
+# Few variants of each, so that field sets repeat within one sequence and are answered from memory.
+_SKIPPED = st.tuples(st.integers(0, 3), st.sampled_from(["", "x" * 50]))  # name/labels/env variant, padding
+_READ = st.tuples(
+    st.sampled_from([{"gpu-fraction": "0.5"}, {"gpu-memory": "20000"}, {}]),
+    st.sampled_from(["main", "other"]),  # container name
+    st.sampled_from([{"limits": {"nvidia.com/gpu": "1"}}, {"requests": {"cpu": "2"}}]),
+    st.sampled_from([False, False, False, True]),  # dry run
+)
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_SKIPPED, _READ), min_size=10, max_size=40))
+def test_any_sequence_of_pods_gets_the_answers_and_promises_of_full_reviews(
+    pods: list[tuple[tuple[int, str], tuple[dict[str, str], str, dict[str, Any], bool]]],
+) -> None:
+    bodies = []
+    for i, ((variant_of, pad), (asked, name, resources, dry_run)) in enumerate(pods):
+        raw = variant(f"p-{i}", variant_of, {**asked, **({"pad": pad} if pad else {})}, name=name)
+        document = json.loads(raw)
+        document["request"]["dryRun"] = dry_run
+        document["request"]["object"]["spec"]["containers"][0]["resources"] = resources
+        bodies.append(orjson.dumps(document))
+    expected, full_view = full(bodies)
+    got, view, _ = remembered(bodies)
+    assert got == expected
+    for memory in (H100, H200):
+        assert view.promised_units(memory) == full_view.promised_units(memory)

@@ -22,7 +22,7 @@ from gpuslice import config
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import decoding, mutation, shape
 
-__all__ = ["MalformedReview", "Result", "promise", "review"]
+__all__ = ["MalformedReview", "Result", "promise", "review", "review_document"]
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -54,7 +54,7 @@ def _decode(body: bytes | str | Mapping[str, Any]) -> tuple[Mapping[str, Any], b
         # the fields read, in one typed pass; anything unusual is decoded whole below.
         decoded = decoding.fields(body)
         if decoded is not None:
-            return decoded
+            return decoded.document, decoded.shaped
     try:
         document = orjson.loads(body)
     except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -86,6 +86,14 @@ def _check_request(request: Mapping[str, Any]) -> None:
 def review(body: bytes | str | Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Result:
     """Answer one AdmissionReview. Raises MalformedReview when there is nothing to answer."""
     document, shaped = _decode(body)
+    return review_document(document, shaped, settings=settings, cluster=cluster)
+
+
+def review_document(
+    document: Mapping[str, Any], shaped: bool, *, settings: config.Config, cluster: cluster_.ClusterView
+) -> Result:
+    """`review` of a decoded AdmissionReview; `shaped`: its pod's types are checked already
+    (decoding.fields)."""
     if document.get("kind") != KIND or document.get("apiVersion") != API_VERSION:
         raise MalformedReview(
             f"expected kind {KIND} apiVersion {API_VERSION}, got kind {document.get('kind')!r} "

@@ -14,7 +14,7 @@ from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import patches, pods, steering
 
-__all__ = ["asks_for_no_device", "patch"]
+__all__ = ["asks_for_no_device", "labels_read", "patch"]
 
 # What a pod may ask for and still count as asking for no device (hugepages-<size> too).
 _PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
@@ -36,6 +36,12 @@ def patch(pod: Mapping[str, Any], settings: config.Config, *, pacer_absent: str)
     # arrival order: let through at once, it would take the CPU beside GPUs that pods before it need.
     gate = patches.gate_ops(pod.get("spec") or {}, settings, pacer_absent=pacer_absent)
     return [{"op": "add", "path": "/spec/affinity", "value": affinity}, *gate]
+
+
+def labels_read(contract: contract_.Contract) -> tuple[str, ...]:
+    """The pod labels any answer of the webhook depends on (the only ones: webhook/decoding.py
+    keys remembered answers on them and leaves the others out)."""
+    return (contract.label_pod_cpu_steering,)
 
 
 def asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) -> bool:

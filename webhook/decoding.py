@@ -15,6 +15,12 @@ The kept fields are encoded again and read by orjson (a few hundred bytes), so t
 exactly orjson's: it reads an integer beyond 64 bits as a float, msgspec as an int. Explicit nulls
 stay None and absent keys stay absent; of an owner reference only the kind is kept.
 
+`fields` also gives the answer's key: the kept fields encoded again without those the answer does
+not depend on (the request's uid, the pod's name and generateName, its labels but those named in
+`labels_read`), so pods of one template that differ only in what the webhook skips (one-pod Jobs,
+the Deployments of one chart) share answers (webhook/repeats.py). Whoever makes an answer read
+another field must keep it here.
+
 One leniency, for input kube-apiserver cannot send (a Pod's numbers are 32- and 64-bit integers):
 a number beyond a double's range (1e999) in a field the webhook does not read is skipped, where
 orjson refuses the whole body.
@@ -24,14 +30,16 @@ May import msgspec, orjson and the webhook's shape module.
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from collections.abc import Collection
+from typing import Any, NamedTuple
 
 import msgspec
 import orjson
 
 from gpuslice.webhook import shape
 
-__all__ = ["fields"]
+__all__ = ["Decoded", "fields"]
 
 _UNSET: Any = msgspec.UNSET
 
@@ -96,13 +104,21 @@ class _Review(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(_Review)
 _ORJSON_MAX_DEPTH = 1024  # orjson refuses deeper nesting; a body with fewer brackets cannot reach it
 _ENCODER = msgspec.json.Encoder()
+MAX_KEY_BYTES = 16 * 1024  # a larger key (say, kubectl's last-applied annotation) is not worth keeping
 
 
-def fields(body: bytes) -> tuple[dict[str, Any], bool] | None:
-    """(the fields of the AdmissionReview `body` the webhook reads, whether its pod's types are
-    those `shape.check_pod` checks), or None: decode it whole."""
-    if body.count(b"{") + body.count(b"[") > _ORJSON_MAX_DEPTH:
-        return None  # perhaps nested deeper than orjson reads; msgspec's limit is Python's, which may be raised
+class Decoded(NamedTuple):
+    document: dict[str, Any]  # the fields read, as orjson decodes them
+    shaped: bool  # the pod's fields have the types `shape.check_pod` asks for
+    key: bytes | None  # what the answer depends on but the uid; None: not to be remembered
+
+
+def fields(body: bytes, *, labels_read: Collection[str] = ()) -> Decoded | None:
+    """The fields of the AdmissionReview `body` the webhook reads, or None: decode it whole."""
+    # msgspec's nesting limit is Python's recursion limit (1000 by default: below orjson's), so what
+    # it reads orjson reads too; only where the limit was raised must the brackets be counted.
+    if sys.getrecursionlimit() >= _ORJSON_MAX_DEPTH and body.count(b"{") + body.count(b"[") > _ORJSON_MAX_DEPTH:
+        return None
     if not body.isascii():
         try:
             body.decode()
@@ -119,4 +135,19 @@ def fields(body: bytes) -> tuple[dict[str, Any], bool] | None:
         return None
     pod = review.request.object if isinstance(review.request, _Request) else None
     spec = (document["request"]["object"] or {}).get("spec") if isinstance(pod, _Pod) else None
-    return document, shape.parts_kept_whole_pass(spec)
+    return Decoded(document, shape.parts_kept_whole_pass(spec), _key(review, labels_read))
+
+
+def _key(review: _Review, labels_read: Collection[str]) -> bytes | None:
+    """`review` encoded without what no answer depends on (it is changed: call last)."""
+    request = review.request
+    if not isinstance(request, _Request) or not isinstance(request.uid, str):
+        return None  # malformed: answered in full, never remembered
+    request.uid = _UNSET
+    metadata = request.object.metadata if isinstance(request.object, _Pod) else None
+    if isinstance(metadata, _Metadata):
+        metadata.name = metadata.generateName = _UNSET
+        if metadata.labels:
+            metadata.labels = {name: metadata.labels[name] for name in labels_read if name in metadata.labels}
+    key = _ENCODER.encode(review)
+    return key if len(key) <= MAX_KEY_BYTES else None

@@ -1,17 +1,22 @@
-"""Answers to AdmissionReviews that repeat one already answered, but for the request's uid.
+"""Answers to AdmissionReviews that ask what one already answered asked, but for the request's uid.
 
-The replicas of a Deployment or a Job reach the webhook as the same bytes: the pod object is the
-controller's template (a generated name is chosen after admission) and only `request.uid` differs
-(on the real API server 10 of a Deployment's 12 replicas were answered from memory,
-tests/e2e/test_real_webhook.py; a StatefulSet's pods carry their names). A burst is that, so the
-webhook remembers its answer per body with the uid cut out (from the second time the body comes)
-and, for a repeat, answers without decoding the body again.
+Two memories, one answer:
+- **By the body's bytes.** The replicas of a Deployment or a Job reach the webhook as the same
+  bytes: the pod object is the controller's template (a generated name is chosen after admission)
+  and only `request.uid` differs (on the real API server 10 of a Deployment's 12 replicas were
+  answered from memory, tests/e2e/test_real_webhook.py). A repeat is answered without decoding.
+- **By the fields read.** Pods of one template that differ in what the webhook skips (the one-pod
+  Jobs of a CronJob, a StatefulSet's pods, the Deployments of one chart: names, labels, owner
+  uids, images, env) are told apart by `decoding.Decoded.key`, the fields the answer depends on,
+  after the typed decode and before the review.
+Each is remembered the second time it comes: most bodies never repeat, and remembering each at
+once would cost every such admission more than a repeat saves (docs/benchmarks.md).
 
 A remembered answer holds while the cluster view has not changed (its `generation`, which also
 moves when a pacer comes or goes: a pod gated for a pacer that died is not answered again) and every
 decision that promises can change (`ClusterView.start_recording`: the GPU class chosen) comes out the
-same now; the answer is a function of the body, the configuration, the view's generation and
-those decisions, so it is then what a full review would give. A body keeps one answer per outcome
+same now; the answer is a function of the fields read, the configuration, the view's generation and
+those decisions, so it is then what a full review would give. An entry keeps one answer per outcome
 of its decisions: as a burst's promises fill one class and then the next, its pods' answers
 alternate between a few, each given from memory. A repeat of a converted pod promises its units
 like the first did. DRA conversions (they create claim templates) and malformed reviews are never
@@ -43,7 +48,7 @@ from typing import Any
 import orjson
 
 from gpuslice import config
-from gpuslice.webhook import admission, mutation
+from gpuslice.webhook import admission, cpupods, decoding, mutation
 from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["RepeatAnswers"]
@@ -51,6 +56,7 @@ __all__ = ["RepeatAnswers"]
 _UID_FIELD = b'"uid":"'
 # A uid that needs no escaping in JSON and none in the answer (Kubernetes sends UUIDs).
 _PLAIN_UID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+_PLAIN_UID_TEXT = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # Bodies larger than this are answered in full every time: a pod template is 5-20 KB.
 MAX_BODY_BYTES = 64 * 1024
 MAX_TOTAL_BYTES = 4 * 1024 * 1024
@@ -67,9 +73,10 @@ class _Answer:
 
 @dataclasses.dataclass
 class _Remembered:
-    """The answers to one body at one generation of the view, by what its decisions came to."""
+    """The answers to one body (or field key) at one generation of the view, by what its decisions
+    came to."""
 
-    head: bytes  # the body up to its uid's value
+    head: bytes  # the body up to its uid's value (b"" for a field key)
     tail: bytes  # ... and after it
     generation: int
     decide: tuple[Callable[[], Hashable], ...]  # the decisions promises can change, to take again
@@ -83,6 +90,16 @@ class _Remembered:
             and body.startswith(self.head)
             and body.endswith(self.tail)
         )
+
+    def decisions(self, cluster: cluster_.ClusterView) -> tuple[Hashable, ...] | None:
+        """What the decisions come to now; None when the view has changed since."""
+        if self.generation != cluster.generation:
+            return None
+        return tuple([again() for again in self.decide])
+
+    def answer(self, cluster: cluster_.ClusterView) -> _Answer | None:
+        decided = self.decisions(cluster)
+        return None if decided is None else self.answers.get(decided)
 
     @property
     def size(self) -> int:
@@ -125,77 +142,143 @@ def _fingerprint(body: bytes, start: int, end: int) -> int:
     )
 
 
+class _Memory(collections.OrderedDict[Hashable, "_Remembered"]):
+    """Remembered answers by key, the least recently used forgotten first past `max_bytes`."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__()
+        self.max_bytes = max_bytes
+        self.bytes = 0
+
+    def keep(self, key: Hashable, entry: _Remembered, decided: tuple[Hashable, ...], answer: _Answer) -> None:
+        old = self.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+        entry.answers[decided] = answer
+        self[key] = entry
+        self.bytes += entry.size
+        while self.bytes > self.max_bytes and self:
+            _, dropped = self.popitem(last=False)
+            self.bytes -= dropped.size
+
+    def forget(self, key: Hashable) -> None:
+        entry = self.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry.size
+
+
 class RepeatAnswers:
-    """`review` with the answers to recent distinct bodies remembered, the least recently used
-    forgotten first (at most MAX_TOTAL_BYTES)."""
+    """`review` with the answers to recent distinct bodies and field sets remembered, the least
+    recently used forgotten first (at most `max_total_bytes` in all)."""
 
     def __init__(self, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
-        self._answers: collections.OrderedDict[int, _Remembered] = collections.OrderedDict()  # by fingerprint
+        # Field keys are a few hundred bytes, bodies 5-20 KB: a quarter holds thousands of keys.
+        self._fields = _Memory(max_total_bytes // 4)  # by decoding.Decoded.key
+        self._bodies = _Memory(max_total_bytes - self._fields.max_bytes)  # by fingerprint
         self._seen_once: dict[int, None] = {}  # fingerprints of bodies answered once, oldest first
-        self._bytes = 0
-        self._max_bytes = max_total_bytes
+        self._keys_seen_once: dict[int, None] = {}  # ... hashes of field keys
+        self._labels_read: tuple[str, ...] | None = None
         self.repeats = 0  # answers given from memory (the metrics read it)
+        self.by_fields = 0  # ... of them, those found by the decoded fields (the body was new)
 
     def __len__(self) -> int:
-        return len(self._answers)
+        """Bodies remembered."""
+        return len(self._bodies)
 
     @property
     def bytes_held(self) -> int:
-        """Bytes of the remembered bodies and answers (at most `max_total_bytes`)."""
-        return self._bytes
+        """Bytes of the remembered bodies, keys and answers (at most `max_total_bytes`)."""
+        return self._bodies.bytes + self._fields.bytes
 
     def review(
         self, body: bytes, *, settings: config.Config, cluster: cluster_.ClusterView
     ) -> tuple[admission.Result, bytes]:
         """`admission.review(body)` and its answer encoded; MalformedReview as it raises."""
         span = _uid_span(body) if len(body) <= MAX_BODY_BYTES else None
-        if span is None:
-            return _reviewed(body, settings, cluster)
-        start, end = span
-        print_ = _fingerprint(body, start, end)
-        known = self._answers.get(print_)
-        if known is not None and not known.holds(body, start, end):
-            known = None  # another body with the same fingerprint: this one takes its place below
-        elif known is not None and known.generation == cluster.generation:
-            decided = tuple(again() for again in known.decide)
-            answer = known.answers.get(decided)
-            if answer is not None:
-                if answer.checked or self._check(print_, known, answer):
-                    self._answers.move_to_end(print_)
-                    self.repeats += 1
-                    admission.promise(answer.result, cluster)
-                    uid = body[start:end]
-                    return _for_uid(answer.result, uid.decode()), answer.head + uid + answer.tail
-                known = None  # `_check` forgot it
-        elif known is None and self._first_sighting(print_):
-            # Most bodies never repeat (bare pods, one-pod jobs): remembering them would cost every
-            # such admission more than a repeat saves (docs/benchmarks.md), so a body is
-            # remembered the second time it comes.
-            return _reviewed(body, settings, cluster)
+        print_: int | None = None
+        if span is not None:
+            start, end = span
+            print_ = _fingerprint(body, start, end)
+            known = self._bodies.get(print_)
+            if known is not None and known.holds(body, start, end):
+                answer = known.answer(cluster)
+                if answer is not None and (answer.checked or self._check(print_, known, answer)):
+                    self._bodies.move_to_end(print_)
+                    return self._again(answer, body[start:end].decode(), cluster)
+            elif known is None and _first_sighting(self._seen_once, print_):
+                # Most bodies never repeat (bare pods, one-pod jobs): remembering each would cost
+                # every such admission more than a repeat saves (docs/benchmarks.md), so a body is
+                # remembered the second time it comes; so are the fields read (below).
+                print_ = None
+        decoded = decoding.fields(body, labels_read=self._labels(settings))
+        if decoded is None:
+            return _reviewed(body, settings, cluster)  # decoded whole, words the error; never remembered
+        request = decoded.document.get("request")
+        uid = request.get("uid") if isinstance(request, dict) else None
+        if not isinstance(uid, str) or not _PLAIN_UID_TEXT.fullmatch(uid):
+            return _reviewed_document(decoded, settings, cluster)  # reviewed (or refused) in full
+        key = decoded.key
+        keyed = self._fields.get(key) if key is not None else None
+        if keyed is None and key is not None and _first_sighting(self._keys_seen_once, hash(key)):
+            key = None
+        if keyed is not None and key is not None:
+            decided = keyed.decisions(cluster)
+            answer = keyed.answers.get(decided) if decided is not None else None
+            if decided is not None and answer is not None:
+                self._fields.move_to_end(key)
+                self.by_fields += 1
+                if print_ is not None and span is not None:
+                    self._keep_body(print_, body, span, uid, keyed, decided, answer)
+                return self._again(answer, uid, cluster)
         generation = cluster.generation
         reads = cluster.start_recording()
         try:
-            result = admission.review(body, settings=settings, cluster=cluster)
+            result = admission.review_document(decoded.document, decoded.shaped, settings=settings, cluster=cluster)
         finally:
             cluster.stop_recording()
         encoded = orjson.dumps(result.response)
-        uid = body[start:end]
-        if _rememberable(uid, result):
-            if known is None or known.generation != generation or len(known.decide) != len(reads):
-                known = _Remembered(body[:start], body[end:], generation, tuple([again for again, _ in reads]), {})
-            answer = _Answer(*_around(encoded, uid), _kept(result))
-            self._remember(print_, known, tuple([decided for _, decided in reads]), answer)
+        if _rememberable(uid, result) and (key is not None or print_ is not None):
+            decide, decided = tuple([again for again, _ in reads]), tuple([value for _, value in reads])
+            if keyed is None or keyed.generation != generation or len(keyed.decide) != len(decide):
+                keyed = _Remembered(b"", b"", generation, decide, {})
+            answer = _Answer(*_around(encoded, uid.encode()), _kept(result), checked=True)
+            if key is not None:
+                self._fields.keep(key, keyed, decided, answer)
+            if print_ is not None and span is not None:
+                self._keep_body(print_, body, span, uid, keyed, decided, answer)
         return result, encoded
 
-    def _first_sighting(self, print_: int) -> bool:
-        """True the first time a body's fingerprint comes (the last MAX_SEEN_ONCE are kept)."""
-        if print_ in self._seen_once:
-            del self._seen_once[print_]
-            return False
-        self._seen_once[print_] = None
-        if len(self._seen_once) > MAX_SEEN_ONCE:
-            del self._seen_once[next(iter(self._seen_once))]
-        return True
+    def _again(self, answer: _Answer, uid: str, cluster: cluster_.ClusterView) -> tuple[admission.Result, bytes]:
+        """A remembered answer given for request `uid`: it promises its units like the first did."""
+        self.repeats += 1
+        admission.promise(answer.result, cluster)
+        return _for_uid(answer.result, uid), answer.head + uid.encode() + answer.tail
+
+    def _keep_body(
+        self,
+        print_: int,
+        body: bytes,
+        span: tuple[int, int],
+        uid: str,
+        keyed: _Remembered,
+        decided: tuple[Hashable, ...],
+        answer: _Answer,
+    ) -> None:
+        """Remember `answer` for the body's bytes too (when the cut is the request's uid), so that
+        its next repeat is answered without decoding; `_check` makes sure of the cut at the first."""
+        start, end = span
+        if body[start:end] != uid.encode():
+            return
+        known = self._bodies.get(print_)
+        if known is None or not known.holds(body, start, end) or known.generation != keyed.generation:
+            known = _Remembered(body[:start], body[end:], keyed.generation, keyed.decide, {})
+        if len(known.decide) == len(decided):
+            self._bodies.keep(print_, known, decided, dataclasses.replace(answer, checked=False))
+
+    def _labels(self, settings: config.Config) -> tuple[str, ...]:
+        if self._labels_read is None:
+            self._labels_read = cpupods.labels_read(settings.contract)
+        return self._labels_read
 
     def _check(self, print_: int, known: _Remembered, answer: _Answer) -> bool:
         """Whether the first request's uid occurs in its body only where it was cut out (so the
@@ -203,22 +286,21 @@ class RepeatAnswers:
         A body that fails is forgotten."""
         first = str(answer.result.response["response"]["uid"]).encode()
         if first in known.head + known.tail:
-            self._answers.pop(print_)
-            self._bytes -= known.size
+            self._bodies.forget(print_)
             return False
         answer.checked = True
         return True
 
-    def _remember(self, print_: int, entry: _Remembered, decided: tuple[Hashable, ...], answer: _Answer) -> None:
-        old = self._answers.pop(print_, None)
-        if old is not None:
-            self._bytes -= old.size
-        entry.answers[decided] = answer
-        self._answers[print_] = entry
-        self._bytes += entry.size
-        while self._bytes > self._max_bytes and self._answers:
-            _, dropped = self._answers.popitem(last=False)
-            self._bytes -= dropped.size
+
+def _first_sighting(seen: dict[int, None], print_: int) -> bool:
+    """True the first time `print_` comes (the last MAX_SEEN_ONCE are kept in `seen`)."""
+    if print_ in seen:
+        del seen[print_]
+        return False
+    seen[print_] = None
+    if len(seen) > MAX_SEEN_ONCE:
+        del seen[next(iter(seen))]
+    return True
 
 
 def _reviewed(body: bytes, settings: config.Config, cluster: cluster_.ClusterView) -> tuple[admission.Result, bytes]:
@@ -226,12 +308,18 @@ def _reviewed(body: bytes, settings: config.Config, cluster: cluster_.ClusterVie
     return result, orjson.dumps(result.response)
 
 
-def _rememberable(uid: bytes, result: admission.Result) -> bool:
-    """The cut value is the request's uid (`_check` makes sure it is not elsewhere too), and the
-    answer needs nothing but the body, the view and its decisions (a DRA conversion creates a
-    claim template)."""
+def _reviewed_document(
+    decoded: decoding.Decoded, settings: config.Config, cluster: cluster_.ClusterView
+) -> tuple[admission.Result, bytes]:
+    result = admission.review_document(decoded.document, decoded.shaped, settings=settings, cluster=cluster)
+    return result, orjson.dumps(result.response)
+
+
+def _rememberable(uid: str, result: admission.Result) -> bool:
+    """The answer is for request `uid` and needs nothing but the fields, the view and its
+    decisions (a DRA conversion creates a claim template)."""
     answered = result.response.get("response") or {}
-    if answered.get("uid") != uid.decode():
+    if answered.get("uid") != uid:
         return False
     return result.outcome is None or not result.outcome.objects
 
