@@ -88,6 +88,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $config "schedulerName" .Values.scheduler.profileName }}
 {{- end }}
 {{- $_ := set $config "resourcePrefix" (include "gpuslice.prefix" .) }}
+{{- $_ := set $config.pacing "leaseName" (include "gpuslice.pacerLeaseName" .) }}
 {{- if eq .Values.mode "dra" }}
 {{- $_ := set $config.dra "enabled" true }}
 {{- end }}
@@ -106,6 +107,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- define "gpuslice.devicePluginName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "device-plugin") }}{{- end }}
 {{- define "gpuslice.pacerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "pacer") }}{{- end }}
+{{/* The Lease the pacer renews and the webhook reads: config.pacing.leaseName, else "<fullname>-pacer", so
+two releases in one namespace never share one. */}}
+{{- define "gpuslice.pacerLeaseName" -}}{{ .Values.config.pacing.leaseName | default (include "gpuslice.pacerName" .) }}{{- end }}
 {{- define "gpuslice.schedulerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "scheduler") }}{{- end }}
 
 {{/* DNS names the webhook's serving certificate must cover. */}}
