@@ -260,6 +260,12 @@ needs the alpha DRAConsumableCapacity gate everywhere; before 1.34 it does not e
 {{- end }}
 {{- end }}
 
+{{/* "true" when the webhook runs its requeuer (webhook/main.py: config.requeue.enabled, and the webhook
+not making ResourceClaims, where kubelet refuses no burst): only then may it create and delete pods. */}}
+{{- define "gpuslice.webhookRequeues" -}}
+{{- if and .Values.config.requeue.enabled (not (or (eq .Values.mode "dra") .Values.config.dra.enabled)) }}true{{ end }}
+{{- end }}
+
 {{/* "true" when the webhook turns annotations into ResourceClaims (and may create their templates). */}}
 {{- define "gpuslice.draClaims" -}}
 {{- if and (include "gpuslice.draMode" .) (or (eq .Values.mode "dra") .Values.config.dra.enabled) }}true{{ end }}
