@@ -12,37 +12,20 @@ May import gpuslice.listwatch and the kubernetes client (through it).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from gpuslice import listwatch
 
 __all__ = ["NodePods"]
 
 
-class NodePods(listwatch.ListWatch):
+class NodePods(listwatch.PodWatch):
     """`run()` until cancelled or `stop()`; `pods()` once `synced` is set."""
 
-    def __init__(
-        self,
-        core_api: Callable[[], Any],
-        node_name: str,
-        *,
-        watch_timeout_seconds: int = 300,
-        request_timeout_seconds: float = 10.0,
-        backoff_initial_seconds: float = 0.5,
-        backoff_max_seconds: float = 30.0,
-    ) -> None:
+    def __init__(self, core_api: Callable[[], Any], node_name: str, **options: Unpack[listwatch.Options]) -> None:
+        options.setdefault("request_timeout_seconds", 10.0)
         selector = f"spec.nodeName={node_name}"
-        super().__init__(
-            lambda: core_api().list_pod_for_all_namespaces,  # the client is made on first use
-            f"pods of {selector}",
-            field_selector=selector,
-            from_cache=True,
-            watch_timeout_seconds=watch_timeout_seconds,
-            request_timeout_seconds=request_timeout_seconds,
-            backoff_initial_seconds=backoff_initial_seconds,
-            backoff_max_seconds=backoff_max_seconds,
-        )
+        super().__init__(core_api, f"pods of {selector}", selector, **options)
         self._pods: dict[str, Mapping[str, Any]] = {}  # by UID
 
     def pods(self) -> list[Mapping[str, Any]]:

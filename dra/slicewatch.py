@@ -17,7 +17,7 @@ May import gpuslice.listwatch and the kubernetes client (through it).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from gpuslice import listwatch
 
@@ -33,18 +33,16 @@ class NodeSlices(listwatch.ListWatch):
         node_name: str,
         driver: str,
         on_gone: Callable[[], None],
-        *,
-        watch_timeout_seconds: int = 300,
-        request_timeout_seconds: float = 10.0,
+        **options: Unpack[listwatch.Options],
     ) -> None:
+        options.setdefault("request_timeout_seconds", 10.0)
         selector = f"spec.nodeName={node_name},spec.driver={driver}"
         super().__init__(
             lambda: resource_api().list_resource_slice,  # the client is made on first use
             f"ResourceSlices of {selector}",
             field_selector=selector,
             from_cache=True,
-            watch_timeout_seconds=watch_timeout_seconds,
-            request_timeout_seconds=request_timeout_seconds,
+            **options,
         )
         self._on_gone = on_gone
         self.deletions = 0  # slices seen deleted (tests, log lines)

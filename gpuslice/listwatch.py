@@ -8,6 +8,9 @@ The official client blocks, so its calls run in a thread; responses are read raw
 JSON (building client model objects for thousands of nodes would cost more than what is read), and
 events are handed to the subclass on the event loop, so its view is only touched from one thread.
 
+Subclasses take the loop's timing as `**options` (`Options`) and pass it on; `PodWatch` is the
+pods a field selector picks out, cluster-wide, from the watch cache, which most of them watch.
+
 May import gpuslice.backoff and the kubernetes client.
 """
 
@@ -18,17 +21,26 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import kubernetes
 
 from gpuslice import backoff
 
-__all__ = ["ListWatch"]
+__all__ = ["ListWatch", "Options", "PodWatch"]
 
 log = logging.getLogger(__name__)
 
 _LIST_PAGE = 500
+
+
+class Options(TypedDict, total=False):
+    """The timing of a ListWatch (its constructor's defaults where left out), as subclasses pass it on."""
+
+    watch_timeout_seconds: int
+    request_timeout_seconds: float
+    backoff_initial_seconds: float
+    backoff_max_seconds: float
 
 
 class _Gone(Exception):
@@ -191,3 +203,18 @@ class ListWatch:
         finally:
             self._response = None
             response.release_conn()
+
+
+class PodWatch(ListWatch):
+    """The pods `field_selector` picks out, of every namespace, listed from the API server's watch
+    cache (resourceVersion "0", no pages). Subclasses give `replace` and `apply`."""
+
+    def __init__(self, core_api: Callable[[], Any], what: str, field_selector: str, **options: Unpack[Options]) -> None:
+        # core_api() -> the CoreV1Api, looked up on each call so a client can be made on first use.
+        super().__init__(
+            lambda: core_api().list_pod_for_all_namespaces,
+            what,
+            field_selector=field_selector,
+            from_cache=True,
+            **options,
+        )

@@ -81,14 +81,9 @@ class _Metrics:
         )
 
 
-class _Pods(listwatch.ListWatch):
+class _Pods(listwatch.PodWatch):
     def __init__(self, api: kubernetes.client.CoreV1Api, pacer: Pacer) -> None:
-        super().__init__(
-            lambda: api.list_pod_for_all_namespaces,
-            "pods not finished",
-            field_selector="status.phase!=Succeeded,status.phase!=Failed",
-            from_cache=True,
-        )
+        super().__init__(lambda: api, "pods not finished", "status.phase!=Succeeded,status.phase!=Failed")
         self.pacer = pacer
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:

@@ -157,10 +157,10 @@ def merged(base: Mapping[str, Any], *overrides: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def template_args(values: Mapping[str, Any], directory: pathlib.Path, *extra: str) -> list[str]:
+def template_args(values: Mapping[str, Any], directory: pathlib.Path, *extra: str, release: str = RELEASE) -> list[str]:
     return [
         "template",
-        RELEASE,
+        release,
         str(CHART),
         "--namespace",
         NAMESPACE,
@@ -206,24 +206,29 @@ def parse(text: str) -> Manifests:
 
 
 @functools.cache
-def _render_cached(values_json: str, kube_version: str, api_versions: tuple[str, ...]) -> Manifests:
+def _render_cached(values_json: str, kube_version: str, api_versions: tuple[str, ...], release: str) -> Manifests:
     with tempfile.TemporaryDirectory(prefix="gpuslice-chart-") as tmp:
         extra = ["--kube-version", kube_version, *(f"--api-versions={v}" for v in api_versions)]
-        result = run_helm(*template_args(json.loads(values_json), pathlib.Path(tmp), *extra))
+        result = run_helm(*template_args(json.loads(values_json), pathlib.Path(tmp), *extra, release=release))
     if result.returncode != 0:
         raise AssertionError(f"helm template failed for {values_json} on {kube_version}:\n{result.stderr}")
     return parse(result.stdout)
 
 
 def render(
-    values: Mapping[str, Any] | None = None, kube_version: str = KUBE_VERSIONS[-1], api_versions: tuple[str, ...] = ()
+    values: Mapping[str, Any] | None = None,
+    kube_version: str = KUBE_VERSIONS[-1],
+    api_versions: tuple[str, ...] = (),
+    release: str = RELEASE,
 ) -> Manifests:
-    """`helm template` of the chart with `values` for `kube_version`, cached for the session.
+    """`helm template` of the chart as release `release` with `values` for `kube_version`, cached
+    for the session.
 
     `api_versions` are the extra API groups the cluster serves (what helm and Argo CD pass as
     --api-versions), e.g. ("cert-manager.io/v1",).
     """
-    return _render_cached(json.dumps(with_sample_ca(values or {}), sort_keys=True), kube_version, tuple(api_versions))
+    values_json = json.dumps(with_sample_ca(values or {}), sort_keys=True)
+    return _render_cached(values_json, kube_version, tuple(api_versions), release)
 
 
 @functools.cache

@@ -132,6 +132,32 @@ def test_the_pacer_may_renew_its_lease_and_the_webhook_only_read_it(pacing, name
     assert chartkit.render({}).all("Role", "pacer") == []
 
 
+def lease_names(manifests: chartkit.Manifests, tmp_path: pathlib.Path) -> dict[str, Any]:
+    """The Lease name each part of one render uses: the shared configuration and each Role."""
+    roles = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o for o in manifests.all("Role")}
+    return {
+        "config": shared_config(manifests, tmp_path).pacing.lease_name,
+        **{f"{c} role": sorted({n for r in roles[c]["rules"] for n in r.get("resourceNames", ())}) for c in roles},
+    }
+
+
+def test_two_releases_in_one_namespace_renew_different_leases(tmp_path):
+    """One Lease for two releases would let either's pacer keep the other's webhook gating pods."""
+    for release in ("team-a", "team-b"):
+        manifests = chartkit.render(PACING, release=release)
+        name = f"{release}-gpuslice-pacer"
+        assert lease_names(manifests, tmp_path) == {"config": name, "pacer role": [name], "webhook role": [name]}
+        assert name == manifests.one("Deployment", "pacer")["metadata"]["name"]  # the pacer's own name
+
+
+def test_an_explicit_lease_name_is_used_as_given(tmp_path):
+    values = chartkit.merged(PACING, {"config": {"pacing": {"leaseName": "beat"}}})
+    for release in ("team-a", "team-b"):
+        manifests = chartkit.render(values, release=release)
+        assert lease_names(manifests, tmp_path) == {"config": "beat", "pacer role": ["beat"], "webhook role": ["beat"]}
+    assert "renews its Lease beat: with the pacer down" in " ".join(chartkit.render_notes(values, tmp_path).split())
+
+
 def test_the_pacer_runs_locked_down_and_takes_its_placement_from_its_values():
     placement = {
         "nodeSelector": {"node-pool": "system"},

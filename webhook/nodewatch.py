@@ -11,7 +11,7 @@ import logging
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import kubernetes
 
@@ -48,23 +48,9 @@ class NodeWatcher(listwatch.ListWatch):
     """List + watch nodes into a ClusterView. `run()` until `stop()`; `synced` is set after the first list."""
 
     def __init__(
-        self,
-        api: kubernetes.client.CoreV1Api,
-        cluster: cluster_.ClusterView,
-        *,
-        watch_timeout_seconds: int = 300,
-        request_timeout_seconds: float = 30.0,
-        backoff_initial_seconds: float = 0.5,
-        backoff_max_seconds: float = 30.0,
+        self, api: kubernetes.client.CoreV1Api, cluster: cluster_.ClusterView, **options: Unpack[listwatch.Options]
     ) -> None:
-        super().__init__(
-            lambda: api.list_node,
-            "nodes",
-            watch_timeout_seconds=watch_timeout_seconds,
-            request_timeout_seconds=request_timeout_seconds,
-            backoff_initial_seconds=backoff_initial_seconds,
-            backoff_max_seconds=backoff_max_seconds,
-        )
+        super().__init__(lambda: api.list_node, "nodes", **options)
         self.api = api
         self.cluster = cluster
 

@@ -27,7 +27,7 @@ import copy
 import datetime
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import kubernetes
 import prometheus_client
@@ -196,20 +196,17 @@ class Requeuer:
             log.warning("no event for requeued pod %s/%s: %s", metadata.namespace, metadata.name, exc.reason)
 
 
-class _FailedPods(listwatch.ListWatch):
+class _FailedPods(listwatch.PodWatch):
     """The cluster's Failed pods (field selector status.phase=Failed), each handed to `consider`
     when listed and when it changes; a list after a restart or a 410 shows every one again."""
 
     def __init__(
-        self, api: kubernetes.client.CoreV1Api, consider: Callable[[dict[str, Any]], None], **options: Any
+        self,
+        api: kubernetes.client.CoreV1Api,
+        consider: Callable[[dict[str, Any]], None],
+        **options: Unpack[listwatch.Options],
     ) -> None:
-        super().__init__(
-            lambda: api.list_pod_for_all_namespaces,
-            "refused pods",
-            field_selector="status.phase=Failed",
-            from_cache=True,
-            **options,
-        )
+        super().__init__(lambda: api, "refused pods", "status.phase=Failed", **options)
         self._consider = consider
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import kubernetes
 
@@ -49,17 +49,13 @@ def unschedulable_decision(pod: Mapping[str, Any], contract: contract_.Contract)
     return decision if isinstance(decision, dict) else None
 
 
-class WaitingPods(listwatch.ListWatch):
+class WaitingPods(listwatch.PodWatch):
     """`run()` until cancelled or `stop()`; `released` counts the promises given back."""
 
-    def __init__(self, api: kubernetes.client.CoreV1Api, cluster: cluster_.ClusterView, **options: Any) -> None:
-        super().__init__(
-            lambda: api.list_pod_for_all_namespaces,
-            "pending pods",
-            field_selector="status.phase=Pending",
-            from_cache=True,
-            **options,
-        )
+    def __init__(
+        self, api: kubernetes.client.CoreV1Api, cluster: cluster_.ClusterView, **options: Unpack[listwatch.Options]
+    ) -> None:
+        super().__init__(lambda: api, "pending pods", "status.phase=Pending", **options)
         self.cluster = cluster
         self._done: set[str] = set()  # UIDs whose promise was given back (until the pod goes)
         self.released = 0

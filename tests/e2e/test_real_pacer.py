@@ -129,10 +129,10 @@ def test_with_the_pacer_gone_a_new_pod_is_not_gated_and_is_placed(
     gpu_nodes: dict[str, nodeagent.NodeAgent],  # noqa: F811 - the fixture imported above
     namespace: str,
 ) -> None:
-    # The pacer created and renews its Lease with the chart's Role (the webhook read it with its own).
-    lease = kubernetes.client.CoordinationV1Api(core.api_client).read_namespaced_lease(
-        "gpuslice-pacer", release.namespace
-    )
+    # The pacer created and renews its Lease (the chart names it after the release) with the chart's
+    # Role (the webhook read it with its own).
+    lease_name = f"{release.fullname}-pacer"
+    lease = kubernetes.client.CoordinationV1Api(core.api_client).read_namespaced_lease(lease_name, release.namespace)
     assert lease.spec.lease_duration_seconds == LEASE_SECONDS and lease.spec.holder_identity
     assert lease.spec.renew_time is not None
 
@@ -148,7 +148,7 @@ def test_with_the_pacer_gone_a_new_pod_is_not_gated_and_is_placed(
     decision = json.loads(created.metadata.annotations[CONTRACT.decision_annotation])
     assert "gated" not in decision
     assert decision["notGated"] == (
-        f"no pacer alive: Lease {release.namespace}/gpuslice-pacer not renewed within {LEASE_SECONDS} s"
+        f"no pacer alive: Lease {release.namespace}/{lease_name} not renewed within {LEASE_SECONDS} s"
     )
 
     def running() -> bool:

@@ -88,6 +88,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $config "schedulerName" .Values.scheduler.profileName }}
 {{- end }}
 {{- $_ := set $config "resourcePrefix" (include "gpuslice.prefix" .) }}
+{{- $_ := set $config.pacing "leaseName" (include "gpuslice.pacerLeaseName" .) }}
 {{- if eq .Values.mode "dra" }}
 {{- $_ := set $config.dra "enabled" true }}
 {{- end }}
@@ -106,6 +107,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- define "gpuslice.devicePluginName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "device-plugin") }}{{- end }}
 {{- define "gpuslice.pacerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "pacer") }}{{- end }}
+{{/* The Lease the pacer renews and the webhook reads: config.pacing.leaseName, else "<fullname>-pacer", so
+two releases in one namespace never share one. */}}
+{{- define "gpuslice.pacerLeaseName" -}}{{ .Values.config.pacing.leaseName | default (include "gpuslice.pacerName" .) }}{{- end }}
 {{- define "gpuslice.schedulerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "scheduler") }}{{- end }}
 
 {{/* DNS names the webhook's serving certificate must cover. */}}
@@ -254,6 +258,12 @@ needs the alpha DRAConsumableCapacity gate everywhere; before 1.34 it does not e
 {{- end }}
 {{- true }}
 {{- end }}
+{{- end }}
+
+{{/* "true" when the webhook runs its requeuer (webhook/main.py: config.requeue.enabled, and the webhook
+not making ResourceClaims, where kubelet refuses no burst): only then may it create and delete pods. */}}
+{{- define "gpuslice.webhookRequeues" -}}
+{{- if and .Values.config.requeue.enabled (not (or (eq .Values.mode "dra") .Values.config.dra.enabled)) }}true{{ end }}
 {{- end }}
 
 {{/* "true" when the webhook turns annotations into ResourceClaims (and may create their templates). */}}

@@ -1,0 +1,111 @@
+"""What each list + watch of the components asks the API server for, and with what timing: the
+subclasses of gpuslice.listwatch.ListWatch only name their list call, selector and defaults, and
+pass the timing they are given on. (The loop itself is tested in test_webhook_nodewatch.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuslice import config, listwatch
+from gpuslice.deviceplugin import nodepods
+from gpuslice.dra import slicewatch
+from gpuslice.pacer import controller
+from gpuslice.webhook import cluster, nodewatch, requeue, waiting
+
+
+class FakeApi:
+    """Hands out named stand-ins for the client's list functions."""
+
+    def __getattr__(self, name: str) -> str:
+        return name
+
+
+API: Any = FakeApi()
+SETTINGS = config.Config()
+
+
+def view() -> cluster.ClusterView:
+    return cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=81920)
+
+
+WATCHES = {
+    "webhook-nodes": (lambda: nodewatch.NodeWatcher(API, view()), "list_node", None, False, 30.0),
+    "webhook-pending-pods": (
+        lambda: waiting.WaitingPods(API, view()),
+        "list_pod_for_all_namespaces",
+        "status.phase=Pending",
+        True,
+        30.0,
+    ),
+    "webhook-refused-pods": (
+        lambda: requeue.Requeuer(API, SETTINGS)._failed,
+        "list_pod_for_all_namespaces",
+        "status.phase=Failed",
+        True,
+        30.0,
+    ),
+    "pacer-pods": (
+        lambda: controller.Pacer(API, SETTINGS, registry=None).pods,
+        "list_pod_for_all_namespaces",
+        "status.phase!=Succeeded,status.phase!=Failed",
+        True,
+        30.0,
+    ),
+    "pacer-nodes": (lambda: controller.Pacer(API, SETTINGS, registry=None).nodes, "list_node", None, False, 30.0),
+    "device-plugin-node-pods": (
+        lambda: nodepods.NodePods(lambda: API, "n1"),
+        "list_pod_for_all_namespaces",
+        "spec.nodeName=n1",
+        True,
+        10.0,
+    ),
+    "dra-node-slices": (
+        lambda: slicewatch.NodeSlices(lambda: API, "n1", "gpu.gpuslice.io", lambda: None),
+        "list_resource_slice",
+        "spec.nodeName=n1,spec.driver=gpu.gpuslice.io",
+        True,
+        10.0,
+    ),
+}
+
+
+@pytest.mark.parametrize(("make", "call", "selector", "from_cache", "request_timeout"), WATCHES.values(), ids=WATCHES)
+def test_each_watch_asks_for_its_own_objects_with_its_own_defaults(make, call, selector, from_cache, request_timeout):
+    watch = make()
+    assert isinstance(watch, listwatch.ListWatch)
+    assert watch._list_call() == call
+    assert (watch.field_selector, watch.from_cache) == (selector, from_cache)
+    assert (watch.request_timeout_seconds, watch.watch_timeout_seconds) == (request_timeout, 300)
+    assert (watch.backoff_initial_seconds, watch.backoff_max_seconds) == (0.5, 30.0)
+
+
+def test_timing_given_to_a_subclass_reaches_the_loop():
+    timing: listwatch.Options = {
+        "watch_timeout_seconds": 7,
+        "request_timeout_seconds": 3.0,
+        "backoff_initial_seconds": 0.01,
+        "backoff_max_seconds": 0.1,
+    }
+    for watch in (
+        nodewatch.NodeWatcher(API, view(), **timing),
+        waiting.WaitingPods(API, view(), **timing),
+        nodepods.NodePods(lambda: API, "n1", **timing),
+        slicewatch.NodeSlices(lambda: API, "n1", "d.example.com", lambda: None, **timing),
+    ):
+        assert watch.watch_timeout_seconds == 7 and watch.request_timeout_seconds == 3.0
+        assert (watch.backoff_initial_seconds, watch.backoff_max_seconds) == (0.01, 0.1)
+    assert requeue.Requeuer(API, SETTINGS, watch_timeout_seconds=9)._failed.watch_timeout_seconds == 9
+
+
+def test_a_pod_watch_looks_its_client_up_only_when_it_lists():
+    made: list[int] = []
+
+    def core_api() -> Any:
+        made.append(1)
+        return API
+
+    watch = listwatch.PodWatch(core_api, "pods of nowhere", "spec.nodeName=nowhere")
+    assert made == []
+    assert watch._list_call() == "list_pod_for_all_namespaces" and made == [1]
