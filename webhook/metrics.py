@@ -131,7 +131,7 @@ class _Repeats(registry.Collector):
     def collect(self) -> Iterator[core.Metric]:
         yield core.CounterMetricFamily(
             "gpuslice_webhook_repeat_answers",
-            "AdmissionReviews answered from memory: a body seen before but for its uid, the cluster view "
-            "unchanged (replicas of one controller in a burst)",
+            "AdmissionReviews answered from memory: a body, or the fields the webhook reads, seen before but "
+            "for the uid, the cluster view unchanged (replicas of one controller, pods of one template)",
             value=self.source(),
         )
