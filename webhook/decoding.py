@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Collection
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import orjson
@@ -107,10 +107,27 @@ _ENCODER = msgspec.json.Encoder()
 MAX_KEY_BYTES = 16 * 1024  # a larger key (say, kubectl's last-applied annotation) is not worth keeping
 
 
-class Decoded(NamedTuple):
-    document: dict[str, Any]  # the fields read, as orjson decodes them
-    shaped: bool  # the pod's fields have the types `shape.check_pod` asks for
-    key: bytes | None  # what the answer depends on but the uid; None: not to be remembered
+class Decoded:
+    """A body decoded by the typed pass: the answer's `key` and the request's `uid` at once, the
+    document (re-encoded, read by orjson) only when asked for: an answer found by its key needs none."""
+
+    def __init__(self, review: _Review, labels_read: Collection[str]) -> None:
+        self._review = review
+        request = review.request
+        self.uid = request.uid if isinstance(request, _Request) and isinstance(request.uid, str) else None
+        self.key = _key(review, labels_read) if self.uid is not None else None  # None: not to be remembered
+
+    def document(self) -> tuple[dict[str, Any], bool] | None:
+        """(the fields read, as orjson decodes them; whether the pod's fields have the types
+        `shape.check_pod` asks for), or None: decode the body whole."""
+        # Re-encoded and read by orjson, the few kept fields are exactly what orjson makes of them
+        # (it turns integers beyond 64 bits into floats, msgspec keeps them).
+        document = orjson.loads(_ENCODER.encode(self._review))
+        if not isinstance(document, dict):
+            return None
+        pod = self._review.request.object if isinstance(self._review.request, _Request) else None
+        spec = (document["request"]["object"] or {}).get("spec") if isinstance(pod, _Pod) else None
+        return document, shape.parts_kept_whole_pass(spec)
 
 
 def fields(body: bytes, *, labels_read: Collection[str] = ()) -> Decoded | None:
@@ -128,26 +145,24 @@ def fields(body: bytes, *, labels_read: Collection[str] = ()) -> Decoded | None:
         review = _DECODER.decode(body)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None  # msgspec.ValidationError is a DecodeError
-    # Re-encoded and read by orjson, the few kept fields are exactly what orjson makes of them
-    # (it turns integers beyond 64 bits into floats, msgspec keeps them).
-    document = orjson.loads(_ENCODER.encode(review))
-    if not isinstance(document, dict):
-        return None
-    pod = review.request.object if isinstance(review.request, _Request) else None
-    spec = (document["request"]["object"] or {}).get("spec") if isinstance(pod, _Pod) else None
-    return Decoded(document, shape.parts_kept_whole_pass(spec), _key(review, labels_read))
+    return Decoded(review, labels_read)
 
 
 def _key(review: _Review, labels_read: Collection[str]) -> bytes | None:
-    """`review` encoded without what no answer depends on (it is changed: call last)."""
+    """`review` encoded without what no answer depends on: the request's uid, the pod's name and
+    generateName, its labels but `labels_read` (set aside while encoding, then put back)."""
     request = review.request
-    if not isinstance(request, _Request) or not isinstance(request.uid, str):
-        return None  # malformed: answered in full, never remembered
-    request.uid = _UNSET
+    assert isinstance(request, _Request)
     metadata = request.object.metadata if isinstance(request.object, _Pod) else None
+    uid, request.uid = request.uid, _UNSET
     if isinstance(metadata, _Metadata):
+        kept = metadata.name, metadata.generateName, metadata.labels
         metadata.name = metadata.generateName = _UNSET
         if metadata.labels:
             metadata.labels = {name: metadata.labels[name] for name in labels_read if name in metadata.labels}
-    key = _ENCODER.encode(review)
+        key = _ENCODER.encode(review)
+        metadata.name, metadata.generateName, metadata.labels = kept
+    else:
+        key = _ENCODER.encode(review)
+    request.uid = uid
     return key if len(key) <= MAX_KEY_BYTES else None

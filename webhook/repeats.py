@@ -211,12 +211,9 @@ class RepeatAnswers:
                 # remembered the second time it comes; so are the fields read (below).
                 print_ = None
         decoded = decoding.fields(body, labels_read=self._labels(settings))
-        if decoded is None:
-            return _reviewed(body, settings, cluster)  # decoded whole, words the error; never remembered
-        request = decoded.document.get("request")
-        uid = request.get("uid") if isinstance(request, dict) else None
-        if not isinstance(uid, str) or not _PLAIN_UID_TEXT.fullmatch(uid):
-            return _reviewed_document(decoded, settings, cluster)  # reviewed (or refused) in full
+        uid = decoded.uid if decoded is not None else None
+        if decoded is None or uid is None or not _PLAIN_UID_TEXT.fullmatch(uid):
+            return _reviewed(body, settings, cluster, decoded)  # reviewed (or refused) in full
         key = decoded.key
         keyed = self._fields.get(key) if key is not None else None
         if keyed is None and key is not None and _first_sighting(self._keys_seen_once, hash(key)):
@@ -230,10 +227,13 @@ class RepeatAnswers:
                 if print_ is not None and span is not None:
                     self._keep_body(print_, body, span, uid, keyed, decided, answer)
                 return self._again(answer, uid, cluster)
+        document = decoded.document()
+        if document is None:
+            return _reviewed(body, settings, cluster)
         generation = cluster.generation
         reads = cluster.start_recording()
         try:
-            result = admission.review_document(decoded.document, decoded.shaped, settings=settings, cluster=cluster)
+            result = admission.review_document(*document, settings=settings, cluster=cluster)
         finally:
             cluster.stop_recording()
         encoded = orjson.dumps(result.response)
@@ -303,15 +303,15 @@ def _first_sighting(seen: dict[int, None], print_: int) -> bool:
     return True
 
 
-def _reviewed(body: bytes, settings: config.Config, cluster: cluster_.ClusterView) -> tuple[admission.Result, bytes]:
-    result = admission.review(body, settings=settings, cluster=cluster)
-    return result, orjson.dumps(result.response)
-
-
-def _reviewed_document(
-    decoded: decoding.Decoded, settings: config.Config, cluster: cluster_.ClusterView
+def _reviewed(
+    body: bytes, settings: config.Config, cluster: cluster_.ClusterView, decoded: decoding.Decoded | None = None
 ) -> tuple[admission.Result, bytes]:
-    result = admission.review_document(decoded.document, decoded.shaped, settings=settings, cluster=cluster)
+    """A full review, nothing remembered (of the typed pass's document where there is one)."""
+    document = decoded.document() if decoded is not None else None
+    if document is None:
+        result = admission.review(body, settings=settings, cluster=cluster)
+    else:
+        result = admission.review_document(*document, settings=settings, cluster=cluster)
     return result, orjson.dumps(result.response)
 
 
