@@ -76,7 +76,7 @@ class _Remembered:
     """The answers to one body (or field key) at one generation of the view, by what its decisions
     came to."""
 
-    head: bytes  # the body up to its uid's value (b"" for a field key)
+    head: bytes  # the body up to its uid's value (for a field key: the key)
     tail: bytes  # ... and after it
     generation: int
     decide: tuple[Callable[[], Hashable], ...]  # the decisions promises can change, to take again
@@ -240,7 +240,7 @@ class RepeatAnswers:
         if _rememberable(uid, result) and (key is not None or print_ is not None):
             decide, decided = tuple([again for again, _ in reads]), tuple([value for _, value in reads])
             if keyed is None or keyed.generation != generation or len(keyed.decide) != len(decide):
-                keyed = _Remembered(b"", b"", generation, decide, {})
+                keyed = _Remembered(key or b"", b"", generation, decide, {})  # the key as head: counted in size
             answer = _Answer(*_around(encoded, uid.encode()), _kept(result), checked=True)
             if key is not None:
                 self._fields.keep(key, keyed, decided, answer)
