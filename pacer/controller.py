@@ -9,7 +9,10 @@ on (pacer/selection.py) lags, or has lagged for less than `pacing.lagTimeoutSeco
 watches have listed it renews its Lease (pacer/heartbeat.py): the webhook gates only while it does.
 
 With one pod in flight (the default) no two released pods can meet on a node whose labels have not
-caught up: the next goes only once the last is bound and the labels of its node count it. A burst
+caught up: the next goes only once the last is bound and the labels of its node count it. With
+more, a pod also waits while a pod in flight could be placed on one of the nodes it could be placed
+on (their node selections, by the labels at release): pods pinned to different GPU classes go
+together, two of one class do not. A burst
 then runs at the pace of one scheduling round trip and one label write per pod; a pod that asks
 for no device (a CPU pod the webhook gated to keep its place in line) goes as soon as it is first.
 
@@ -136,6 +139,7 @@ class Pacer:
         self._queue: list[release.Gated] = []  # heap; entries no longer in _gated are skipped
         self._released: set[str] = set()  # released, until the pod is bound or goes
         self._in_flight: dict[str, float] = {}  # released, not bound or unschedulable: uid -> deadline
+        self._flight_nodes: dict[str, frozenset[str]] = {}  # uid in flight -> nodes it could be placed on
         self._attempts: dict[str, int] = {}
         self._seen: dict[str, int] = {}  # uid -> the order the pacer first saw it in
         self._counter = itertools.count()
@@ -229,13 +233,15 @@ class Pacer:
                     # line) cannot be refused by a device plugin: it goes as soon as it is first.
                     devices = bool(ledger_.pod_demand(entry.spec, self.contract))
                     if devices and (
-                        len(self._in_flight) >= pacing.max_in_flight or self._waits_for(entry, loop.time())
+                        len(self._in_flight) >= pacing.max_in_flight
+                        or self._waits_for(entry, loop.time())
+                        or self._meets_in_flight(entry)
                     ):
                         break  # a binding or a label write wakes us
                     heapq.heappop(self._queue)
                     del self._gated[entry.uid]
                     until = loop.time() + pacing.bind_timeout_seconds if devices else None
-                    await self._release(entry, until)
+                    await self._release(entry, until, self._candidates(entry) if devices else frozenset())
                 self.metrics.gated.set(len(self._gated))
                 self.metrics.lagging.set(len(self.ledger.lagging))
                 # Wake for the first in-flight deadline, and for a lag about to time out.
@@ -264,8 +270,26 @@ class Pacer:
                 return True
         return False
 
-    async def _release(self, entry: release.Gated, deadline: float | None) -> None:
-        """Let `entry` go; until `deadline` (None: it takes no device) it counts as in flight."""
+    def _candidates(self, entry: release.Gated) -> frozenset[str]:
+        """The nodes the pod could be placed on, by their labels now."""
+        return frozenset(n for n in self.ledger.names() if selection.admits(entry.spec, n, self.ledger.labels(n)))
+
+    def _meets_in_flight(self, entry: release.Gated) -> bool:
+        """Whether a node the pod could be placed on is one a pod in flight could be placed on too:
+        released together, the two could land there before its labels count the first. (With one pod
+        in flight at most, the default, the count above already holds it back.)"""
+        for uid in set(self._flight_nodes) - set(self._in_flight):
+            del self._flight_nodes[uid]
+        if not self._in_flight:
+            return False
+        if any(uid not in self._flight_nodes for uid in self._in_flight):
+            return True  # in flight since before this pacer knew where it could go: assume anywhere
+        mine = self._candidates(entry)
+        return any(not mine.isdisjoint(nodes) for nodes in self._flight_nodes.values())
+
+    async def _release(self, entry: release.Gated, deadline: float | None, nodes: frozenset[str] = frozenset()) -> None:
+        """Let `entry` go; until `deadline` (None: it takes no device) it counts as in flight, with
+        `nodes` where it could be placed."""
         attempts = self._attempts.get(entry.uid, 0)
         ops = release.patch(entry, self.contract)
         try:
@@ -293,6 +317,7 @@ class Pacer:
             self._released.add(entry.uid)
             if deadline is not None:
                 self._in_flight[entry.uid] = deadline
+                self._flight_nodes[entry.uid] = nodes
             self.metrics.released.labels("device" if deadline is not None else "none").inc()
             return
         # Refused (its version moved on) or not answered: wait a little, longer each time, and take

@@ -73,6 +73,10 @@ class Ledger:
         self._pods: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, demand) of bound pods counted
         self.lagging: dict[str, float] = {}
 
+    def names(self) -> list[str]:
+        """The nodes known."""
+        return list(self._nodes)
+
     def labels(self, name: str) -> Mapping[str, str]:
         record = self._nodes.get(name)
         return record.labels if record is not None else {}
