@@ -3,9 +3,12 @@ tests/e2e/test_real_burst.py runs the Requeuer against the real API server and s
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import dataclasses
 from typing import Any
 
+import prometheus_client
 import pytest
 
 from gpuslice import config
@@ -86,3 +89,44 @@ def test_the_replacement_keeps_identity_and_spec_and_drops_the_binding_and_serve
     assert fresh["spec"]["containers"] == original["spec"]["containers"]
     again = requeue.replacement({**fresh, "status": pod["status"]}, CONTRACT)
     assert again["metadata"]["annotations"][CONTRACT.requeues_annotation] == "2"
+
+
+def test_a_replacement_is_gated_for_the_pacer_only_while_pacing() -> None:
+    pod = refused_pod()
+    assert "schedulingGates" not in requeue.replacement(pod, CONTRACT)["spec"]
+    gated = requeue.replacement(pod, CONTRACT, paced=True)
+    assert gated["spec"]["schedulingGates"] == [{"name": CONTRACT.pacing_gate}]
+    again = requeue.replacement({**gated, "status": pod["status"]}, CONTRACT, paced=True)
+    assert again["spec"]["schedulingGates"] == [{"name": CONTRACT.pacing_gate}]  # never twice
+
+
+class _Api:
+    """Records what the requeuer deletes and creates (kube-apiserver's side is in tests/e2e)."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+
+    def delete_namespaced_pod(self, name: str, namespace: str, body: Any) -> None:
+        pass
+
+    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
+        self.created.append(body)
+
+    def create_namespaced_event(self, namespace: str, body: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_the_requeuer_gates_its_replacement_while_a_pacer_is_alive(alive: bool) -> None:
+    settings = config.Config()
+    settings = dataclasses.replace(settings, requeue=dataclasses.replace(settings.requeue, backoff_seconds=0.0))
+    api = _Api()
+    requeuer = requeue.Requeuer(
+        api,  # type: ignore[arg-type]
+        settings,
+        registry=prometheus_client.CollectorRegistry(),
+        paced=lambda: alive,
+    )
+    asyncio.run(requeuer._requeue(refused_pod()))
+    (created,) = api.created
+    assert ("schedulingGates" in created["spec"]) is alive

@@ -67,7 +67,9 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     metrics = metrics_.Metrics()
     background = []
     if api is not None and settings.requeue.enabled and not settings.dra.enabled:
-        background.append(requeue.Requeuer(api, settings, registry=metrics.registry).run)
+        paced = settings.pacing.enabled  # a replacement is gated like a new pod while a pacer is alive
+        requeuer = requeue.Requeuer(api, settings, registry=metrics.registry, paced=lambda: paced and view.pacer_alive)
+        background.append(requeuer.run)
     if api is not None and settings.pacing.enabled and not settings.dra.enabled:
         # Pods are gated only while a pacer renews its Lease (webhook/pacerlease.py); no cluster: never.
         lease = pacerlease.PacerLease(

@@ -64,14 +64,19 @@ def requeueable(pod: Mapping[str, Any], contract: contract_.Contract, max_attemp
     return requeues_of(pod, contract) < max_attempts
 
 
-def replacement(pod: Mapping[str, Any], contract: contract_.Contract) -> dict[str, Any]:
-    """The pod to create in place of a refused one: its identity and spec, unbound, one more requeue."""
+def replacement(pod: Mapping[str, Any], contract: contract_.Contract, *, paced: bool = False) -> dict[str, Any]:
+    """The pod to create in place of a refused one: its identity and spec, unbound, one more requeue;
+    `paced` (pacing on and a pacer alive): gated for the pacer like a new pod, since the webhook
+    leaves a pod whose resources are converted already alone."""
     metadata = pod.get("metadata") or {}
     kept = {key: copy.deepcopy(metadata[key]) for key in _METADATA_KEPT if metadata.get(key)}
     annotations = kept.setdefault("annotations", {})
     annotations[contract.requeues_annotation] = str(requeues_of(pod, contract) + 1)
     spec = copy.deepcopy(dict(pod.get("spec") or {}))
     spec.pop("nodeName", None)
+    gates = [g for g in spec.get("schedulingGates") or () if isinstance(g, Mapping)]
+    if paced and not any(g.get("name") == contract.pacing_gate for g in gates):
+        spec["schedulingGates"] = [*gates, {"name": contract.pacing_gate}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": kept, "spec": spec}
 
 
@@ -85,8 +90,10 @@ class Requeuer:
         *,
         registry: prometheus_client.CollectorRegistry | None = None,
         watch_timeout_seconds: int = 300,
+        paced: Callable[[], bool] = lambda: False,
     ) -> None:
         self.api = api
+        self.paced = paced  # whether a replacement is gated for the pacer (pacing on, a pacer alive)
         self.contract = settings.contract
         self.max_attempts = settings.requeue.max_attempts
         self.backoff_seconds = settings.requeue.backoff_seconds
@@ -123,7 +130,7 @@ class Requeuer:
         try:
             # backoff_seconds x 2^attempt, uncapped (maxAttempts bounds it); the count is on the pod.
             await asyncio.sleep(backoff.Backoff(self.backoff_seconds).delay(attempt))
-            fresh = replacement(pod, self.contract)
+            fresh = replacement(pod, self.contract, paced=self.paced())
             try:
                 await asyncio.to_thread(
                     self.api.delete_namespaced_pod,
