@@ -905,12 +905,11 @@ _WEBHOOK_KEYS = (
     "steering.cpuPods",
     "dra.enabled",
     "requeue.",
-    "pacing.maxInFlight",
-    "pacing.bindTimeoutSeconds",
-    "pacing.lagTimeoutSeconds",
     "pacing.lease",
     "webhook.",
 )
+# Read by the pacer alone (neither the webhook nor the node plugins).
+_PACER_ONLY_KEYS = ("pacing.maxInFlight", "pacing.bindTimeoutSeconds", "pacing.lagTimeoutSeconds")
 # Node keys the DRA plugin does not read (it publishes every MIG device as its own device).
 _DEVICE_PLUGIN_KEYS = ("migStrategy",)
 # The pacer reads the names (prefix, unit size) and its own section.
@@ -927,6 +926,8 @@ def reads(component: str | None, field: Field) -> bool:
         raise ValueError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}")
     if component == "pacer":
         return field.path.startswith(_PACER_KEYS)
+    if field.path.startswith(_PACER_ONLY_KEYS):
+        return False
     node_only = field.path.startswith(_NODE_KEYS)
     webhook_only = field.path.startswith(_WEBHOOK_KEYS)
     if component == "webhook":
