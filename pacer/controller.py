@@ -233,15 +233,17 @@ class Pacer:
                     # line) cannot be refused by a device plugin: it goes as soon as it is first.
                     devices = bool(ledger_.pod_demand(entry.spec, self.contract))
                     if devices and (
-                        len(self._in_flight) >= pacing.max_in_flight
-                        or self._waits_for(entry, loop.time())
-                        or self._meets_in_flight(entry)
+                        len(self._in_flight) >= pacing.max_in_flight or self._waits_for(entry, loop.time())
                     ):
                         break  # a binding or a label write wakes us
+                    # Where it could go matters only beside other pods in flight (maxInFlight > 1).
+                    nodes = self._candidates(entry) if devices and pacing.max_in_flight > 1 else frozenset()
+                    if self._meets_in_flight(nodes):
+                        break
                     heapq.heappop(self._queue)
                     del self._gated[entry.uid]
                     until = loop.time() + pacing.bind_timeout_seconds if devices else None
-                    await self._release(entry, until, self._candidates(entry) if devices else frozenset())
+                    await self._release(entry, until, nodes)
                 self.metrics.gated.set(len(self._gated))
                 self.metrics.lagging.set(len(self.ledger.lagging))
                 # Wake for the first in-flight deadline, and for a lag about to time out.
@@ -274,17 +276,16 @@ class Pacer:
         """The nodes the pod could be placed on, by their labels now."""
         return frozenset(n for n in self.ledger.names() if selection.admits(entry.spec, n, self.ledger.labels(n)))
 
-    def _meets_in_flight(self, entry: release.Gated) -> bool:
-        """Whether a node the pod could be placed on is one a pod in flight could be placed on too:
-        released together, the two could land there before its labels count the first. (With one pod
-        in flight at most, the default, the count above already holds it back.)"""
+    def _meets_in_flight(self, mine: frozenset[str]) -> bool:
+        """Whether a node of `mine` (where a pod could be placed) is one a pod in flight could be
+        placed on too: released together, the two could land there before its labels count the
+        first. (With one pod in flight at most, the default, the count above already holds it back.)"""
         for uid in set(self._flight_nodes) - set(self._in_flight):
             del self._flight_nodes[uid]
         if not self._in_flight:
             return False
         if any(uid not in self._flight_nodes for uid in self._in_flight):
             return True  # in flight since before this pacer knew where it could go: assume anywhere
-        mine = self._candidates(entry)
         return any(not mine.isdisjoint(nodes) for nodes in self._flight_nodes.values())
 
     async def _release(self, entry: release.Gated, deadline: float | None, nodes: frozenset[str] = frozenset()) -> None:

@@ -116,13 +116,14 @@ def test_with_more_in_flight_a_pod_waits_only_for_those_that_could_land_where_it
     for name, memory in (("first", "81559"), ("same-class", "81559"), ("other-class", "143771")):
         paced.on_pod("ADDED", pod(name, memory=memory))
     entries = {e.name: e for e in paced._queue}
-    assert not paced._meets_in_flight(entries["first"])  # nothing in flight
+    assert not paced._meets_in_flight(paced._candidates(entries["first"]))  # nothing in flight
     paced._in_flight["first"] = 1e12
     paced._flight_nodes["first"] = paced._candidates(entries["first"])
     assert paced._flight_nodes["first"] == {"h100-a", "h100-b"}
-    assert paced._meets_in_flight(entries["same-class"])  # both could land on h100-a before its labels move
-    assert not paced._meets_in_flight(entries["other-class"])
+    # Both could land on h100-a before its labels move.
+    assert paced._meets_in_flight(paced._candidates(entries["same-class"]))
+    assert not paced._meets_in_flight(paced._candidates(entries["other-class"]))
     paced._in_flight["unknown"] = 1e12  # in flight before this pacer knew where it could go
-    assert paced._meets_in_flight(entries["other-class"])
+    assert paced._meets_in_flight(paced._candidates(entries["other-class"]))
     del paced._in_flight["unknown"], paced._in_flight["first"]
-    assert not paced._meets_in_flight(entries["same-class"]) and not paced._flight_nodes
+    assert not paced._meets_in_flight(paced._candidates(entries["same-class"])) and not paced._flight_nodes

@@ -53,9 +53,8 @@ def _decode(body: bytes | str | Mapping[str, Any]) -> tuple[Mapping[str, Any], b
         # Decoding the 5-20 KB pod is the largest cost of an admission (docs/benchmarks.md): only
         # the fields read, in one typed pass; anything unusual is decoded whole below.
         decoded = decoding.fields(body)
-        document = decoded.document() if decoded is not None else None
-        if document is not None:
-            return document
+        if decoded is not None:
+            return decoded.document()
     try:
         document = orjson.loads(body)
     except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:

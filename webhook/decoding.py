@@ -117,14 +117,13 @@ class Decoded:
         self.uid = request.uid if isinstance(request, _Request) and isinstance(request.uid, str) else None
         self.key = _key(review, labels_read) if self.uid is not None else None  # None: not to be remembered
 
-    def document(self) -> tuple[dict[str, Any], bool] | None:
+    def document(self) -> tuple[dict[str, Any], bool]:
         """(the fields read, as orjson decodes them; whether the pod's fields have the types
-        `shape.check_pod` asks for), or None: decode the body whole."""
+        `shape.check_pod` asks for)."""
         # Re-encoded and read by orjson, the few kept fields are exactly what orjson makes of them
-        # (it turns integers beyond 64 bits into floats, msgspec keeps them).
-        document = orjson.loads(_ENCODER.encode(self._review))
-        if not isinstance(document, dict):
-            return None
+        # (it turns integers beyond 64 bits into floats, msgspec keeps them). A Struct encodes as
+        # an object, so the document is a dict.
+        document: dict[str, Any] = orjson.loads(_ENCODER.encode(self._review))
         pod = self._review.request.object if isinstance(self._review.request, _Request) else None
         spec = (document["request"]["object"] or {}).get("spec") if isinstance(pod, _Pod) else None
         return document, shape.parts_kept_whole_pass(spec)

@@ -228,8 +228,6 @@ class RepeatAnswers:
                     self._keep_body(print_, body, span, uid, keyed, decided, answer)
                 return self._again(answer, uid, cluster)
         document = decoded.document()
-        if document is None:
-            return _reviewed(body, settings, cluster)
         generation = cluster.generation
         reads = cluster.start_recording()
         try:
@@ -307,11 +305,10 @@ def _reviewed(
     body: bytes, settings: config.Config, cluster: cluster_.ClusterView, decoded: decoding.Decoded | None = None
 ) -> tuple[admission.Result, bytes]:
     """A full review, nothing remembered (of the typed pass's document where there is one)."""
-    document = decoded.document() if decoded is not None else None
-    if document is None:
+    if decoded is None:
         result = admission.review(body, settings=settings, cluster=cluster)
     else:
-        result = admission.review_document(*document, settings=settings, cluster=cluster)
+        result = admission.review_document(*decoded.document(), settings=settings, cluster=cluster)
     return result, orjson.dumps(result.response)
 
 
