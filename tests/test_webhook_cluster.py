@@ -159,6 +159,46 @@ def test_usable_free_units_follow_every_change_though_answers_are_kept_per_versi
             assert cv.usable_free_units(**asked) == fresh.usable_free_units(**asked), (step, asked)
 
 
+def test_usable_free_units_equal_a_count_node_by_node() -> None:
+    """The vector query (per GPU need, a classes x nodes matrix against the nodes where CPU and
+    memory fit) sums what a plain loop over the nodes' labels sums, for any requests."""
+    rng = random.Random(5)
+    cv = view()
+    nodes: list[dict[str, int]] = []
+    for index in range(60):
+        memory, gpus = rng.choice([(24576, 4), (81920, 8), (143771, 8)])
+        units = memory // 256
+        node = {
+            "memory": memory,
+            "units": (free := rng.randrange(0, gpus * units + 1)),
+            "block": rng.randrange(0, min(units, free) + 1),
+            "gpus": rng.randrange(0, free // units + 1),
+            "cpu": rng.choice([-1, rng.randrange(0, 64000)]),
+            "mem": rng.choice([-1, rng.randrange(0, 262144)]),
+        }
+        labels = gpu_labels(memory, gpus, "P", node["units"])
+        labels[CONTRACT.label_free_block_units] = str(node["block"])
+        labels[CONTRACT.label_free_gpus] = str(node["gpus"])
+        for key, column in ((CONTRACT.label_free_cpu_milli, "cpu"), (CONTRACT.label_free_memory_mib, "mem")):
+            if node[column] >= 0:
+                labels[key] = str(node[column])
+        cv.update_node(f"n{index}", labels)
+        nodes.append(node)
+    for _ in range(300):
+        needs = {m: rng.randrange(0, 400) for m in rng.sample([24576, 81920, 143771, 40960], rng.randrange(1, 5))}
+        whole = rng.random() < 0.3
+        cpu, memory_mib = rng.choice([0, rng.randrange(1, 70000)]), rng.choice([0, rng.randrange(1, 300000)])
+        expected = dict.fromkeys(needs, 0)
+        for node in nodes:
+            need = needs.get(node["memory"])
+            if need is None or (node["gpus"] if whole else node["block"]) < max(1, need):
+                continue
+            if (node["cpu"] < 0 or node["cpu"] >= cpu) and (node["mem"] < 0 or node["mem"] >= memory_mib):
+                expected[node["memory"]] += node["units"]
+        asked = dict(needs=needs, whole_gpus=whole, cpu_milli=cpu, memory_request_mib=memory_mib)
+        assert cv.usable_free_units(**asked) == expected, asked
+
+
 def test_what_is_derived_from_the_nodes_is_built_once_per_version() -> None:
     cv = view()
     cv.update_node("a", gpu_labels(81920, 8, "P", free_units=100))

@@ -201,17 +201,19 @@ def _best(
     if len(classes) == 1:
         return classes[0].memory_mib, "only class"
     memories = tuple(c.memory_mib for c in classes)
-    # What does not change until a node does, by demand: the units the pod needs in each class,
+    # What does not change until a node does, by GPU need: the units the pod needs in each class,
     # and per class its capacity and tie-break key (re-taken for every repeat of a remembered
-    # answer). At most _MAX_DEMANDS per version of the view, then afresh.
-    # Keyed by the contract's fields: hashing the frozen dataclass costs a Python call per admission.
+    # answer). At most _MAX_DEMANDS per version of the view, then afresh. Keyed by the fields,
+    # not the frozen dataclasses (hashing one costs a Python call per admission), and without the
+    # CPU and memory requests, which pods of one GPU need vary.
     known: dict[Any, _Rows] = cluster.derived(("best", contract.prefix, contract.unit_mib), dict)
-    rows = known.get((memories, demand))
+    need = (memories, demand.fraction, demand.whole_gpus)
+    rows = known.get(need)
     if rows is None:
         if len(known) >= _MAX_DEMANDS:
             known.clear()
         facts = _facts(cluster, contract)
-        rows = known[(memories, demand)] = (
+        rows = known[need] = (
             {m: demand.units(facts[m].units_per_gpu) for m in memories},
             [(m, facts[m].capacity, _negated(facts[m].free_share_key)) for m in memories],
         )

@@ -400,6 +400,7 @@ class _Query:
     between two label changes."""
 
     _MAX_ANSWERS = 1024  # distinct demands remembered per version; more start the memo afresh
+    _MAX_WEIGHTS = 64  # distinct GPU needs (a few per fraction or whole-GPU count); each a classes x nodes matrix
 
     def __init__(self, table: np.ndarray) -> None:
         rows = table[table[:, _MEMORY] > 0]
@@ -407,8 +408,13 @@ class _Query:
         self.index = {int(m): i for i, m in enumerate(self.memories)}
         self.units = rows[:, _FREE_UNITS]
         self.block, self.gpus = rows[:, _FREE_BLOCK], rows[:, _FREE_GPUS]
-        self.cpu, self.mem = rows[:, _FREE_CPU], rows[:, _FREE_MEM]
+        # A node that does not publish its CPU or memory headroom (-1) is not ruled out by it:
+        # read as if it had all, so a request is one comparison.
+        unbounded = np.iinfo(np.int64).max
+        self.cpu = np.where(rows[:, _FREE_CPU] < 0, unbounded, rows[:, _FREE_CPU])
+        self.mem = np.where(rows[:, _FREE_MEM] < 0, unbounded, rows[:, _FREE_MEM])
         self.answers: dict[tuple[Any, ...], dict[int, int]] = {}
+        self.weights: dict[tuple[Any, ...], np.ndarray] = {}
 
     def usable(
         self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int
@@ -426,16 +432,29 @@ class _Query:
     def _compute(
         self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int
     ) -> dict[int, int]:
-        # A class the pod does not ask about needs more than any node has: its rows never count.
-        need = np.full(len(self.memories), np.iinfo(np.int64).max, dtype=np.int64)
-        for memory, units in needs:
-            if memory in self.index:
-                need[self.index[memory]] = max(1, units)
-        fits = (self.gpus if whole_gpus else self.block) >= need[self.class_of]
-        # A node that does not publish its CPU or memory headroom (-1) is not ruled out by it.
-        if cpu_milli > 0:
-            fits &= (self.cpu < 0) | (self.cpu >= cpu_milli)
-        if memory_mib > 0:
-            fits &= (self.mem < 0) | (self.mem >= memory_mib)
-        sums = np.bincount(self.class_of, weights=np.where(fits, self.units, 0), minlength=len(self.memories))
+        weights = self._weights(needs, whole_gpus)
+        if cpu_milli > 0 or memory_mib > 0:
+            sums = weights @ ((self.cpu >= cpu_milli) & (self.mem >= memory_mib))
+        else:
+            sums = weights.sum(axis=1)
         return {m: int(sums[self.index[m]]) if m in self.index else 0 for m, _ in needs}
+
+    def _weights(self, needs: tuple[tuple[int, int], ...], whole_gpus: bool) -> np.ndarray:
+        """Classes x nodes: a node's free units in its class's row where the pod's GPU need fits
+        there, else 0. Pods with the same GPU need and other CPU and memory requests share it:
+        one product with the nodes where the requests fit then sums every class at once."""
+        key = (needs, whole_gpus)
+        weights = self.weights.get(key)
+        if weights is None:
+            if len(self.weights) >= self._MAX_WEIGHTS:
+                self.weights.clear()
+            # A class the pod does not ask about needs more than any node has: its rows never count.
+            need = np.full(len(self.memories), np.iinfo(np.int64).max, dtype=np.int64)
+            for memory, units in needs:
+                if memory in self.index:
+                    need[self.index[memory]] = max(1, units)
+            fits = (self.gpus if whole_gpus else self.block) >= need[self.class_of]
+            weights = np.zeros((len(self.memories), len(self.class_of)), dtype=np.int64)
+            weights[self.class_of, np.arange(len(self.class_of))] = np.where(fits, self.units, 0)
+            self.weights[key] = weights
+        return weights

@@ -134,9 +134,34 @@ def request_quantity(value: Any) -> decimal.Decimal:
     return _request_quantity(str(value))
 
 
+# Whole numbers with no or a common suffix ("4", "500m", "16Gi", "2G"), as nearly all requests are
+# written: read with integer arithmetic, where the client's parser costs some 5 µs a value. Exact:
+# the scale is a power of 2 or 10, and Decimal holds 28 digits.
+_PLAIN_QUANTITY_RE = re.compile(r"([0-9]{1,18})(m|k|M|G|T|Ki|Mi|Gi|Ti)?", re.ASCII)
+_PLAIN_SCALE = {
+    None: 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+_MILLI = decimal.Decimal(1000)
+
+
 # Pods repeat a handful of request values ("4", "16Gi"); parsing one is most of a class choice's cost.
 @functools.lru_cache(maxsize=4096)
 def _request_quantity(text: str) -> decimal.Decimal:
+    plain = _PLAIN_QUANTITY_RE.fullmatch(text)
+    if plain is not None:
+        digits, suffix = plain.groups()
+        if suffix == "m":
+            return decimal.Decimal(int(digits)) / _MILLI
+        whole = int(digits) * _PLAIN_SCALE[suffix]
+        return decimal.Decimal(whole) if whole <= 2**63 else decimal.Decimal(0)
     if len(text) > _MAX_VALUE_CHARS or not _QUANTITY_RE.fullmatch(text):
         return decimal.Decimal(0)
     try:
