@@ -251,7 +251,7 @@ def _split_kind(kind: str, count: int, timed: Any) -> None:
     from gpuslice.webhook import annotations as annotations_
 
     settings = config.Config()
-    labels_read = cpupods.labels_read(settings.contract)
+    rules = cpupods.key_rules(settings.contract)
     bodies = make_reviews(kind, count, "unique")
     view = cluster_view(settings)
     gc.freeze()
@@ -259,9 +259,9 @@ def _split_kind(kind: str, count: int, timed: Any) -> None:
     pods = [document["request"]["object"] for document in documents]
     steps = {
         "orjson.loads": timed(orjson.loads, bodies),
-        "decoding.fields (typed pass, key)": timed(lambda b: decoding.fields(b, labels_read=labels_read), bodies),
+        "decoding.fields (typed pass, key)": timed(lambda b: decoding.fields(b, rules=rules), bodies),
         "Decoded.document (the fields read)": timed(
-            lambda d: d.document(), [decoding.fields(b, labels_read=labels_read) for b in bodies]
+            lambda d: d.document(), [decoding.fields(b, rules=rules) for b in bodies]
         ),
         "request checks": timed(lambda d: admission._check_request(d["request"]), documents),
         "shape.check_pod": timed(shape.check_pod, pods),

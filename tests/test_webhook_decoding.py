@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslice import config
-from gpuslice.webhook import admission, decoding
+from gpuslice.webhook import admission, cpupods, decoding
 
 
 def answer(body: bytes | str, settings: config.Config = kit.SETTINGS) -> Any:
@@ -144,6 +144,7 @@ def test_a_field_of_the_wrong_type_is_refused_with_the_message_of_the_whole_deco
 
 def test_the_pod_types_are_reported_checked_only_when_the_parts_kept_whole_pass_too() -> None:
     pod = _pod()
+
     def shaped() -> bool | None:
         decoded = decoding.fields(json.dumps(fuzz.review_of(pod)).encode())
         read = decoded.document() if decoded is not None else None
@@ -168,7 +169,9 @@ def test_the_answer_key_leaves_out_what_no_answer_reads() -> None:
     def key(uid: str, name: str, labels: dict[str, str]) -> bytes | None:
         pod = kit.deployment_pod({"gpu-fraction": "0.5"}, containers=[kit.container(limits={"nvidia.com/gpu": "1"})])
         pod["metadata"].update(name=name, labels=labels)
-        decoded = decoding.fields(json.dumps(fuzz.review_of(pod, uid=uid)).encode(), labels_read=("read",))
+        decoded = decoding.fields(
+            json.dumps(fuzz.review_of(pod, uid=uid)).encode(), rules=decoding.KeyRules(labels_read=("read",))
+        )
         read = decoded.document() if decoded is not None else None
         assert decoded is not None and read is not None and decoded.uid == uid
         assert read[0]["request"]["uid"] == uid  # the document keeps what the key leaves out
@@ -179,6 +182,28 @@ def test_the_answer_key_leaves_out_what_no_answer_reads() -> None:
     first = key("u-1", "a", {"app": "x", "read": "off"})
     assert first is not None and first == key("u-2", "b", {"app": "y", "read": "off"})
     assert first != key("u-3", "a", {"app": "x"}) and first != key("u-4", "a", {"app": "x", "read": "on"})
+
+
+def test_the_key_leaves_out_amounts_only_for_a_pod_that_asks_for_no_device() -> None:
+    rules = cpupods.key_rules(config.Config().contract)
+
+    def key(annotations: dict[str, str], **amounts: Any) -> bytes | None:
+        containers = [kit.container(requests=amounts, limits={"memory": "1Gi"}), kit.container(name="log")]
+        pod = kit.deployment_pod(annotations, containers=containers)
+        body = json.dumps(fuzz.review_of(pod, uid="u-1")).encode()
+        decoded = decoding.fields(body, rules=rules)
+        assert decoded is not None and decoded.key is not None
+        kept = decoded.document()[0]["request"]["object"]["spec"]["containers"][0]["resources"]
+        assert kept == {"requests": amounts, "limits": {"memory": "1Gi"}}  # the document keeps them
+        return decoded.key
+
+    cpu = key({}, cpu="2", memory="4Gi")
+    assert cpu == key({}, cpu="3500m", memory="1Ti")  # amounts left out
+    assert cpu != key({}, cpu=2, memory="4Gi")  # ... their JSON type kept
+    assert cpu != key({}, cpu="2")  # ... and the names
+    assert cpu != key({}, cpu="2", memory="4Gi", **{"example.com/fpga": "1"})
+    gpu = key({"gpu-fraction": "0.5"}, cpu="2", memory="4Gi")
+    assert gpu != key({"gpu-fraction": "0.5"}, cpu="3", memory="4Gi")  # a GPU pod's patch carries its amounts
 
 
 def test_a_body_deeper_than_orjson_reads_goes_to_the_whole_decode_with_a_raised_recursion_limit() -> None:

@@ -285,12 +285,41 @@ def test_a_label_or_field_the_answer_reads_keeps_answers_apart() -> None:
     assert "patch" in steered["response"] and "patch" not in left["response"]
 
 
+def test_pods_without_a_device_share_answers_whatever_their_amounts_and_gpu_pods_do_not() -> None:
+    """A CPU pod's answer reads no amount, so CPU pods sized each their own way share it; a GPU
+    pod's patch rewrites its resources, amounts included, so each keeps its own (here without
+    KAI's placeholder: the annotation alone tells them apart)."""
+    answers, view = repeats.RepeatAnswers(), one_class_view()
+
+    def sized(kind: str, i: int) -> bytes:
+        annotations = {} if kind == "cpu" else {"gpu-fraction": "0.5"}
+        resources = {"requests": {"cpu": f"{100 + i}m", "memory": f"{i + 1}Gi"}}
+        return variant(f"{kind}-{i}", i, annotations, resources=resources)
+
+    for kind in ("cpu", "gpu"):
+        for i in range(6):
+            raw = sized(kind, i)
+            _, encoded = answers.review(raw, settings=SETTINGS, cluster=view)
+            assert encoded == orjson.dumps(admission.review(raw, settings=SETTINGS, cluster=one_class_view()).response)
+        if kind == "cpu":
+            assert answers.by_fields == 4  # all but the first two (a key is remembered at its second coming)
+    assert answers.by_fields == 4  # no GPU pod took another's answer
+
+
 # Few variants of each, so that field sets repeat within one sequence and are answered from memory.
 _SKIPPED = st.tuples(st.integers(0, 3), st.sampled_from(["", "x" * 50]))  # name/labels/env variant, padding
 _READ = st.tuples(
     st.sampled_from([{"gpu-fraction": "0.5"}, {"gpu-memory": "20000"}, {}]),
     st.sampled_from(["main", "other"]),  # container name
-    st.sampled_from([{"limits": {"nvidia.com/gpu": "1"}}, {"requests": {"cpu": "2"}}]),
+    st.sampled_from(
+        [
+            {"limits": {"nvidia.com/gpu": "1"}},
+            {"requests": {"cpu": "2"}},
+            {"requests": {"cpu": "3"}},  # another amount: left out of a CPU pod's key only
+            {"requests": {"cpu": 3}},  # another JSON type
+            {"requests": {"cpu": "2", "example.com/fpga": "1"}},  # a device: the amounts stay in the key
+        ]
+    ),
     st.sampled_from([False, False, False, True]),  # dry run
 )
 

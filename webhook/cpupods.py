@@ -2,7 +2,7 @@
 nodes without a fully free GPU (webhook/steering.py's terms), so its CPU and memory stay off the
 nodes that whole-GPU pods will need. It is never refused and gets nothing else. Pure.
 
-May import gpuslice.{config,contract} and the webhook's patches, pods and steering modules.
+May import gpuslice.{config,contract} and the webhook's decoding, patches, pods and steering modules.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 from gpuslice import config
 from gpuslice import contract as contract_
-from gpuslice.webhook import patches, pods, steering
+from gpuslice.webhook import decoding, patches, pods, steering
 
-__all__ = ["asks_for_no_device", "labels_read", "patch"]
+__all__ = ["asks_for_no_device", "key_rules", "patch"]
 
 # What a pod may ask for and still count as asking for no device (hugepages-<size> too).
 _PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
@@ -38,10 +38,20 @@ def patch(pod: Mapping[str, Any], settings: config.Config, *, pacer_absent: str)
     return [{"op": "add", "path": "/spec/affinity", "value": affinity}, *gate]
 
 
-def labels_read(contract: contract_.Contract) -> tuple[str, ...]:
-    """The pod labels any answer of the webhook depends on (the only ones: webhook/decoding.py
-    keys remembered answers on them and leaves the others out)."""
-    return (contract.label_pod_cpu_steering,)
+def key_rules(contract: contract_.Contract) -> decoding.KeyRules:
+    """What no answer of the webhook reads, for webhook/decoding.py's keys of remembered answers:
+    pod labels but the steering opt-out; and the CPU and memory amounts of a pod that asks for no
+    device (none of the annotations the webhook converts, only plain resources): its answer is
+    this module's patch, which reads resource names only."""
+    return decoding.KeyRules(
+        labels_read=(contract.label_pod_cpu_steering,),
+        device_annotations=(*contract_.KAI_ANNOTATIONS, contract.isolation_annotation),
+        plain=_plain_resource,
+    )
+
+
+def _plain_resource(name: str) -> bool:
+    return name in _PLAIN_RESOURCES or name.startswith("hugepages-")
 
 
 def asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) -> bool:
@@ -64,6 +74,6 @@ def asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) -> 
         return False
     for _, _, container in pods.containers(spec):
         for amounts in pods.resource_maps(container):
-            if any(name not in _PLAIN_RESOURCES and not name.startswith("hugepages-") for name in amounts):
+            if not all(map(_plain_resource, amounts)):
                 return False
     return True

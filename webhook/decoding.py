@@ -16,10 +16,11 @@ exactly orjson's: it reads an integer beyond 64 bits as a float, msgspec as an i
 stay None and absent keys stay absent; of an owner reference only the kind is kept.
 
 `fields` also gives the answer's key: the kept fields encoded again without those the answer does
-not depend on (the request's uid, the pod's name and generateName, its labels but those named in
-`labels_read`), so pods of one template that differ only in what the webhook skips (one-pod Jobs,
-the Deployments of one chart) share answers (webhook/repeats.py). Whoever makes an answer read
-another field must keep it here.
+not depend on (the request's uid, the pod's name and generateName, its labels but those the
+`KeyRules` name, and the CPU and memory amounts of a pod that asks for no device), so pods of one
+template that differ only in what the webhook skips (one-pod Jobs, the Deployments of one chart,
+CPU pods sized each their own way) share answers (webhook/repeats.py). Whoever makes an answer
+read another field must keep it here.
 
 One leniency, for input kube-apiserver cannot send (a Pod's numbers are 32- and 64-bit integers):
 a number beyond a double's range (1e999) in a field the webhook does not read is skipped, where
@@ -30,8 +31,9 @@ May import msgspec, orjson and the webhook's shape module.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import msgspec
@@ -39,7 +41,7 @@ import orjson
 
 from gpuslice.webhook import shape
 
-__all__ = ["Decoded", "fields"]
+__all__ = ["Decoded", "KeyRules", "fields"]
 
 _UNSET: Any = msgspec.UNSET
 
@@ -52,7 +54,7 @@ _Strings = dict[str, str | None] | None
 
 class _Container(msgspec.Struct):
     name: str | None = _UNSET
-    resources: Any = _UNSET  # kept whole: the patch rewrites it
+    resources: Any = _UNSET  # kept whole: the patch rewrites it (a device-less pod's amounts left out of the key)
 
 
 class _Owner(msgspec.Struct):
@@ -107,15 +109,26 @@ _ENCODER = msgspec.json.Encoder()
 MAX_KEY_BYTES = 16 * 1024  # a larger key (say, kubectl's last-applied annotation) is not worth keeping
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyRules:
+    """What of the fields read no answer depends on, as the mutation knows it (webhook/cpupods.py)."""
+
+    labels_read: Collection[str] = ()  # the pod labels an answer reads; the others are left out
+    # A pod with none of these annotations whose containers ask only for resources `plain` accepts
+    # is answered without reading an amount: its amounts are left out (their JSON types kept).
+    device_annotations: Collection[str] = ()
+    plain: Callable[[str], bool] | None = None
+
+
 class Decoded:
     """A body decoded by the typed pass: the answer's `key` and the request's `uid` at once, the
     document (re-encoded, read by orjson) only when asked for: an answer found by its key needs none."""
 
-    def __init__(self, review: _Review, labels_read: Collection[str]) -> None:
+    def __init__(self, review: _Review, rules: KeyRules) -> None:
         self._review = review
         request = review.request
         self.uid = request.uid if isinstance(request, _Request) and isinstance(request.uid, str) else None
-        self.key = _key(review, labels_read) if self.uid is not None else None  # None: not to be remembered
+        self.key = _key(review, rules) if self.uid is not None else None  # None: not to be remembered
 
     def document(self) -> tuple[dict[str, Any], bool]:
         """(the fields read, as orjson decodes them; whether the pod's fields have the types
@@ -129,7 +142,7 @@ class Decoded:
         return document, shape.parts_kept_whole_pass(spec)
 
 
-def fields(body: bytes, *, labels_read: Collection[str] = ()) -> Decoded | None:
+def fields(body: bytes, *, rules: KeyRules = KeyRules()) -> Decoded | None:
     """The fields of the AdmissionReview `body` the webhook reads, or None: decode it whole."""
     # msgspec's nesting limit is Python's recursion limit (1000 by default: below orjson's), so what
     # it reads orjson reads too; only where the limit was raised must the brackets be counted.
@@ -144,24 +157,77 @@ def fields(body: bytes, *, labels_read: Collection[str] = ()) -> Decoded | None:
         review = _DECODER.decode(body)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None  # msgspec.ValidationError is a DecodeError
-    return Decoded(review, labels_read)
+    return Decoded(review, rules)
 
 
-def _key(review: _Review, labels_read: Collection[str]) -> bytes | None:
+def _key(review: _Review, rules: KeyRules) -> bytes | None:
     """`review` encoded without what no answer depends on: the request's uid, the pod's name and
-    generateName, its labels but `labels_read` (set aside while encoding, then put back)."""
+    generateName, its labels but `rules.labels_read`, a device-less pod's amounts (set aside while
+    encoding, then put back)."""
     request = review.request
     assert isinstance(request, _Request)
-    metadata = request.object.metadata if isinstance(request.object, _Pod) else None
+    pod = request.object if isinstance(request.object, _Pod) else None
+    metadata = pod.metadata if pod is not None else None
+    swapped = _without_amounts(pod, rules) if pod is not None and rules.plain is not None else ()
     uid, request.uid = request.uid, _UNSET
     if isinstance(metadata, _Metadata):
         kept = metadata.name, metadata.generateName, metadata.labels
         metadata.name = metadata.generateName = _UNSET
         if metadata.labels:
-            metadata.labels = {name: metadata.labels[name] for name in labels_read if name in metadata.labels}
+            metadata.labels = {name: metadata.labels[name] for name in rules.labels_read if name in metadata.labels}
         key = _ENCODER.encode(review)
         metadata.name, metadata.generateName, metadata.labels = kept
     else:
         key = _ENCODER.encode(review)
     request.uid = uid
+    for container, resources in swapped:
+        container.resources = resources
     return key if len(key) <= MAX_KEY_BYTES else None
+
+
+def _without_amounts(pod: _Pod, rules: KeyRules) -> list[tuple[_Container, Any]]:
+    """For a pod that asks for no device (no `rules.device_annotations`, only `rules.plain`
+    resources), each container's resources swapped for a copy whose amounts are reduced to their
+    JSON type ("" or 0: shape checks read no more of them); the containers with their own
+    resources, to put back. Nothing swapped for any other pod."""
+    annotations = pod.metadata.annotations if isinstance(pod.metadata, _Metadata) else None
+    if annotations and any(name in annotations for name in rules.device_annotations):
+        return []
+    spec = pod.spec
+    if not isinstance(spec, _Spec):
+        return []
+    plain = rules.plain
+    assert plain is not None
+    owned: list[_Container] = []
+    for entries in (spec.containers, spec.initContainers):
+        for container in entries or ():
+            if container is None or not container.resources:
+                continue
+            resources = container.resources
+            if not isinstance(resources, dict):
+                return []
+            for part in ("requests", "limits"):
+                amounts = resources.get(part)
+                if amounts and (not isinstance(amounts, dict) or not all(map(plain, amounts))):
+                    return []
+            owned.append(container)
+    swapped = []
+    for container in owned:
+        resources = container.resources
+        stripped = dict(resources)
+        for part in ("requests", "limits"):
+            amounts = resources.get(part)
+            if amounts:
+                stripped[part] = {name: _type_only(value) for name, value in amounts.items()}
+        swapped.append((container, resources))
+        container.resources = stripped
+    return swapped
+
+
+def _type_only(amount: Any) -> Any:
+    """An amount as far as any answer reads it: its JSON type (`shape` accepts strings and numbers)."""
+    if isinstance(amount, str):
+        return ""
+    if isinstance(amount, (int, float)) and not isinstance(amount, bool):
+        return 0
+    return amount

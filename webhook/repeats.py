@@ -177,7 +177,7 @@ class RepeatAnswers:
         self._bodies = _Memory(max_total_bytes - self._fields.max_bytes)  # by fingerprint
         self._seen_once: dict[int, None] = {}  # fingerprints of bodies answered once, oldest first
         self._keys_seen_once: dict[int, None] = {}  # ... hashes of field keys
-        self._labels_read: tuple[str, ...] | None = None
+        self._key_rules: decoding.KeyRules | None = None
         self.repeats = 0  # answers given from memory (the metrics read it)
         self.by_fields = 0  # ... of them, those found by the decoded fields (the body was new)
 
@@ -210,7 +210,7 @@ class RepeatAnswers:
                 # every such admission more than a repeat saves (docs/benchmarks.md), so a body is
                 # remembered the second time it comes; so are the fields read (below).
                 print_ = None
-        decoded = decoding.fields(body, labels_read=self._labels(settings))
+        decoded = decoding.fields(body, rules=self._rules(settings))
         uid = decoded.uid if decoded is not None else None
         if decoded is None or uid is None or not _PLAIN_UID_TEXT.fullmatch(uid):
             return _reviewed(body, settings, cluster, decoded)  # reviewed (or refused) in full
@@ -273,10 +273,10 @@ class RepeatAnswers:
         if len(known.decide) == len(decided):
             self._bodies.keep(print_, known, decided, dataclasses.replace(answer, checked=False))
 
-    def _labels(self, settings: config.Config) -> tuple[str, ...]:
-        if self._labels_read is None:
-            self._labels_read = cpupods.labels_read(settings.contract)
-        return self._labels_read
+    def _rules(self, settings: config.Config) -> decoding.KeyRules:
+        if self._key_rules is None:
+            self._key_rules = cpupods.key_rules(settings.contract)
+        return self._key_rules
 
     def _check(self, print_: int, known: _Remembered, answer: _Answer) -> bool:
         """Whether the first request's uid occurs in its body only where it was cut out (so the
