@@ -3,6 +3,7 @@ full review of the same body would give, against the same cluster view and its p
 
 from __future__ import annotations
 
+import base64
 import json
 import pathlib
 from typing import Any
@@ -92,8 +93,8 @@ def test_a_burst_of_replicas_gets_the_answers_of_full_reviews_and_the_same_promi
     assert 12 < repeated < 24  # most answered from memory, not the first of each class choice
 
 
-def test_a_node_change_is_never_answered_from_memory() -> None:
-    # A gpu-memory share makes no decision that promises move: only the view's generation tells
+def test_a_change_of_the_classes_is_never_answered_from_memory() -> None:
+    # A gpu-memory share makes no decision that promises move: only the view's shape tells
     # that a third class, too small for it, now exists, and the pod must be kept off it.
     answers = repeats.RepeatAnswers()
     view = two_class_view()
@@ -107,6 +108,38 @@ def test_a_node_change_is_never_answered_from_memory() -> None:
     assert answers.repeats == 1
     assert encoded == orjson.dumps(admission.review(body("m-4", share), settings=SETTINGS, cluster=view).response)
     assert b'"response":{"uid":"m-4","allowed":true' in encoded
+
+
+def allocate(view: cluster.ClusterView, name: str, file: str, allocated: dict[int, int]) -> None:
+    """Node `name` (an example node file) relabelled with `allocated` units taken on its GPUs, by index."""
+    node = nodefile.load(EXAMPLES / file)
+    taken = {g.uuid: allocated.get(i, 0) for i, g in enumerate(node.memory_gpus)}
+    view.update_node(name, node_labels.node_labels(node, SETTINGS.contract, allocated=taken))
+
+
+TENTH = {"gpu-fraction": "0.1"}  # small: promises alone do not move the class in a few pods
+
+
+def test_answers_outlive_a_change_of_free_capacity_with_their_decisions_taken_again() -> None:
+    answers, view, fresh = repeats.RepeatAnswers(), two_class_view(), two_class_view()
+    for each in (view, fresh):  # the H100s half used: the H200s have the larger free share
+        allocate(each, "demo", "demo-node.yaml", {0: 150, 1: 150})
+    for uid in ("f-1", "f-2", "f-3"):  # the second is remembered, the third answered from memory
+        answers.review(body(uid, TENTH), settings=SETTINGS, cluster=view)
+    assert answers.repeats == 1
+    for each in (view, fresh):  # free capacity moves; the classes stay
+        allocate(each, "h200", "h200x8-node.yaml", {0: 100})
+    _, encoded = answers.review(body("f-4", TENTH), settings=SETTINGS, cluster=view)
+    assert answers.repeats == 2
+    assert encoded == orjson.dumps(admission.review(body("f-4", TENTH), settings=SETTINGS, cluster=fresh).response)
+    # The H200s all but full: the decision comes out otherwise, and so does the answer.
+    allocate(view, "h200", "h200x8-node.yaml", dict.fromkeys(range(8), 560))
+    allocate(fresh, "h200", "h200x8-node.yaml", dict.fromkeys(range(8), 560))
+    _, moved = answers.review(body("f-5", TENTH), settings=SETTINGS, cluster=view)
+    assert moved == orjson.dumps(admission.review(body("f-5", TENTH), settings=SETTINGS, cluster=fresh).response)
+    assert json.loads(base64.b64decode(json.loads(moved)["response"]["patch"])) != json.loads(
+        base64.b64decode(json.loads(encoded)["response"]["patch"])
+    )
 
 
 def test_dry_runs_are_remembered_apart_and_promise_nothing() -> None:
@@ -324,20 +357,32 @@ _READ = st.tuples(
 )
 
 
+# Between pods, sometimes: units taken on the first GPU of a node (free capacity moves, the classes stay).
+_CAPACITY = st.tuples(st.sampled_from([("demo", "demo-node.yaml"), ("h200", "h200x8-node.yaml")]), st.integers(0, 300))
+
+
 @hypothesis.settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(_SKIPPED, _READ), min_size=10, max_size=40))
+@given(st.lists(st.one_of(st.tuples(_SKIPPED, _READ), _CAPACITY), min_size=10, max_size=40))
 def test_any_sequence_of_pods_gets_the_answers_and_promises_of_full_reviews(
-    pods: list[tuple[tuple[int, str], tuple[dict[str, str], str, dict[str, Any], bool]]],
+    steps: list[Any],
 ) -> None:
-    bodies = []
-    for i, ((variant_of, pad), (asked, name, resources, dry_run)) in enumerate(pods):
-        raw = variant(f"p-{i}", variant_of, {**asked, **({"pad": pad} if pad else {})}, name=name)
+    """Pods that differ in read and skipped fields, with free capacity moving between them: the
+    memory answers as full reviews do, and promises the same units."""
+    answers, view, full_view = repeats.RepeatAnswers(), two_class_view(), two_class_view()
+    for i, step in enumerate(steps):
+        if isinstance(step[0][0], str):  # a capacity change, on both views
+            (name, file), units = step
+            allocate(view, name, file, {0: units})
+            allocate(full_view, name, file, {0: units})
+            continue
+        (variant_of, pad), (asked, container_name, resources, dry_run) = step
+        raw = variant(f"p-{i}", variant_of, {**asked, **({"pad": pad} if pad else {})}, name=container_name)
         document = json.loads(raw)
         document["request"]["dryRun"] = dry_run
         document["request"]["object"]["spec"]["containers"][0]["resources"] = resources
-        bodies.append(orjson.dumps(document))
-    expected, full_view = full(bodies)
-    got, view, _ = remembered(bodies)
-    assert got == expected
-    for memory in (H100, H200):
-        assert view.promised_units(memory) == full_view.promised_units(memory)
+        raw = orjson.dumps(document)
+        result, encoded = answers.review(raw, settings=SETTINGS, cluster=view)
+        assert orjson.loads(encoded) == result.response  # the bytes sent and the answer kept agree
+        assert encoded == orjson.dumps(admission.review(raw, settings=SETTINGS, cluster=full_view).response), i
+        for memory in (H100, H200):
+            assert view.promised_units(memory) == full_view.promised_units(memory)

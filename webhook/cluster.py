@@ -108,6 +108,10 @@ class ClusterView:
         # answer computed at one generation holds for the next admission of the same generation but
         # for what promises change (`start_recording`, webhook/repeats.py).
         self.generation = next(_GENERATIONS)
+        # What answers read of the view but through `noted` (`shape_generation`), as last compared.
+        self._shape: tuple[Any, ...] | None = None
+        self._shape_generation = next(_GENERATIONS)
+        self._shape_stale = False
         self._reads: list[tuple[Callable[[], Hashable], Hashable]] | None = None
         # One row per node with shared GPUs, for `usable_free_units`: a scan of a thousand rows in
         # numpy per admission instead of a Python loop. Rows of removed nodes are reused.
@@ -241,6 +245,7 @@ class ClusterView:
             return False
         self.pacer_absent = absent
         self.generation = next(_GENERATIONS)  # what nodes alone give (`derived`) still holds
+        self._shape_stale = True
         return True
 
     def node_names(self) -> set[str]:
@@ -295,6 +300,25 @@ class ClusterView:
             return {m: max(0, n - self.promised_units(m, now=now)) for m, n in usable.items()}
         return dict(usable)
 
+    @property
+    def shape_generation(self) -> int:
+        """Changes when what an admission reads of the view, but for the decisions it reaches
+        through `noted`, changes: the classes' GPU memory, products, GPU and node counts and GPUs
+        per node, the MIG profiles, the pacer. Free capacity (every allocation moves a label) does
+        not move it: a remembered answer then holds if its decisions, taken again, come out the
+        same (webhook/repeats.py). Unique across views, like `generation`."""
+        if self._shape_stale:
+            self._shape_stale = False
+            shape = (
+                tuple([(c.memory_mib, c.products, c.gpus, c.nodes, c.max_gpus_per_node) for c in self.classes()]),
+                tuple(sorted(self.mig_profiles().items())),
+                self.pacer_absent,
+            )
+            if shape != self._shape:
+                self._shape = shape
+                self._shape_generation = next(_GENERATIONS)
+        return self._shape_generation
+
     def start_recording(self) -> list[tuple[Callable[[], Hashable], Hashable]]:
         """Until `stop_recording`, every answer that depends on promises (`noted`) is appended to
         the list returned, with a way to compute it again: all else an admission reads of the view
@@ -341,6 +365,7 @@ class ClusterView:
     def _changed(self) -> None:
         self._derived.clear()
         self.generation = next(_GENERATIONS)
+        self._shape_stale = True
 
     def _set_row(self, name: str, node: nodelabels.NodeGpus | None) -> None:
         self._changed()

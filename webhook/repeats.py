@@ -12,11 +12,14 @@ Two memories, one answer:
 Each is remembered the second time it comes: most bodies never repeat, and remembering each at
 once would cost every such admission more than a repeat saves (docs/benchmarks.md).
 
-A remembered answer holds while the cluster view has not changed (its `generation`, which also
-moves when a pacer comes or goes: a pod gated for a pacer that died is not answered again) and every
-decision that promises can change (`ClusterView.start_recording`: the GPU class chosen) comes out the
-same now; the answer is a function of the fields read, the configuration, the view's generation and
-those decisions, so it is then what a full review would give. An entry keeps one answer per outcome
+A remembered answer holds while the cluster view keeps its shape (`ClusterView.shape_generation`:
+the GPU classes, MIG profiles and the pacer, which also moves when a pacer comes or goes: a pod
+gated for a pacer that died is not answered again) and every decision that free capacity and
+promises can change (`ClusterView.start_recording`: the GPU class chosen) comes out the same now;
+the answer is a function of the fields read, the configuration, the view's shape and those
+decisions, so it is then what a full review would give. Free capacity moves with every
+allocation, on some node every few seconds in a busy cluster: answers outlive it, their
+decisions taken again. An entry keeps one answer per outcome
 of its decisions: as a burst's promises fill one class and then the next, its pods' answers
 alternate between a few, each given from memory. A repeat of a converted pod promises its units
 like the first did. DRA conversions (they create claim templates) and malformed reviews are never
@@ -92,8 +95,8 @@ class _Remembered:
         )
 
     def decisions(self, cluster: cluster_.ClusterView) -> tuple[Hashable, ...] | None:
-        """What the decisions come to now; None when the view has changed since."""
-        if self.generation != cluster.generation:
+        """What the decisions come to now; None when the view's shape has changed since."""
+        if self.generation != cluster.shape_generation:
             return None
         return tuple([again() for again in self.decide])
 
@@ -228,7 +231,7 @@ class RepeatAnswers:
                     self._keep_body(print_, body, span, uid, keyed, decided, answer)
                 return self._again(answer, uid, cluster)
         document = decoded.document()
-        generation = cluster.generation
+        generation = cluster.shape_generation
         reads = cluster.start_recording()
         try:
             result = admission.review_document(*document, settings=settings, cluster=cluster)
