@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_webhook.py [--repeats 7] [--requests 2000] [--connections 8]
     .venv/bin/python benchmarks/bench_webhook.py --baseline DIR        # also an earlier tree's webhook, alternated
+    .venv/bin/python benchmarks/bench_webhook.py --label-churn 100      # node labels changing meanwhile, per second
     .venv/bin/python benchmarks/bench_webhook.py --in-process 2000      # admission.review alone, per pod kind
     .venv/bin/python benchmarks/bench_webhook.py --profile gpu-fraction  # cProfile of admission.review
     .venv/bin/python benchmarks/bench_webhook.py --split 2000            # admission.review's steps, timed apart
@@ -20,9 +21,12 @@ kinds, each a set of Deployment-style pods of 5-20 KB: gpu-fraction (KAI's nvidi
 placeholder), gpu-memory, and a CPU-only pod (no annotations, no device: the cpu-pods steering
 path). Runs alternate webhook, no-op, webhook, no-op... for every pod kind; the summary gives the
 median CPU per admission of each and the ratio of the medians. With two or more cores the
-servers run on core 0 and the client on core 1. `--baseline DIR` adds a third server, the webhook of
-another source tree (`git archive <commit> | tar -x -C DIR`; its gpuslice package is imported from
-there), alternated with the other two: before and after a change in the same run.
+servers run on core 0 and the client on core 1. `--label-churn N`: in the webhook servers, N
+node label changes a second (free capacity and headroom of a random node, as the node watch
+applies them while pods come and go), so answers remembered across changes are measured too.
+`--baseline DIR` adds a third server, the webhook of another source tree
+(`git archive <commit> | tar -x -C DIR`; its gpuslice package is imported from there),
+alternated with the other two: before and after a change in the same run.
 Figures go in docs/benchmarks.md ("Webhook admission").
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import os
 import pathlib
@@ -165,15 +170,24 @@ def make_reviews(kind: str, count: int, arrival: str, *, seed: int = 42) -> list
 def cluster_view(settings: Any) -> Any:
     """NODES GPU nodes in NODE_MIX's proportions, labelled by the device plugin's own label
     function: 60 % of GPUs partly or fully allocated, CPU and memory headroom published."""
-    from gpuslice.deviceplugin import labels
-    from gpuslice.sim import trace
     from gpuslice.webhook import cluster
 
-    rng = random.Random(7)
+    view = cluster.ClusterView(settings.contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
+    for name, labels in node_labels(settings, random.Random(7), range(NODES)):
+        view.update_node(name, labels)
+    return view
+
+
+def node_labels(settings: Any, rng: random.Random, indexes: Any) -> list[tuple[str, dict[str, str]]]:
+    """(name, labels) of the nodes at `indexes` of the view, each with an allocation and CPU and
+    memory headroom drawn from `rng`: the same node always has the same GPUs."""
+    from gpuslice.deviceplugin import labels
+    from gpuslice.sim import trace
+
     contract = settings.contract
-    view = cluster.ClusterView(contract, default_gpu_memory_mib=settings.default_gpu_memory_mib)
     mix = [(model, gpus) for model, gpus, percent in NODE_MIX for _ in range(percent)]
-    for i in range(NODES):
+    named = []
+    for i in indexes:
         model, gpus = mix[i % len(mix)]
         name = f"node-{i:04d}"
         node = trace.node_inventory(trace.TraceNode(name, 96000, 393216, gpus, model))
@@ -181,8 +195,19 @@ def cluster_view(settings: Any) -> Any:
             g.uuid: rng.randint(0, contract.units_per_gpu(g.memory_mib)) if rng.random() < 0.6 else 0 for g in node.gpus
         }
         headroom = (rng.randint(0, 96000), rng.randint(0, 393216))
-        view.update_node(name, labels.node_labels(node, contract, allocated=allocated, headroom=headroom))
-    return view
+        named.append((name, labels.node_labels(node, contract, allocated=allocated, headroom=headroom)))
+    return named
+
+
+async def _churn(view: Any, settings: Any, rate: float) -> None:
+    """`rate` label changes a second, as the node watch applies them when pods come and go: each
+    a node's free capacity and headroom drawn anew (its GPUs stay). Labels are made beforehand: a
+    real webhook's watch pays for decoding the event, not for the device plugin's label function."""
+    rng = random.Random(11)
+    changes = node_labels(settings, rng, [rng.randrange(NODES) for _ in range(500)])
+    for step in itertools.count():
+        await asyncio.sleep(1 / rate)
+        view.update_node(*changes[step % len(changes)])
 
 
 # --- in-process figures ----------------------------------------------------------------------
@@ -337,17 +362,21 @@ def profile(kind: str, count: int = 4000) -> None:
 # --- servers ---------------------------------------------------------------------------------
 
 
-async def _serve_webhook(port: int, context: ssl.SSLContext) -> None:
+async def _serve_webhook(port: int, context: ssl.SSLContext, churn: float) -> None:
     from gpuslice import config
     from gpuslice.webhook import server
 
     settings = config.Config()
-    app = server.make_app(settings, cluster_view(settings))
+    view = cluster_view(settings)
+    app = server.make_app(settings, view)
     gc.freeze()  # as gpuslice-webhook's main does
     runner = await server.start(app, context, host="127.0.0.1", port=port)
+    changing = asyncio.create_task(_churn(view, settings, churn)) if churn > 0 else None
     try:
         await asyncio.Event().wait()
     finally:
+        if changing is not None:
+            changing.cancel()
         await runner.cleanup()
 
 
@@ -376,13 +405,13 @@ async def _serve_noop(port: int, context: ssl.SSLContext) -> None:
         await runner.cleanup()
 
 
-def run_server(kind: str, port: int, cert: str, key: str) -> None:
+def run_server(kind: str, port: int, cert: str, key: str, churn: float) -> None:
     from gpuslice.webhook import certs
 
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {0})
     context = certs.server_context(cert, key)
-    asyncio.run((_serve_noop if kind == "noop" else _serve_webhook)(port, context))
+    asyncio.run(_serve_noop(port, context) if kind == "noop" else _serve_webhook(port, context, churn))
 
 
 # --- client ----------------------------------------------------------------------------------
@@ -518,6 +547,13 @@ def main() -> None:
         default=",".join(ARRIVALS),
         help=f"arrivals to measure, comma-separated (default: {', '.join(ARRIVALS)})",
     )
+    parser.add_argument(
+        "--label-churn",
+        type=float,
+        default=0.0,
+        metavar="PER_S",
+        help="node label changes a second in the webhook servers' views (free capacity only; default 0: a still view)",
+    )
     parser.add_argument("--in-process", type=int, default=0, metavar="N", help="only time admission.review, N per kind")
     parser.add_argument("--profile", choices=POD_KINDS, help="only cProfile admission.review on this pod kind")
     parser.add_argument(
@@ -540,7 +576,7 @@ def main() -> None:
         split(args.split)
         return
     if args.role == "server":
-        run_server(args.kind, args.port, args.cert, args.key)
+        run_server(args.kind, args.port, args.cert, args.key, args.label_churn)
         return
     if args.role == "client":
         run_client(args.port, args.ca, args.pods, args.arrival, args.requests, args.connections, args.seed)
@@ -570,7 +606,7 @@ def main() -> None:
         servers = {
             kind: subprocess.Popen(
                 [sys.executable, script, "--role", "server", "--kind", kind, "--port", str(port)]
-                + ["--cert", cert, "--key", key],
+                + ["--cert", cert, "--key", key, "--label-churn", str(args.label_churn)],
                 env={**os.environ, "PYTHONPATH": args.baseline} if kind == "baseline" else None,
             )
             for kind, port in ports.items()
@@ -596,7 +632,8 @@ def main() -> None:
 
     print(
         f"\nmedians of {args.repeats} alternated runs, {args.requests} admissions each over "
-        f"{args.connections} keep-alive connections; load average at end: {os.getloadavg()[0]:.2f}"
+        f"{args.connections} keep-alive connections; label changes: {args.label_churn:g}/s; "
+        f"load average at end: {os.getloadavg()[0]:.2f}"
     )
     compared = [kind for kind in kinds if kind != "noop"]
     # Each run's webhook, no-op and baseline ran one after the other: the median of the per-run
