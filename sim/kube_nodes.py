@@ -324,11 +324,11 @@ class Fleet:
                     f"/apis/resource.k8s.io/v1/namespaces/{pod['metadata']['namespace']}"
                     f"/resourceclaims/{status['resourceClaimName']}",
                 )
-                pool, share, held = self.ledger.grant(claim)
+                pool, share, claimed = self.ledger.grant(claim)
                 if pool != node:
                     self.errors.append(f"{key} bound to {node}, its claim allocated on {pool}")
                 granted += share
-                shares.extend(held)
+                shares.extend(claimed)
         except (kube_api.ApiError, OSError, TimeoutError, ValueError, KeyError) as exc:
             self.errors.append(f"claims of {key}: {exc!r}")
         try:

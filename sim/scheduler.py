@@ -426,7 +426,9 @@ class Cluster:
             allocated = self.requested[nodes, column]
             ok = alloc > 0
             safe = np.where(ok, alloc, 1)
-            fractions_with.append(np.where(ok, np.minimum((allocated + pod.requests.get(resource, 0)) / safe, 1.0), np.nan))
+            fractions_with.append(
+                np.where(ok, np.minimum((allocated + pod.requests.get(resource, 0)) / safe, 1.0), np.nan)
+            )
             fractions_without.append(np.where(ok, np.minimum(allocated / safe, 1.0), np.nan))
         if not asked:
             return np.zeros(len(nodes), dtype=np.int64)

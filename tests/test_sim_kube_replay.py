@@ -142,17 +142,27 @@ def test_the_kube_runs_placements_hold_what_kubelet_granted_and_recompute_its_fi
         pod = _bound(name, 36, contract)
         fleet._decide(f"default/{name}", "t4", pod, fleet._admit(f"default/{name}", "t4", fleet.sims["t4"], pod))
     unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
-    outcomes.on_event("ADDED", {"metadata": {"namespace": "default", "name": "d"}, "status": {"conditions": [unschedulable]}})
+    outcomes.on_event(
+        "ADDED", {"metadata": {"namespace": "default", "name": "d"}, "status": {"conditions": [unschedulable]}}
+    )
     outcomes.deny("default/e", 'admission webhook "pods.gpuslice.io" denied the request: no GPU class')
     capacity = replay.gpu_capacity_milli([node])
-    result, unaccounted, lost = kube_replay._figures("gpuslice-default", arrivals, outcomes, fleet, capacity, 1.0, 1.0, placements=True)
+    result, unaccounted, lost = kube_replay._figures(
+        "gpuslice-default", arrivals, outcomes, fleet, capacity, 1.0, 1.0, placements=True
+    )
     assert unaccounted == ["default/f"] and lost == 1
     records = result.placements
     assert records is not None
     assert [r["outcome"] for r in records] == ["placed", "placed", "refused", "unschedulable", "denied", "unaccounted"]
     a, b, c, d, e, _ = records
     assert a["node"] == "t4" and len(a["gpus"]) == 1 and a["gpus"][0]["uuid"] != b["gpus"][0]["uuid"]
-    assert a["gpus"][0] | {"uuid": ""} == {"uuid": "", "units": 36, "total_units": 60, "unit_mib": 256, "gpu_memory_mib": 15360}
+    assert a["gpus"][0] | {"uuid": ""} == {
+        "uuid": "",
+        "units": 36,
+        "total_units": 60,
+        "unit_mib": 256,
+        "gpu_memory_mib": 15360,
+    }
     assert a["granted_gpus"] == pytest.approx(0.6)
     assert c["node"] == "t4" and c["gpus"] == [] and c["message"].startswith("kubelet: ") and "span" in c["message"]
     assert d["message"] == "0/1 nodes" and d["node"] is None
