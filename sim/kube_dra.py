@@ -12,8 +12,8 @@ pod whose claims are allocated: the allocator has already put every share on one
 its capacity. Each allocation is still checked against the device's capacity; an overrun would be
 reported as an error, never credited.
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin.inventory, gpuslice.dra.slices and the
-kubernetes client's quantity parser.
+May import gpuslice.{config,contract}, gpuslice.deviceplugin.inventory, gpuslice.dra.slices,
+gpuslice.sim.node (its GpuShare) and the kubernetes client's quantity parser.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from kubernetes.utils.quantity import parse_quantity
 from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory
 from gpuslice.dra import slices
+from gpuslice.sim import node as node_
 
 __all__ = ["DRA_CONTROLLERS", "DeviceLedger", "device_class", "memory_mib", "node_slices"]
 
@@ -77,13 +78,15 @@ class DeviceLedger:
                 if memory is not None:
                     self.capacity[(pool, device["name"])] = memory_mib(memory["value"])
 
-    def grant(self, claim: Mapping[str, Any]) -> tuple[str, float]:
-        """(node, GPUs' worth of memory) of one allocated claim: each result's consumed memory over
-        its device's memory, each device never counted past whole. ValueError when not allocated."""
+    def grant(self, claim: Mapping[str, Any]) -> tuple[str, float, list[node_.GpuShare]]:
+        """(node, GPUs' worth of memory, per device what it holds) of one allocated claim: each
+        result's consumed memory over its device's memory, each device never counted past whole.
+        A share is in MiB (unit_mib 1), named by the device. ValueError when not allocated."""
         allocation = (claim.get("status") or {}).get("allocation")
         if not allocation:
             raise ValueError("claim not allocated")
         granted = 0.0
+        shares = []
         pools = set()
         for result in (allocation.get("devices") or {}).get("results") or ():
             if result.get("driver") != self.driver:
@@ -102,4 +105,6 @@ class DeviceLedger:
             if after > capacity + 1e-6:
                 self.overruns.append(f"device {key}: {after:.0f} MiB allocated of {capacity:.0f}")
             granted += (min(after, capacity) - min(before, capacity)) / capacity
-        return (next(iter(pools)) if len(pools) == 1 else ",".join(sorted(pools))), granted
+            mib = round(capacity)
+            shares.append(node_.GpuShare(result["device"], round(amount), mib, 1, mib))
+        return (next(iter(pools)) if len(pools) == 1 else ",".join(sorted(pools))), granted, shares

@@ -57,6 +57,7 @@ class Decision:
     admitted: bool
     message: str
     granted: float = 0.0  # GPUs' worth of memory kubelet granted (SimNode.credit), the headline's unit
+    shares: tuple[node_.GpuShare, ...] = ()  # per GPU, what the grant holds (--placements)
 
 
 class _NodeApi:
@@ -308,11 +309,13 @@ class Fleet:
         one = self._labellers.get(node)
         if one is not None:
             one.notify()  # the plugin's Allocate notifies its labeller
-        return Decision(key, node, True, "", granted)
+        shares = tuple(share for grant in grants for share in grant.shares)
+        return Decision(key, node, True, "", granted, shares)
 
     async def _admit_dra(self, key: str, node: str, pod: dict[str, Any]) -> None:
         """Kubelet's side in DRA mode: the pod runs; its grant is what its claims were allocated."""
         granted = 0.0
+        shares: list[node_.GpuShare] = []
         statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or ()
         try:
             for status in statuses:
@@ -321,10 +324,11 @@ class Fleet:
                     f"/apis/resource.k8s.io/v1/namespaces/{pod['metadata']['namespace']}"
                     f"/resourceclaims/{status['resourceClaimName']}",
                 )
-                pool, share = self.ledger.grant(claim)
+                pool, share, claimed = self.ledger.grant(claim)
                 if pool != node:
                     self.errors.append(f"{key} bound to {node}, its claim allocated on {pool}")
                 granted += share
+                shares.extend(claimed)
         except (kube_api.ApiError, OSError, TimeoutError, ValueError, KeyError) as exc:
             self.errors.append(f"claims of {key}: {exc!r}")
         try:
@@ -338,7 +342,7 @@ class Fleet:
         one = self._labellers.get(node)
         if one is not None:
             one.notify()  # the plugin prepared the claim: its labeller counts it
-        self._decide(key, node, pod, Decision(key, node, True, "", granted))
+        self._decide(key, node, pod, Decision(key, node, True, "", granted, tuple(shares)))
 
     async def _write_status(self) -> None:
         while True:

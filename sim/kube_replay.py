@@ -47,6 +47,7 @@ import yaml
 from gpuslice import config
 from gpuslice.dra import slices
 from gpuslice.sim import controlplane, kube_api, kube_dra, kube_nodes, replay, scheduler, trace
+from gpuslice.sim import placements as placements_
 from gpuslice.sim import progress as progress_
 
 __all__ = [
@@ -213,7 +214,7 @@ class _Outcomes:
 
     def __init__(self, fleet: kube_nodes.Fleet) -> None:
         self.fleet = fleet
-        self.denied: set[str] = set()
+        self.denied: dict[str, str] = {}  # pod key -> the API server's answer to its create
         self.unschedulable: dict[str, str] = {}  # pod key -> the scheduler's message
         self.pinned: dict[str, str] = {}  # unschedulable pod -> the GPU memory classes its affinity requires
         self.created: set[str] = set()
@@ -240,9 +241,9 @@ class _Outcomes:
             self._waiters[key] = future
         return future
 
-    def deny(self, key: str) -> None:
+    def deny(self, key: str, message: str = "") -> None:
         """The create was refused: the pod never reaches the scheduler."""
-        self.denied.add(key)
+        self.denied[key] = message
         self._wake(key)
 
     def _wake(self, key: str) -> None:
@@ -317,7 +318,7 @@ async def _create(api: kube_api.Api, manifest: dict[str, Any], outcomes: _Outcom
         outcomes.created_at[key] = time.monotonic()
         if "denied the request" not in exc.message:  # not the webhook's answer: named in the errors
             outcomes.errors.append(f"create {key}: {exc}")
-        outcomes.deny(key)
+        outcomes.deny(key, exc.message)
         return
     outcomes.created.add(key)
 
@@ -538,10 +539,13 @@ def _figures(
     capacity: int,
     wall: float,
     cpu: float,
+    *,
+    placements: bool = False,
 ) -> tuple[replay.Result, list[str], int]:
     """(the run in the model's terms, pods with no outcome, pods lost). `admission_failures` counts
     every refusal by a kubelet; a refused pod the webhook's requeuer recreated is judged by what
-    became of the new one, and only a pod whose last outcome is a refusal is lost."""
+    became of the new one, and only a pod whose last outcome is a refusal is lost. `placements`:
+    also each pod's line of --placements (Result.placements), from what the node plugins granted."""
     placed = lost = failed = denied = 0
     requested = arrived = 0
     granted = 0.0  # GPUs' worth granted: the headline, as in the model
@@ -551,6 +555,7 @@ def _figures(
     failure_reasons: collections.Counter[str] = collections.Counter()
     admission_reasons: collections.Counter[str] = collections.Counter()
     unaccounted = []
+    records: list[dict[str, Any]] | None = [] if placements else None
     for i, pod in enumerate(arrivals):
         key = f"{NAMESPACE}/{pod.name}"
         arrived += pod.gpu_demand_milli
@@ -559,16 +564,25 @@ def _figures(
             placed += 1
             requested += pod.gpu_demand_milli
             granted += decision.granted
+            record = replay.placement_record(
+                pod, "placed", node=decision.node, shares=decision.shares, granted_gpus=decision.granted
+            )
         elif key in outcomes.unschedulable:  # waiting (a requeued pod too, once the scheduler gave up)
             failed += 1
             failure_reasons[outcomes.unschedulable[key][:160]] += 1
+            record = replay.placement_record(pod, "unschedulable", message=outcomes.unschedulable[key])
         elif decision is not None:  # refused, and not recreated (or refused every time): lost
             lost += 1
             admission_reasons[replay._reason_kind(decision.message)] += 1
+            record = replay.placement_record(pod, "refused", node=decision.node, message=f"kubelet: {decision.message}")
         elif key in outcomes.denied:
             denied += 1
+            record = replay.placement_record(pod, "denied", message=outcomes.denied[key])
         else:
             unaccounted.append(key)
+            record = replay.placement_record(pod, "unaccounted", message="no outcome seen")
+        if records is not None:
+            records.append(record)
         arrived_after[i] = arrived
         requested_after[i] = requested
         granted_after[i] = granted
@@ -594,6 +608,7 @@ def _figures(
         cpu_s=cpu,
         failure_reasons=dict(failure_reasons.most_common(5)),
         admission_reasons=dict(admission_reasons.most_common(5)),
+        placements=records,
     )
     return result, unaccounted, lost
 
@@ -609,6 +624,7 @@ async def _drive(
     started: float,
     settle_limit: float,
     progress: Callable[[int], object] | None = None,
+    placements: bool = False,
 ) -> tuple[
     replay.Result,
     float,
@@ -673,7 +689,7 @@ async def _drive(
                 errors.append(f"pods watch: {watch.exception()!r}")
         capacity = replay.gpu_capacity_milli(nodes)
         result, unaccounted, lost = _figures(
-            configuration.name, arrivals, outcomes, fleet, capacity, max(0.0, wall), cpu
+            configuration.name, arrivals, outcomes, fleet, capacity, max(0.0, wall), cpu, placements=placements
         )
         end = t0 + wall
         moments = (
@@ -697,9 +713,11 @@ def replay_on_kube(
     gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
     settle_limit: float = 1800.0,
     progress: Callable[[int], object] | None = None,
+    placements: bool = False,
 ) -> KubeResult:
     """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model.
-    `progress(n)`: n of the pods have an outcome on the control plane (called while they settle)."""
+    `progress(n)`: n of the pods have an outcome on the control plane (called while they settle).
+    `placements`: the kube run's Result also holds every pod's --placements line."""
     # The model knows device-plugin mode only: in DRA mode it gives the device-plugin figure beside it.
     modelled = configuration
     if configuration.settings.dra.enabled:
@@ -735,6 +753,7 @@ def replay_on_kube(
                     started,
                     settle_limit,
                     progress,
+                    placements,
                 )
             )
         )
@@ -811,6 +830,11 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         capacity = replay.gpu_capacity_milli(nodes)
         if capacity == 0:
             raise trace.TraceError(f"{nodes_file}: no GPU nodes")
+        if args.placements:  # a path that cannot be written is said now, not after the replays
+            try:
+                pathlib.Path(args.placements).open("w", encoding="utf-8").close()
+            except OSError as exc:
+                raise ValueError(f"--placements {args.placements}: {exc.strerror or exc}") from None
     except (ValueError, config.ConfigError) as exc:  # TraceError is a ValueError
         print(f"gpuslice-sim: {exc}", file=sys.stderr)
         return 2
@@ -845,6 +869,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                         workdir=workdir / f"{name}-{seed}",
                         gaps=gaps,
                         progress=functools.partial(_show_settled, shown),
+                        placements=bool(args.placements),
                     )
             finally:
                 if not args.kube_workdir:
@@ -858,6 +883,13 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "arrival": str(arrival),
         "mode": ",".join(args.mode),
     }
+    if args.placements:
+        try:
+            with pathlib.Path(args.placements).open("w", encoding="utf-8") as handle:
+                placements_.write(handle, ((r.kube.name, s, pods_file.name, r.kube) for s, r in runs))
+        except OSError as exc:
+            print(f"gpuslice-sim: --placements {args.placements}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps({**meta, "runs": [{"seed": s, **r.to_json()} for s, r in runs]}, indent=2))
     else:

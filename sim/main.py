@@ -111,6 +111,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--placements",
         metavar="FILE",
         help="write one JSON line per pod (outcome, node, GPUs and units granted, requested milli) to FILE; "
+        "with --scheduler kube, what the real scheduler bound and the node plugins granted; "
         "python -m gpuslice.sim.placements FILE recomputes the figures from it",
     )
     kube_replay.add_arguments(parser)
@@ -536,10 +537,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.scheduler == "kube":
-        model_only = [flag for flag, value in (("--plot", args.plot), ("--placements", args.placements)) if value]
-        if model_only:
-            # Said at once rather than ignored: the kube replay writes neither (its --json has the curves).
-            print(f"gpuslice-sim: {', '.join(model_only)}: only with --scheduler model", file=sys.stderr)
+        if args.plot:
+            # Said at once rather than ignored: the kube replay draws nothing (its --json has the curves).
+            print("gpuslice-sim: --plot: only with --scheduler model", file=sys.stderr)
             return 2
         return kube_replay.main(args, os.environ)
     problem = plot_problem(args.plot) if args.plot else None

@@ -410,26 +410,32 @@ class Cluster:
         return np.where(weights > 0, total // np.maximum(weights, 1), 0)
 
     def balanced_score(self, pod: PodRequest, nodes: np.ndarray, profile: Profile) -> np.ndarray:
-        """NodeResourcesBalancedAllocation: (1 - std of requested/allocatable fractions) * 100."""
-        fractions = []
-        present = []
+        """NodeResourcesBalancedAllocation as kube-scheduler 1.37 scores it: how much the pod changes
+        the node's balance. balance = (1 - std of the requested/allocatable fractions) x 100, truncated,
+        with and without the pod; score = 50 + (50 + with - without) / 2 in Go's integer division. A
+        pod that requests none of the resources is not scored (PreScore skips it: 0 everywhere)."""
+        fractions_with = []
+        fractions_without = []
+        asked = False
         for resource in profile.balanced_resources:
             column = self.column.get(resource)
             if column is None:
                 continue
+            asked = asked or pod.requests.get(resource, 0) > 0
             alloc = self.allocatable[nodes, column]
-            requested = self.requested[nodes, column] + pod.requests.get(resource, 0)
+            allocated = self.requested[nodes, column]
             ok = alloc > 0
-            fractions.append(np.where(ok, np.minimum(requested / np.where(ok, alloc, 1), 1.0), 0.0))
-            present.append(ok)
-        if not fractions:
+            safe = np.where(ok, alloc, 1)
+            fractions_with.append(
+                np.where(ok, np.minimum((allocated + pod.requests.get(resource, 0)) / safe, 1.0), np.nan)
+            )
+            fractions_without.append(np.where(ok, np.minimum(allocated / safe, 1.0), np.nan))
+        if not asked:
             return np.zeros(len(nodes), dtype=np.int64)
-        values = np.vstack(fractions)
-        used = np.vstack(present)
-        count = used.sum(axis=0)
-        mean = np.where(count > 0, (values * used).sum(axis=0) / np.maximum(count, 1), 0.0)
-        variance = np.where(count > 0, (((values - mean) ** 2) * used).sum(axis=0) / np.maximum(count, 1), 0.0)
-        return ((1.0 - np.sqrt(variance)) * MAX_NODE_SCORE).astype(np.int64)
+        change = _balance(np.vstack(fractions_with)) - _balance(np.vstack(fractions_without))
+        half = MAX_NODE_SCORE // 2
+        total = half + change
+        return half + np.sign(total) * (np.abs(total) // 2)  # Go's division truncates toward zero
 
     def affinity_score(self, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
         """NodeAffinity score: matched preferred weights, normalised so the best node gets 100."""
@@ -441,6 +447,21 @@ class Cluster:
                 raw += np.where(self._term_mask(term)[nodes], weight, 0)
         best = raw.max(initial=0)
         return raw * MAX_NODE_SCORE // best if best > 0 else raw
+
+
+def _balance(fractions: np.ndarray) -> np.ndarray:
+    """kube's balancedResourceScore per node (column): (1 - std of the fractions) x 100, truncated; NaN
+    marks a resource the node does not have. Two fractions: |a - b| / 2, as Go computes it."""
+    present = ~np.isnan(fractions)
+    count = present.sum(axis=0)
+    values = np.where(present, fractions, 0.0)
+    mean = values.sum(axis=0) / np.maximum(count, 1)
+    spread = np.sqrt(np.where(present, (values - mean) ** 2, 0.0).sum(axis=0) / np.maximum(count, 1))
+    if fractions.shape[0] == 2:
+        pair = np.abs(values[0] - values[1]) / 2
+        spread = np.where(count == 2, pair, spread)
+    spread = np.where(count >= 2, spread, 0.0)
+    return ((1.0 - spread) * MAX_NODE_SCORE).astype(np.int64)
 
 
 def _shape_score(utilization: np.ndarray, shape: Sequence[tuple[int, int]]) -> np.ndarray:

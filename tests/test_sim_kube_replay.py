@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import pathlib
 
 import pytest
 
 from gpuslice import config
-from gpuslice.sim import kube_replay, main, replay, trace
+from gpuslice import contract as contract_
+from gpuslice.sim import controlplane, kube_dra, kube_nodes, kube_replay, main, placements, replay, trace
 
 
 @pytest.mark.parametrize(
@@ -94,13 +96,96 @@ def test_a_bad_arrival_mode_on_the_command_line_is_an_error(capsys: pytest.Captu
     assert "--arrival must be sequential, burst or compressed:<factor>" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--plot", "--placements"])
-def test_model_only_outputs_are_refused_with_the_kube_replay(
-    flag: str, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+def test_a_plot_is_refused_with_the_kube_replay(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.main(["--scheduler", "kube", "--plot", str(tmp_path / "out.png")]) == 2
+    assert "--plot: only with --scheduler model" in capsys.readouterr().err
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_a_placements_file_that_cannot_be_written_is_said_before_the_replay(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main.main(["--scheduler", "kube", flag, str(tmp_path / "out")]) == 2
-    assert f"{flag}: only with --scheduler model" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1024,1,500\n")
+    for binary in controlplane.BINARIES:  # present, never run: the check comes first
+        (tmp_path / binary).write_text("")
+        (tmp_path / binary).chmod(0o755)
+    argv = ["--scheduler", "kube", "--kube-bin", str(tmp_path), "--nodes", str(nodes), "--pods", str(pods)]
+    target = tmp_path / "missing" / "out.jsonl"
+    assert main.main([*argv, "--placements", str(target)]) == 2
+    assert f"gpuslice-sim: --placements {target}: No such file or directory" in capsys.readouterr().err
+
+
+def _bound(name: str, units: int, contract: contract_.Contract) -> dict[str, object]:
+    """A converted pod as the bound-pods watch shows it."""
+    resources = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {contract.gpu_memory_resource: str(units)}}
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"nodeName": "t4", "containers": [{"name": "main", "resources": resources}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def test_the_kube_runs_placements_hold_what_kubelet_granted_and_recompute_its_figure() -> None:
+    # One node of two T4s (60 units of 256 MiB each). a and b: 36 units, one per GPU; c: 36 more
+    # units span the two GPUs' 24 free each, refused by Allocate; d: unschedulable; e: denied by
+    # the webhook; f: nothing seen.
+    settings = config.Config()
+    contract = settings.contract
+    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
+    fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default")  # type: ignore[arg-type]
+    outcomes = kube_replay._Outcomes(fleet)
+    arrivals = [trace.TracePod(n, 1000, 1024, 1, 600) for n in "abcdef"]
+    for name in "abc":
+        pod = _bound(name, 36, contract)
+        fleet._decide(f"default/{name}", "t4", pod, fleet._admit(f"default/{name}", "t4", fleet.sims["t4"], pod))
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
+    outcomes.on_event(
+        "ADDED", {"metadata": {"namespace": "default", "name": "d"}, "status": {"conditions": [unschedulable]}}
+    )
+    outcomes.deny("default/e", 'admission webhook "pods.gpuslice.io" denied the request: no GPU class')
+    capacity = replay.gpu_capacity_milli([node])
+    result, unaccounted, lost = kube_replay._figures(
+        "gpuslice-default", arrivals, outcomes, fleet, capacity, 1.0, 1.0, placements=True
+    )
+    assert unaccounted == ["default/f"] and lost == 1
+    records = result.placements
+    assert records is not None
+    assert [r["outcome"] for r in records] == ["placed", "placed", "refused", "unschedulable", "denied", "unaccounted"]
+    a, b, c, d, e, _ = records
+    assert a["node"] == "t4" and len(a["gpus"]) == 1 and a["gpus"][0]["uuid"] != b["gpus"][0]["uuid"]
+    assert a["gpus"][0] | {"uuid": ""} == {
+        "uuid": "",
+        "units": 36,
+        "total_units": 60,
+        "unit_mib": 256,
+        "gpu_memory_mib": 15360,
+    }
+    assert a["granted_gpus"] == pytest.approx(0.6)
+    assert c["node"] == "t4" and c["gpus"] == [] and c["message"].startswith("kubelet: ") and "span" in c["message"]
+    assert d["message"] == "0/1 nodes" and d["node"] is None
+    assert "denied the request: no GPU class" in e["message"]
+    out = io.StringIO()
+    placements.write(out, [(result.name, 42, "pods.csv", result)])
+    [figures] = placements.recompute(out.getvalue().splitlines())
+    assert figures.matches and figures.placed == 2 and figures.pods == 6
+    assert figures.gpu_allocation_ratio == pytest.approx(0.6) == pytest.approx(result.gpu_allocation_ratio)
+
+
+def test_a_dra_claims_grant_is_recorded_per_device_in_mib() -> None:
+    contract = config.Config().contract
+    node = trace.node_inventory(trace.TraceNode("t4", 64000, 262144, 2, "T4"))
+    ledger = kube_dra.DeviceLedger(contract)
+    ledger.add_slices(kube_dra.node_slices(node, contract, "t4"))
+    result = {"driver": contract.dra_driver, "pool": "t4", "device": "gpu-1", "consumedCapacity": {"memory": "9216Mi"}}
+    claim = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    pool, granted, shares = ledger.grant(claim)
+    assert (pool, granted) == ("t4", pytest.approx(0.6))
+    assert [s.to_json() for s in shares] == [
+        {"uuid": "gpu-1", "units": 9216, "total_units": 15360, "unit_mib": 1, "gpu_memory_mib": 15360}
+    ]
 
 
 def test_modes_are_device_plugin_dra_or_both_each_once() -> None:

@@ -116,9 +116,21 @@ def test_a_falling_shape_truncates_toward_zero_as_go_does() -> None:
     assert scores.tolist() == [17, 100, 0, 0]
 
 
-def test_balanced_allocation_is_one_minus_the_spread_of_the_resource_fractions() -> None:
-    # n0: cpu 0.25, memory 0.125 -> std 0.0625 -> 93; n1: 0.375, 0.625 -> std 0.125 -> 87
-    assert _cluster().balanced_score(POD, NODES, scheduler.default_profile()).tolist() == [93, 87]
+def test_balanced_allocation_scores_how_much_the_pod_changes_the_nodes_balance() -> None:
+    # kube-scheduler 1.37: balance = (1 - std of the cpu/memory fractions) x 100, truncated, with and
+    # without the pod; score = 50 + (50 + with - without) / 2.
+    # n0: without 0, 0 -> 100; with 0.25, 0.125 -> std 0.0625 -> 93; 50 + 43 / 2 = 71.
+    # n1: without 0.25, 0.5 -> 87; with 0.375, 0.625 -> 87; 50 + 50 / 2 = 75 (the older formula,
+    # the balance with the pod alone, gave [93, 87]: the other way round).
+    assert _cluster().balanced_score(POD, NODES, scheduler.default_profile()).tolist() == [71, 75]
+    # Two CPUs, no memory: n0 0.5, 0 -> 75 from 100: 50 + 25 / 2 = 62; n1 0.5, 0.5 -> 100 from 87: 81.
+    cpu_only = scheduler.read_pod(_pod(cpu="2", memory=None))
+    assert _cluster().balanced_score(cpu_only, NODES, scheduler.default_profile()).tolist() == [62, 81]
+
+
+def test_balanced_allocation_skips_a_pod_that_requests_neither_cpu_nor_memory() -> None:
+    best_effort = scheduler.read_pod(_pod(cpu=None, memory=None, gpu_units=20))
+    assert _cluster().balanced_score(best_effort, NODES, scheduler.default_profile()).tolist() == [0, 0]
 
 
 def test_preferred_affinity_is_normalised_so_the_best_node_gets_100() -> None:

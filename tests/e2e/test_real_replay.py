@@ -9,6 +9,7 @@ capacity with the replay's own protocol.
 
 from __future__ import annotations
 
+import io
 import os
 import pathlib
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from gpuslice import config
-from gpuslice.sim import controlplane, kube_replay, replay, trace
+from gpuslice.sim import controlplane, kube_replay, placements, replay, trace
 
 pytestmark = [pytest.mark.e2e]
 
@@ -83,6 +84,7 @@ def _run(tmp_path: pathlib.Path, arrival: str, *, steering: bool, dra: bool = Fa
         binaries=binaries,
         workdir=tmp_path / "k8s",
         settle_limit=180,  # a loaded CI machine: the run usually settles in seconds
+        placements=True,
     )
     left = set(_children()) - before
     assert not left, f"processes left behind: {sorted(left)}"
@@ -99,6 +101,12 @@ def _run(tmp_path: pathlib.Path, arrival: str, *, steering: bool, dra: bool = Fa
     if steering:  # without the labels nothing keeps a pod off a node it does not fit on one GPU of
         assert result.lost_pods == 0, f"{result.lost_pods} pods lost ({kube.admission_failures} refusals)"
     assert kube.placed_pods > 0
+    # --placements: the pod lines alone (node bound, units granted) give the run's reported figures.
+    lines = io.StringIO()
+    placements.write(lines, [(kube.name, SEED, "e2e", kube)])
+    [figures] = placements.recompute(lines.getvalue().splitlines())
+    assert figures.matches, figures
+    assert (figures.pods, figures.placed) == (len(arrivals), kube.placed_pods)
     return result
 
 
