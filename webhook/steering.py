@@ -21,7 +21,10 @@ Why the preferred terms look like this (docs/steering.md has the full argument):
   breaks ties and leads, but a node whose CPU is nearly exhausted can still lose to one with CPU
   left. In the trace replay, GPUs on nodes without CPU are the largest loss, and this compressed
   form allocated more than full-strength packing (docs/steering.md, "Tuning").
-- Few terms (at most 9), in a fixed order: each costs the scheduler time on every node.
+- With `steering.cpuPerGpuMilli`, two terms for the node's CPU balance (unrequested CPU less that
+  much per free GPU, published by the plugin): the CPU a GPU pod leaves should still match the
+  GPUs it leaves, or they stay idle (docs/steering.md, "CPU beside the GPUs").
+- Few terms (at most 11), in a fixed order: each costs the scheduler time on every node.
 """
 
 from __future__ import annotations
