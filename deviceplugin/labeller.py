@@ -204,6 +204,7 @@ class NodeLabeller:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._min_interval = settings.steering.label_min_interval_seconds
         self._poll = settings.steering.pod_resources_poll_seconds
+        self._cpu_per_gpu = settings.steering.cpu_per_gpu_milli
         self._units = allocation.MemoryUnits(node, self._contract.unit_mib)
         # MIG devices shared by units (migStrategy single) are down when their GPU is
         self._parent_of = {g.uuid: g.parent_uuid for g in node.gpus if g.parent_uuid}
@@ -211,7 +212,15 @@ class NodeLabeller:
         self._wake = asyncio.Event()
         # Keys this labeller owns: everything it may publish. Operator labels (`<prefix>/enabled`)
         # are never in here, so they are never removed.
-        self._owned_keys = set(labels.node_labels(node, self._contract, placement_score=0, headroom=(0, 0)))
+        self._owned_keys = set(
+            labels.node_labels(
+                node,
+                self._contract,
+                placement_score=0,
+                headroom=(0, 0),
+                cpu_per_gpu_milli=1,  # the balance labels are ours even with the setting at 0
+            )
+        )
         self._capacity_keys = labels.capacity_keys(node, self._contract)
         self.desired: dict[str, str] | None = None  # None until kubelet's record has been read
         self.written: dict[str, str] | None = None  # what the API server has, as far as we know
@@ -348,6 +357,7 @@ class NodeLabeller:
             allocated_mig=taken_mig & self._mig_ids,
             placement_score=score,
             headroom=headroom,
+            cpu_per_gpu_milli=self._cpu_per_gpu,
         )
 
     async def _headroom(self) -> tuple[int, int] | None:

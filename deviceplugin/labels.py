@@ -16,7 +16,15 @@ from collections.abc import Mapping
 from gpuslice import contract as contract_
 from gpuslice.deviceplugin import inventory
 
-__all__ = ["capacity_keys", "headroom_labels", "node_labels", "over_promises", "static_labels", "steering_labels"]
+__all__ = [
+    "capacity_keys",
+    "cpu_balance_labels",
+    "headroom_labels",
+    "node_labels",
+    "over_promises",
+    "static_labels",
+    "steering_labels",
+]
 
 
 def static_labels(node: inventory.NodeInventory, contract: contract_.Contract) -> dict[str, str]:
@@ -67,10 +75,12 @@ def node_labels(
     allocated_mig: frozenset[str] | set[str] = frozenset(),
     placement_score: int | None = None,
     headroom: tuple[int, int] | None = None,
+    cpu_per_gpu_milli: int = 0,
 ) -> dict[str, str]:
     """Every gpuslice label of a node. `allocated`: GPU UUID -> memory units in use;
     `allocated_mig`: UUIDs of MIG devices in use; `headroom`: (CPU millicores, memory MiB) of
-    the node's allocatable that its pods have not requested, when known."""
+    the node's allocatable that its pods have not requested, when known; `cpu_per_gpu_milli`
+    (`steering.cpuPerGpuMilli`, 0: none): with the headroom, the CPU balance labels."""
     allocated = allocated or {}
     units = {g.uuid: contract.units_per_gpu(g.memory_mib) for g in node.memory_gpus}
     # Clamped: a stale or foreign record must never publish negative or impossible free counts.
@@ -90,7 +100,21 @@ def node_labels(
     )
     if headroom is not None:
         labels.update(headroom_labels(contract, *headroom))
+        if cpu_per_gpu_milli > 0 and units:
+            free_gpus = sum(free[g] / n for g, n in units.items() if n)
+            labels.update(cpu_balance_labels(contract, headroom[0] - round(cpu_per_gpu_milli * free_gpus)))
     return labels
+
+
+def cpu_balance_labels(contract: contract_.Contract, balance_milli: int) -> dict[str, str]:
+    """The node's CPU beyond (or, negative, short of) what its free GPUs are expected to need, as
+    two labels, since a label value cannot be negative. A GPU pod is steered to where what it
+    leaves matches the GPUs it leaves (webhook/steering.py); both are always written, so that
+    a node's keys do not change with the sign."""
+    return {
+        contract.label_spare_cpu_milli: str(max(0, balance_milli)),
+        contract.label_short_cpu_milli: str(max(0, -balance_milli)),
+    }
 
 
 def headroom_labels(contract: contract_.Contract, free_cpu_milli: int, free_memory_mib: int) -> dict[str, str]:

@@ -119,6 +119,11 @@ class SteeringConfig:
     # Webhook: give pods that ask for no device a preference for nodes without a fully free GPU,
     # so their CPU does not strand whole GPUs (docs/steering.md, "Pods without a GPU").
     cpu_pods: bool = True
+    # CPU (millicores) one GPU's pods are expected to ask for. The plugin publishes each node's CPU
+    # beyond that per free GPU (or short of it), and the webhook prefers for a GPU pod the nodes
+    # whose CPU left after it still matches their free GPUs (docs/steering.md, "CPU beside the
+    # GPUs"). 0: neither.
+    cpu_per_gpu_milli: int = 12000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -442,6 +447,13 @@ FIELDS: tuple[Field, ...] = (
         _always_ok,
         "prefer nodes without a fully free GPU for pods that ask for no device",
     ),
+    Field(
+        "steering.cpuPerGpuMilli",
+        "steering.cpu_per_gpu_milli",
+        int,
+        _not_negative,
+        "CPU millicores expected per GPU: GPU pods prefer nodes whose CPU left matches their free GPUs (0: off)",
+    ),
     Field("monitor.enabled", "monitor.enabled", bool, _always_ok, "sample per-pod GPU memory use from NVML"),
     Field(
         "monitor.intervalSeconds",
@@ -656,7 +668,7 @@ PER_NODE_KEYS = (
 )
 _NOT_PER_NODE = (
     (
-        ("resourcePrefix", "memoryUnitMiB", "steering.enabled"),
+        ("resourcePrefix", "memoryUnitMiB", "steering.enabled", "steering.cpuPerGpuMilli"),
         "the webhook reads it too, with one value for the whole cluster",
     ),
     (

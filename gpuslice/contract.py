@@ -251,6 +251,18 @@ class Contract:
         return f"{self.prefix}/node.free-memory-mib"
 
     @functools.cached_property
+    def label_spare_cpu_milli(self) -> str:
+        """CPU (millicores) the node has unrequested beyond `steering.cpuPerGpuMilli` per free GPU
+        (free units counted in GPUs); 0 when it has less (then `label_short_cpu_milli` says how much)."""
+        return f"{self.prefix}/node.spare-cpu-milli"
+
+    @functools.cached_property
+    def label_short_cpu_milli(self) -> str:
+        """CPU (millicores) the node lacks to give `steering.cpuPerGpuMilli` to each free GPU; 0 when
+        it has that much (label values cannot be negative, so the balance is two labels)."""
+        return f"{self.prefix}/node.short-cpu-milli"
+
+    @functools.cached_property
     def label_free_gpus(self) -> str:
         """Number of GPUs of the node with every memory unit free."""
         return f"{self.prefix}/gpu.free-gpus"

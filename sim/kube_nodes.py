@@ -114,7 +114,13 @@ class Fleet:
         self.namespace = namespace
         self.trace_nodes = {n.name: n for n in nodes}
         self.sims = {
-            n.name: node_.SimNode(n.name, trace.node_inventory(n, gpu_memory_mib), self.contract, sharing=sharing)
+            n.name: node_.SimNode(
+                n.name,
+                trace.node_inventory(n, gpu_memory_mib),
+                self.contract,
+                sharing=sharing,
+                cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
+            )
             for n in nodes
         }
         self.requested = {n.name: [0, 0] for n in nodes}  # CPU milli, memory bytes of pods holding resources

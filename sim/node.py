@@ -62,9 +62,16 @@ class SimNode:
     """
 
     def __init__(
-        self, name: str, node: inventory.NodeInventory, contract: contract_.Contract, *, sharing: bool
+        self,
+        name: str,
+        node: inventory.NodeInventory,
+        contract: contract_.Contract,
+        *,
+        sharing: bool,
+        cpu_per_gpu_milli: int = 0,
     ) -> None:
         self.name = name
+        self.cpu_per_gpu_milli = cpu_per_gpu_milli  # steering.cpuPerGpuMilli: the CPU balance labels
         self.node = node
         self.contract = contract
         self.sharing = sharing
@@ -103,7 +110,12 @@ class SimNode:
         if not steering or not self.sharing:
             return labels.static_labels(self.node, self.contract)
         return labels.node_labels(
-            self.node, self.contract, allocated=self.units_in_use, allocated_mig=self.mig_in_use, headroom=headroom
+            self.node,
+            self.contract,
+            allocated=self.units_in_use,
+            allocated_mig=self.mig_in_use,
+            headroom=headroom,
+            cpu_per_gpu_milli=self.cpu_per_gpu_milli,
         )
 
     def _resource_devices(self, resource: str) -> devicemanager.ResourceDevices:

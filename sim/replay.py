@@ -247,7 +247,13 @@ def replay(
     contract = settings.contract
     steering = settings.steering.enabled and configuration.sharing
     sim_nodes = [
-        node_.SimNode(n.name, trace.node_inventory(n, gpu_memory_mib), contract, sharing=configuration.sharing)
+        node_.SimNode(
+            n.name,
+            trace.node_inventory(n, gpu_memory_mib),
+            contract,
+            sharing=configuration.sharing,
+            cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
+        )
         for n in nodes
     ]
     node_labels = [

@@ -380,3 +380,109 @@ def test_changing_the_returned_lists_does_not_change_the_next_answer():
     cpu_terms = steering.cpu_pod_preferences(CONTRACT)
     cpu_terms.pop()
     assert len(steering.cpu_pod_preferences(CONTRACT)) == 2
+
+
+# --- CPU beside the GPUs (steering.cpuPerGpuMilli) ----------------------------------------------
+
+PER_GPU = 12000  # millicores expected per GPU
+
+
+def with_headroom(*allocated: int, cpu_milli: int) -> dict[str, str]:
+    node = node_of(*allocated)
+    in_use = {f"GPU-{i:04d}": a for i, a in enumerate(allocated)}
+    return labels.node_labels(
+        node, CONTRACT, allocated=in_use, headroom=(cpu_milli, 100_000), cpu_per_gpu_milli=PER_GPU
+    )
+
+
+def balance_of(node_labels: dict[str, str]) -> int:
+    return int(node_labels[CONTRACT.label_spare_cpu_milli]) - int(node_labels[CONTRACT.label_short_cpu_milli])
+
+
+@pytest.mark.parametrize(
+    ("allocated", "cpu_milli", "spare", "short"),
+    [
+        ((0, 0), 40000, 16000, 0),  # two free GPUs reserve 24 cores, 16 beyond them
+        ((U // 2, U), 2000, 0, 4000),  # half a GPU free: 6 cores reserved, 2 left
+        ((U, U), 5000, 5000, 0),  # nothing free: every core is spare
+    ],
+    ids=["spare", "short", "full"],
+)
+def test_the_plugin_publishes_the_cpu_beyond_or_short_of_its_free_gpus(allocated, cpu_milli, spare, short):
+    published = with_headroom(*allocated, cpu_milli=cpu_milli)
+    assert published[CONTRACT.label_spare_cpu_milli] == str(spare)
+    assert published[CONTRACT.label_short_cpu_milli] == str(short)
+
+
+def test_no_balance_labels_without_the_setting_or_the_headroom():
+    node = node_of(0, 0)
+    keys = {CONTRACT.label_spare_cpu_milli, CONTRACT.label_short_cpu_milli}
+    assert not keys & set(labels.node_labels(node, CONTRACT, headroom=(40000, 1000)))
+    assert not keys & set(labels.node_labels(node, CONTRACT, cpu_per_gpu_milli=PER_GPU))
+
+
+def cpu_share(fraction: float, cpu_milli: int, **kwargs: Any) -> steering.Request:
+    return dataclasses.replace(share(fraction), cpu_milli=cpu_milli, cpu_per_gpu_milli=PER_GPU, **kwargs)
+
+
+@pytest.mark.parametrize("cpu_milli", [0, 1000, 6000, 9000, 20000, 40000])
+def test_the_balance_terms_match_exactly_the_nodes_within_their_range(cpu_milli):
+    """Nodes whose balance b is within a quarter GPU's CPU of the pod's need score both terms,
+    within one GPU's CPU the near one only, further none, on both sides of 0 (two labels)."""
+    _, preferred = steering.placement_affinity(cpu_share(0.5, cpu_milli), CONTRACT)
+    balance_terms = preferred[-2:]
+    need = cpu_milli - PER_GPU // 2
+    for b in range(-30000, 50001, 500):
+        node_labels = labels.cpu_balance_labels(CONTRACT, b)
+        expected = (abs(b - need) <= PER_GPU // 4) * steering.WEIGHTS.cpu_balance_close + (
+            abs(b - need) <= PER_GPU
+        ) * steering.WEIGHTS.cpu_balance_near
+        assert preference(balance_terms, node_labels) == expected, b
+
+
+def test_a_cpu_hungry_pod_goes_where_cpu_is_spare_and_a_frugal_one_where_it_is_short():
+    rich = with_headroom(U // 2, 0, cpu_milli=60000)  # b = 60 - 18 = 42 cores
+    poor = with_headroom(U // 2, 0, cpu_milli=16000)  # b = 16 - 18 = -2 cores
+    assert balance_of(rich) == 42000 and balance_of(poor) == -2000
+    _, hungry = steering.placement_affinity(cpu_share(0.5, 40000), CONTRACT)
+    _, frugal = steering.placement_affinity(cpu_share(0.5, 2000), CONTRACT)
+    assert preference(hungry, rich) > preference(hungry, poor)
+    assert preference(frugal, poor) > preference(frugal, rich)
+
+
+def test_the_balance_does_not_draw_a_small_pod_to_a_whole_largest_node():
+    whole = with_headroom(*[0] * 8, cpu_milli=8 * PER_GPU)  # b = 0: what a pod asking 12 cores per GPU leaves
+    _, preferred = steering.placement_affinity(
+        steering.Request(
+            units=U, whole_gpus=True, largest_node_gpus=8, cpu_milli=PER_GPU, cpu_per_gpu_milli=PER_GPU
+        ),
+        CONTRACT,
+    )
+    assert preference(preferred[-2:], whole) == 0
+    assert preference(preferred[-2:], with_headroom(U, *[0] * 7, cpu_milli=7 * PER_GPU)) > 0
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        share(0.5),  # no CPU request known
+        dataclasses.replace(share(0.5), cpu_milli=4000),  # the setting at 0
+        steering.Request(units=40, cpu_milli=4000, cpu_per_gpu_milli=PER_GPU),  # GPU size unknown
+        steering.Request(mig_profile="1g.10gb", cpu_milli=4000, cpu_per_gpu_milli=PER_GPU),
+    ],
+    ids=["no-cpu", "setting-off", "size-unknown", "mig"],
+)
+def test_no_balance_terms_where_the_balance_cannot_be_judged(request_):
+    _, preferred = steering.placement_affinity(request_, CONTRACT)
+    keys = {e["key"] for t in preferred for e in t["preference"]["matchExpressions"]}
+    assert not keys & {CONTRACT.label_spare_cpu_milli, CONTRACT.label_short_cpu_milli}
+
+
+@pytest.mark.parametrize("version", ["1.29.0", "1.35.0"])
+def test_the_balance_terms_are_a_valid_pod_node_affinity(version):
+    required, preferred = steering.placement_affinity(cpu_share(0.5, 40000), CONTRACT)
+    node_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": required}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+    }
+    kubernetes_validate.validate(pod_with(node_affinity), version, strict=True)

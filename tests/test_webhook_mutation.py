@@ -18,7 +18,7 @@ import yaml
 from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
 from gpuslice.deviceplugin import nodefile
-from gpuslice.webhook import cluster, conversions, mutation, patches, steering
+from gpuslice.webhook import cluster, conversions, mutation, patches, pods, steering
 from gpuslice.webhook import decision as decision_
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -368,7 +368,14 @@ def test_required_expressions_are_anded_into_every_existing_term_and_preferred_t
     _, pod = convert(deployment_pod({"gpu-fraction": "0.5"}, affinity=copy.deepcopy(affinity)))
     units = int(units_of(pod)["limits"][GPU_MEMORY])
     steer_required, steer_preferred = steering.placement_affinity(
-        steering.Request(units=units, units_per_gpu=CONTRACT.units_per_gpu(H200_MIB), largest_node_gpus=8), CONTRACT
+        steering.Request(
+            units=units,
+            units_per_gpu=CONTRACT.units_per_gpu(H200_MIB),
+            largest_node_gpus=8,
+            cpu_milli=pods.requests(pod["spec"])[0],
+            cpu_per_gpu_milli=config.SteeringConfig().cpu_per_gpu_milli,
+        ),
+        CONTRACT,
     )
     terms = required_terms(pod)
     assert [t["matchExpressions"][0] for t in terms] == [zone, pool]

@@ -34,7 +34,7 @@ def convert(
     if share.mig:
         return _mig(share, spec, products, base, settings, cluster)
     if share.memory_mib is not None:
-        return _memory(share, share.memory_mib, products, base, settings, cluster)
+        return _memory(share, share.memory_mib, spec, products, base, settings, cluster)
     assert share.fraction is not None
     return _fraction(share, share.fraction, spec, products, base, settings, cluster)
 
@@ -63,7 +63,12 @@ def _fraction(
         **choice.notes,
     }
     request = steering.Request(
-        units=units, units_per_gpu=per_gpu, whole_gpus=fraction == 1, largest_node_gpus=choice.largest_node_gpus
+        units=units,
+        units_per_gpu=per_gpu,
+        whole_gpus=fraction == 1,
+        largest_node_gpus=choice.largest_node_gpus,
+        cpu_milli=demand.cpu_milli,
+        cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
     )
     return conversions.Conversion(
         conversions.KIND_FRACTION, resource, {(share.field, share.index): units}, decision, choice.required, request
@@ -73,6 +78,7 @@ def _fraction(
 def _memory(
     share: annotations_.Share,
     mib: int,
+    spec: Mapping[str, Any],
     products: frozenset[str] | None,
     base: dict[str, Any],
     settings: config.Config,
@@ -90,7 +96,13 @@ def _memory(
         "requestedMiB": mib,
         **notes,
     }
-    request = steering.Request(units=units, units_per_gpu=per_gpu, largest_node_gpus=largest)
+    request = steering.Request(
+        units=units,
+        units_per_gpu=per_gpu,
+        largest_node_gpus=largest,
+        cpu_milli=pods.requests(spec)[0],
+        cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
+    )
     return conversions.Conversion(
         conversions.KIND_MEMORY, resource, {(share.field, share.index): units}, decision, required, request
     )

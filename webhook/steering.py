@@ -21,7 +21,10 @@ Why the preferred terms look like this (docs/steering.md has the full argument):
   breaks ties and leads, but a node whose CPU is nearly exhausted can still lose to one with CPU
   left. In the trace replay, GPUs on nodes without CPU are the largest loss, and this compressed
   form allocated more than full-strength packing (docs/steering.md, "Tuning").
-- Few terms (at most 9), in a fixed order: each costs the scheduler time on every node.
+- With `steering.cpuPerGpuMilli`, two terms for the node's CPU balance (unrequested CPU less that
+  much per free GPU, published by the plugin): the CPU a GPU pod leaves should still match the
+  GPUs it leaves, or they stay idle (docs/steering.md, "CPU beside the GPUs").
+- Few terms (at most 11), in a fixed order: each costs the scheduler time on every node.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Request:
     mig_profile: str | None = None  # resource-form profile for MIG isolation
     units_per_gpu: int = 0  # units of one GPU of the class the pod is pinned to (0: unknown)
     largest_node_gpus: int = 0  # GPUs of the largest node of the pod's class(es) (0: unknown)
+    cpu_milli: int = -1  # the pod's CPU request (-1: not considered)
+    cpu_per_gpu_milli: int = 0  # steering.cpuPerGpuMilli: CPU expected per GPU (0: no CPU balance terms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +74,13 @@ class Weights:
     # A pod smaller than the largest node of its class: not on such a node while it is entirely
     # free (the largest multi-GPU pods need whole free nodes; FGD protects them the same way).
     keep_whole_node: int = 30
+    # CPU beside the GPUs: the node's CPU left after the pod matches its free GPUs (the node's
+    # balance label lands within a quarter of `cpuPerGpuMilli` of the pod's need, or within one;
+    # the ranges nest, so a close match scores both, 22). As large as the GPU fit grades on purpose:
+    # where CPU is what strands GPUs (the trace), a node left with CPU for its free GPUs may win
+    # over a tighter GPU fit.
+    cpu_balance_close: int = 15
+    cpu_balance_near: int = 7
     # MIG: the last free slices of the profile on the node go first.
     last_mig: int = 30
     few_mig: int = 15
@@ -100,8 +112,11 @@ def placement_affinity(
     preferred terms are appended to preferredDuringSchedulingIgnoredDuringExecution. The lists
     are the caller's; the terms in them are shared between calls and must not be changed.
     """
+    balance = _cpu_balance(request, contract)
+    if balance:
+        request = dataclasses.replace(request, cpu_milli=-1)  # the cached part does not depend on it
     required, preferred = _placement_terms(request, contract)
-    return list(required), list(preferred)
+    return list(required), [*preferred, *balance]
 
 
 # Built once per distinct request: the terms depend only on it and the contract, and the pods of
@@ -176,6 +191,49 @@ def _keep_whole_nodes(gpus: int, largest_node_gpus: int, contract: contract_.Con
     if largest_node_gpus <= gpus:
         return []
     return [_term(WEIGHTS.keep_whole_node, _lt(contract.label_free_gpus, largest_node_gpus))]
+
+
+def _cpu_balance(request: Request, contract: contract_.Contract) -> list[dict[str, Any]]:
+    """Terms for the nodes where the CPU the pod leaves matches the GPUs it leaves free.
+
+    The plugin publishes each node's balance b = unrequested CPU - cpuPerGpuMilli x free GPUs
+    (free units counted in GPUs) as two labels, spare = max(b, 0) and short = max(-b, 0). A pod
+    taking g GPUs and c millicores moves b by need = c - cpuPerGpuMilli x g; after it, b is
+    nearest 0 on the nodes where b was nearest `need`. A pod hungry for CPU thus goes where CPU is
+    in excess (it would strand GPUs where CPU is short), a frugal one where CPU is short (it would
+    leave CPU nothing can use where CPU is plentiful), and neither leaves a node's remaining GPUs
+    without the CPU their pods will ask for: GPUs on a node whose CPU is gone stay idle for good,
+    the largest loss in the trace replays (docs/steering.md, "CPU beside the GPUs")."""
+    per_gpu = request.cpu_per_gpu_milli
+    if per_gpu <= 0 or request.cpu_milli < 0 or request.mig_profile:
+        return []
+    if request.whole_gpus:
+        gpus: float = request.gpus
+    elif request.units_per_gpu > 0:
+        gpus = request.units / request.units_per_gpu
+    else:  # a gpu-memory share that several GPU sizes fit: its share of a GPU is not known
+        return []
+    need = request.cpu_milli - round(per_gpu * gpus)
+    # Not on a largest node with every GPU free, for a pod smaller than one: the balance must not
+    # undo what keeping whole nodes free does (on such a node b is about 0, which matches the
+    # many pods asking about cpuPerGpuMilli per GPU).
+    keep = [_lt(contract.label_free_gpus, request.largest_node_gpus)] if request.largest_node_gpus > gpus else []
+    return [
+        _term(WEIGHTS.cpu_balance_close, *_balance_within(need, per_gpu // 4, contract), *keep),
+        _term(WEIGHTS.cpu_balance_near, *_balance_within(need, per_gpu, contract), *keep),
+    ]
+
+
+@functools.lru_cache(maxsize=4096)
+def _balance_within(need: int, slack: int, contract: contract_.Contract) -> tuple[dict[str, Any], ...]:
+    """Expressions matching a node whose balance b (spare - short) is within `slack` of `need`."""
+    low, high = need - slack, need + slack
+    spare, short = contract.label_spare_cpu_milli, contract.label_short_cpu_milli
+    if low > 0:  # b > 0: short is 0, spare is b
+        return _gt(spare, low - 1), _lt(spare, high + 1)
+    if high < 0:  # b < 0: spare is 0, short is -b
+        return _gt(short, -high - 1), _lt(short, -low + 1)
+    return _lt(spare, high + 1), _lt(short, -low + 1)
 
 
 def _mig(profile: str, contract: contract_.Contract) -> tuple[list, list]:

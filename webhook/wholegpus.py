@@ -54,7 +54,13 @@ def convert(
         **choice.notes,
     }
     request = steering.Request(
-        units=per_gpu, gpus=gpus, whole_gpus=True, units_per_gpu=per_gpu, largest_node_gpus=choice.largest_node_gpus
+        units=per_gpu,
+        gpus=gpus,
+        whole_gpus=True,
+        units_per_gpu=per_gpu,
+        largest_node_gpus=choice.largest_node_gpus,
+        cpu_milli=demand.cpu_milli,
+        cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
     )
     return conversions.Conversion(
         conversions.KIND_WHOLE_GPUS, resource, container_units, decision, choice.required, request
