@@ -96,12 +96,16 @@ def _memory(
         "requestedMiB": mib,
         **notes,
     }
+    per_gpu_cpu = settings.steering.cpu_per_gpu_milli
+    # The CPU balance terms need the share of one GPU, unknown when GPUs of several sizes fit:
+    # then the requests are not read (steering._cpu_balance).
+    cpu_milli = pods.requests(spec)[0] if per_gpu > 0 and per_gpu_cpu > 0 else -1
     request = steering.Request(
         units=units,
         units_per_gpu=per_gpu,
         largest_node_gpus=largest,
-        cpu_milli=pods.requests(spec)[0],
-        cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
+        cpu_milli=cpu_milli,
+        cpu_per_gpu_milli=per_gpu_cpu,
     )
     return conversions.Conversion(
         conversions.KIND_MEMORY, resource, {(share.field, share.index): units}, decision, required, request

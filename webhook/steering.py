@@ -48,7 +48,10 @@ class Request:
     mig_profile: str | None = None  # resource-form profile for MIG isolation
     units_per_gpu: int = 0  # units of one GPU of the class the pod is pinned to (0: unknown)
     largest_node_gpus: int = 0  # GPUs of the largest node of the pod's class(es) (0: unknown)
-    cpu_milli: int = -1  # the pod's CPU request (-1: not considered)
+    # The pod's CPU request (-1: not considered). Read by the CPU balance terms only, which are
+    # built per pod; not part of the request's identity, so the cached terms are shared by pods
+    # of any CPU request.
+    cpu_milli: int = dataclasses.field(default=-1, compare=False)
     cpu_per_gpu_milli: int = 0  # steering.cpuPerGpuMilli: CPU expected per GPU (0: no CPU balance terms)
 
 
@@ -112,11 +115,8 @@ def placement_affinity(
     preferred terms are appended to preferredDuringSchedulingIgnoredDuringExecution. The lists
     are the caller's; the terms in them are shared between calls and must not be changed.
     """
-    balance = _cpu_balance(request, contract)
-    if balance:
-        request = dataclasses.replace(request, cpu_milli=-1)  # the cached part does not depend on it
-    required, preferred = _placement_terms(request, contract)
-    return list(required), [*preferred, *balance]
+    required, preferred = _placement_terms(request, contract)  # cached: cpu_milli is not compared
+    return list(required), [*preferred, *_cpu_balance(request, contract)]
 
 
 # Built once per distinct request: the terms depend only on it and the contract, and the pods of
@@ -218,17 +218,19 @@ def _cpu_balance(request: Request, contract: contract_.Contract) -> list[dict[st
     # undo what keeping whole nodes free does (on such a node b is about 0, which matches the
     # many pods asking about cpuPerGpuMilli per GPU).
     keep = [_lt(contract.label_free_gpus, request.largest_node_gpus)] if request.largest_node_gpus > gpus else []
+    spare, short = contract.label_spare_cpu_milli, contract.label_short_cpu_milli
     return [
-        _term(WEIGHTS.cpu_balance_close, *_balance_within(need, per_gpu // 4, contract), *keep),
-        _term(WEIGHTS.cpu_balance_near, *_balance_within(need, per_gpu, contract), *keep),
+        _term(WEIGHTS.cpu_balance_close, *_balance_within(need, per_gpu // 4, spare, short), *keep),
+        _term(WEIGHTS.cpu_balance_near, *_balance_within(need, per_gpu, spare, short), *keep),
     ]
 
 
+# Keyed by the label names, not the contract: hashing a frozen dataclass costs a Python call.
 @functools.lru_cache(maxsize=4096)
-def _balance_within(need: int, slack: int, contract: contract_.Contract) -> tuple[dict[str, Any], ...]:
-    """Expressions matching a node whose balance b (spare - short) is within `slack` of `need`."""
+def _balance_within(need: int, slack: int, spare: str, short: str) -> tuple[dict[str, Any], ...]:
+    """Expressions matching a node whose balance b (`spare` label - `short` label) is within
+    `slack` of `need`."""
     low, high = need - slack, need + slack
-    spare, short = contract.label_spare_cpu_milli, contract.label_short_cpu_milli
     if low > 0:  # b > 0: short is 0, spare is b
         return _gt(spare, low - 1), _lt(spare, high + 1)
     if high < 0:  # b < 0: spare is 0, short is -b
