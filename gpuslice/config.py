@@ -285,6 +285,15 @@ def _not_negative(value: Any) -> str | None:
     return None if value >= 0 else "must be 0 or more"
 
 
+def _cpu_per_gpu(value: Any) -> str | None:
+    # A node's balance label is its free CPU less this per free GPU: beyond a thousand cores per
+    # GPU it is a typo, and such values would no longer fit the labels' and terms' 64-bit numbers.
+    return None if 0 <= value <= MAX_CPU_PER_GPU_MILLI else f"must be 0 to {MAX_CPU_PER_GPU_MILLI}"
+
+
+MAX_CPU_PER_GPU_MILLI = 1_000_000
+
+
 def _reserved_domain(prefix: str) -> str | None:
     """The Kubernetes domain `prefix` falls in, if any. Kubelet reads any resource name containing
     "kubernetes.io/" as native and refuses to advertise it (so "examplekubernetes.io" too), and
@@ -451,7 +460,7 @@ FIELDS: tuple[Field, ...] = (
         "steering.cpuPerGpuMilli",
         "steering.cpu_per_gpu_milli",
         int,
-        _not_negative,
+        _cpu_per_gpu,
         "CPU millicores expected per GPU: GPU pods prefer nodes whose CPU left matches their free GPUs (0: off)",
     ),
     Field("monitor.enabled", "monitor.enabled", bool, _always_ok, "sample per-pod GPU memory use from NVML"),

@@ -92,8 +92,17 @@ def test_bad_files_fail_at_start_up_naming_key_and_value(tmp_path, text, message
         ("example..com", "must be a DNS subdomain"),
         ("a" * 251 + ".io", "must be a DNS subdomain"),  # 254 characters
     ],
-    ids=["kubernetes-io", "kubernetes-io-subdomain", "kubernetes-io-suffix", "k8s-io", "k8s-io-subdomain",
-         "quota-prefix", "leading-dash", "empty-label", "too-long"],
+    ids=[
+        "kubernetes-io",
+        "kubernetes-io-subdomain",
+        "kubernetes-io-suffix",
+        "k8s-io",
+        "k8s-io-subdomain",
+        "quota-prefix",
+        "leading-dash",
+        "empty-label",
+        "too-long",
+    ],
 )
 def test_resource_prefixes_kubelet_would_refuse_are_refused_at_start(prefix, message):
     with pytest.raises(config.ConfigError, match="resourcePrefix") as err:
@@ -189,3 +198,12 @@ def test_converted_pod_tolerations_default_to_the_gpu_taint_and_come_from_yaml_o
 def test_bad_tolerations_are_refused_at_start_up_with_the_reason(value, message):
     with pytest.raises(config.ConfigError, match=f"convertedPodTolerations: .*{message}"):
         config.load(environ={"GPUSLICE_CONVERTED_POD_TOLERATIONS": value})
+
+
+def test_cpu_per_gpu_is_bounded_with_the_range_said():
+    assert config.load(overrides={"steering.cpuPerGpuMilli": 0}, environ={}).steering.cpu_per_gpu_milli == 0
+    for bad in (-1, config.MAX_CPU_PER_GPU_MILLI + 1):
+        with pytest.raises(
+            config.ConfigError, match=f"steering.cpuPerGpuMilli: must be 0 to {config.MAX_CPU_PER_GPU_MILLI}"
+        ):
+            config.load(overrides={"steering.cpuPerGpuMilli": bad}, environ={})

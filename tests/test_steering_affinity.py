@@ -486,3 +486,11 @@ def test_the_balance_terms_are_a_valid_pod_node_affinity(version):
         "preferredDuringSchedulingIgnoredDuringExecution": preferred,
     }
     kubernetes_validate.validate(pod_with(node_affinity), version, strict=True)
+
+
+def test_an_absurd_cpu_request_gets_no_balance_terms_rather_than_values_beyond_int64():
+    absurd = cpu_share(0.5, 2**63 * 1000)  # what a request of 2**63 cores reads as
+    _, preferred = steering.placement_affinity(absurd, CONTRACT)
+    _, plain = steering.placement_affinity(dataclasses.replace(absurd, cpu_per_gpu_milli=0), CONTRACT)
+    _, sane = steering.placement_affinity(cpu_share(0.5, 4000), CONTRACT)
+    assert preferred == plain and len(sane) == len(plain) + 2

@@ -214,6 +214,8 @@ def _cpu_balance(request: Request, contract: contract_.Contract) -> list[dict[st
     else:  # a gpu-memory share that several GPU sizes fit: its share of a GPU is not known
         return []
     need = request.cpu_milli - round(per_gpu * gpus)
+    if abs(need) > _MAX_BALANCE_MILLI:  # an absurd request (the API server refuses it): no terms,
+        return []  # rather than Gt/Lt values beyond the int64 the API server reads them as
     # Not on a largest node with every GPU free, for a pod smaller than one: the balance must not
     # undo what keeping whole nodes free does (on such a node b is about 0, which matches the
     # many pods asking about cpuPerGpuMilli per GPU).
@@ -224,6 +226,8 @@ def _cpu_balance(request: Request, contract: contract_.Contract) -> list[dict[st
         _term(WEIGHTS.cpu_balance_near, *_balance_within(need, per_gpu, spare, short), *keep),
     ]
 
+
+_MAX_BALANCE_MILLI = 10**15  # a million times the largest node's CPU; far inside int64 with the slack
 
 # Keyed by the label names, not the contract: hashing a frozen dataclass costs a Python call.
 @functools.lru_cache(maxsize=4096)
