@@ -556,6 +556,7 @@ def _figures(
     admission_reasons: collections.Counter[str] = collections.Counter()
     unaccounted = []
     records: list[dict[str, Any]] | None = [] if placements else None
+    line: dict[str, Any]  # placement_record's arguments for the pod's outcome
     for i, pod in enumerate(arrivals):
         key = f"{NAMESPACE}/{pod.name}"
         arrived += pod.gpu_demand_milli
@@ -564,25 +565,28 @@ def _figures(
             placed += 1
             requested += pod.gpu_demand_milli
             granted += decision.granted
-            record = replay.placement_record(
-                pod, "placed", node=decision.node, shares=decision.shares, granted_gpus=decision.granted
-            )
+            line = {
+                "outcome": "placed",
+                "node": decision.node,
+                "shares": decision.shares,
+                "granted_gpus": decision.granted,
+            }
         elif key in outcomes.unschedulable:  # waiting (a requeued pod too, once the scheduler gave up)
             failed += 1
             failure_reasons[outcomes.unschedulable[key][:160]] += 1
-            record = replay.placement_record(pod, "unschedulable", message=outcomes.unschedulable[key])
+            line = {"outcome": "unschedulable", "message": outcomes.unschedulable[key]}
         elif decision is not None:  # refused, and not recreated (or refused every time): lost
             lost += 1
             admission_reasons[replay._reason_kind(decision.message)] += 1
-            record = replay.placement_record(pod, "refused", node=decision.node, message=f"kubelet: {decision.message}")
+            line = {"outcome": "refused", "node": decision.node, "message": f"kubelet: {decision.message}"}
         elif key in outcomes.denied:
             denied += 1
-            record = replay.placement_record(pod, "denied", message=outcomes.denied[key])
+            line = {"outcome": "denied", "message": outcomes.denied[key]}
         else:
             unaccounted.append(key)
-            record = replay.placement_record(pod, "unaccounted", message="no outcome seen")
-        if records is not None:
-            records.append(record)
+            line = {"outcome": "unaccounted", "message": "no outcome seen"}
+        if records is not None:  # the line is built only when asked for (its GPUs as JSON)
+            records.append(replay.placement_record(pod, **line))
         arrived_after[i] = arrived
         requested_after[i] = requested
         granted_after[i] = granted

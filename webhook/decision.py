@@ -56,11 +56,7 @@ def patch_ops(
         short = {k: decision[k] for k in _ESSENTIALS if k in decision}
         text = orjson.dumps({**short, "truncated": True}, option=orjson.OPT_SORT_KEYS).decode()
     annotations = metadata.get("annotations") or {}
-    ours = len(key.encode()) + len(text.encode())
-    # A character is at most 4 bytes in UTF-8: most pods' annotations are far from the limit, and
-    # counting characters spares encoding every one of them.
-    near = 4 * sum(len(k) + len(v) if isinstance(v, str) else len(str(v)) for k, v in annotations.items())
-    if near + ours > TOTAL_ANNOTATION_BYTES and _size(annotations, key) + ours > TOTAL_ANNOTATION_BYTES:
+    if _size(annotations, key) + len(key.encode()) + len(text.encode()) > TOTAL_ANNOTATION_BYTES:
         return [], [f"gpuslice: annotation {key} left out: the pod's annotations are near the 256 KiB limit"]
     if annotations:
         return [{"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": text}], []

@@ -76,8 +76,8 @@ class _Answer:
 
 @dataclasses.dataclass
 class _Remembered:
-    """The answers to one body (or field key) at one generation of the view, by what its decisions
-    came to."""
+    """The answers to one body (or field key) at one shape of the view (`generation`:
+    `ClusterView.shape_generation`), by what its decisions came to."""
 
     head: bytes  # the body up to its uid's value (for a field key: the key)
     tail: bytes  # ... and after it
