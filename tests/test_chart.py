@@ -513,12 +513,17 @@ def test_webhook_may_only_read_nodes_and_requeue_pods_and_the_plugin_only_label_
     assert rules_of(manifests, "webhook") == [
         read_nodes,
         # config.requeue (on by default): recreate refused converted pods, with an Event on each
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete", "create"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete", "create"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
+    # ... and its journal: ConfigMaps in its own namespace only (webhook/requeue_journal.py)
+    journal = manifests.named("Role", "gpuslice-webhook-requeue-journal")
+    assert journal["metadata"]["namespace"] == chartkit.NAMESPACE
+    assert journal["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "create", "delete"]}]
     without = chartkit.render(
         chartkit.merged(chartkit.COMBINATIONS["defaults"], {"config": {"requeue": {"enabled": False}}})
     )
+    assert not [r for r in without.all("Role") if r["metadata"]["name"].endswith("-requeue-journal")]
     # Without the requeuer it still watches pending pods: promises of pods nobody can place go back.
     assert rules_of(without, "webhook") == [
         read_nodes,

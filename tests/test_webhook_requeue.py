@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import datetime
 from typing import Any
 
+import kubernetes
 import prometheus_client
 import pytest
 
@@ -101,32 +103,197 @@ def test_a_replacement_is_gated_for_the_pacer_only_while_pacing() -> None:
 
 
 class _Api:
-    """Records what the requeuer deletes and creates (kube-apiserver's side is in tests/e2e)."""
+    """kube-apiserver's side of what the requeuer calls, in memory: pods and ConfigMaps by name
+    (a create of a taken name is 409, a delete of a missing one 404, a delete whose UID
+    precondition fails 409), every call recorded in order. Against the real API server:
+    tests/e2e/test_real_burst.py."""
 
-    def __init__(self) -> None:
+    def __init__(self, pods: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+        self.pods: dict[tuple[str, str], Any] = {}
+        for pod in pods:
+            self._put_pod(pod["metadata"]["namespace"], pod)
+        self.config_maps: dict[tuple[str, str], Any] = {}
+        self.calls: list[str] = []
         self.created: list[dict[str, Any]] = []
+        self.refuse_creates: int | None = None  # an HTTP status every pod create answers
+
+    def _put_pod(self, namespace: str, body: dict[str, Any]) -> Any:
+        metadata = body["metadata"]
+        uid = metadata.get("uid") or f"uid-{len(self.calls)}"
+        self.pods[(namespace, metadata["name"])] = kubernetes.client.V1Pod(
+            metadata=kubernetes.client.V1ObjectMeta(
+                name=metadata["name"],
+                namespace=namespace,
+                uid=uid,
+                deletion_timestamp=metadata.get("deletionTimestamp"),
+            )
+        )
+        return self.pods[(namespace, metadata["name"])]
 
     def delete_namespaced_pod(self, name: str, namespace: str, body: Any) -> None:
-        pass
+        self.calls.append(f"delete pod {name}")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise kubernetes.client.ApiException(status=404)
+        if body.preconditions.uid != pod.metadata.uid:
+            raise kubernetes.client.ApiException(status=409)
+        del self.pods[(namespace, name)]
 
-    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
+    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> Any:
+        self.calls.append(f"create pod {body['metadata']['name']}")
+        if self.refuse_creates is not None:
+            raise kubernetes.client.ApiException(status=self.refuse_creates)
+        if (namespace, body["metadata"]["name"]) in self.pods:
+            raise kubernetes.client.ApiException(status=409)
         self.created.append(body)
+        return self._put_pod(namespace, copy.deepcopy(body))
+
+    def read_namespaced_pod(self, name: str, namespace: str) -> Any:
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise kubernetes.client.ApiException(status=404)
+        return pod
 
     def create_namespaced_event(self, namespace: str, body: Any) -> None:
         pass
 
+    def create_namespaced_config_map(self, namespace: str, body: Any) -> None:
+        self.calls.append(f"create configmap {body.metadata.name}")
+        key = (namespace, body.metadata.name)
+        if key in self.config_maps:
+            raise kubernetes.client.ApiException(status=409)
+        body.metadata.creation_timestamp = datetime.datetime.now(datetime.UTC)
+        self.config_maps[key] = body
 
-@pytest.mark.parametrize("alive", [True, False])
-def test_the_requeuer_gates_its_replacement_while_a_pacer_is_alive(alive: bool) -> None:
+    def delete_namespaced_config_map(self, name: str, namespace: str) -> None:
+        self.calls.append(f"delete configmap {name}")
+        if self.config_maps.pop((namespace, name), None) is None:
+            raise kubernetes.client.ApiException(status=404)
+
+    def list_namespaced_config_map(self, namespace: str, label_selector: str) -> Any:
+        items = [
+            c for (ns, _), c in self.config_maps.items() if ns == namespace and label_selector in c.metadata.labels
+        ]
+        return kubernetes.client.V1ConfigMapList(items=items)
+
+
+def _requeuer(api: _Api, **options: Any) -> requeue.Requeuer:
     settings = config.Config()
     settings = dataclasses.replace(settings, requeue=dataclasses.replace(settings.requeue, backoff_seconds=0.0))
-    api = _Api()
-    requeuer = requeue.Requeuer(
+    return requeue.Requeuer(
         api,  # type: ignore[arg-type]
         settings,
         registry=prometheus_client.CollectorRegistry(),
-        paced=lambda: alive,
+        namespace="gpuslice-system",
+        **options,
     )
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_the_requeuer_gates_its_replacement_while_a_pacer_is_alive(alive: bool) -> None:
+    api = _Api([refused_pod()])
+    requeuer = _requeuer(api, paced=lambda: alive)
     asyncio.run(requeuer._requeue(refused_pod()))
     (created,) = api.created
     assert ("schedulingGates" in created["spec"]) is alive
+
+
+ENTRY = f"gpuslice-requeue-{refused_pod()['metadata']['uid']}"
+
+
+def _count(requeuer: requeue.Requeuer, result: str) -> float:
+    return requeuer._requeued.labels(result)._value.get()
+
+
+def test_the_replacement_is_written_down_before_the_delete_and_forgotten_once_it_exists() -> None:
+    api = _Api([refused_pod()])
+    requeuer = _requeuer(api)
+    asyncio.run(requeuer._requeue(refused_pod()))
+    assert api.calls == [
+        f"create configmap {ENTRY}",
+        "delete pod train",
+        "create pod train",
+        f"delete configmap {ENTRY}",
+    ]
+    assert api.config_maps == {} and [p["metadata"]["name"] for p in api.created] == ["train"]
+    assert _count(requeuer, "requeued") == 1
+
+
+def test_a_replica_that_finds_the_entry_written_leaves_the_pod_to_the_one_that_wrote_it() -> None:
+    api = _Api([refused_pod()])
+    first, second = _requeuer(api), _requeuer(api)
+    asyncio.run(first.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT)))
+    asyncio.run(second._requeue(refused_pod()))
+    assert "delete pod train" not in api.calls and ("team-a", "train") in api.pods
+    assert _count(second, "gone") == 1
+
+
+def test_a_pod_deleted_meanwhile_is_not_recreated_and_its_entry_is_dropped() -> None:
+    api = _Api()  # the user deleted it before the requeuer's turn
+    requeuer = _requeuer(api)
+    asyncio.run(requeuer._requeue(refused_pod()))
+    assert api.created == [] and api.config_maps == {}
+    assert _count(requeuer, "gone") == 1
+
+
+def test_a_requeue_whose_create_fails_is_finished_from_the_journal_by_a_later_pass() -> None:
+    # The pod is deleted, then every create is refused (a quota another pod took, say): before
+    # the journal this pod was lost. Its entry stays, and a later pass, of this process or of a
+    # replica started after a crash, creates it once the API server takes it.
+    api = _Api([refused_pod()])
+    api.refuse_creates = 403
+    requeuer = _requeuer(api)
+    asyncio.run(requeuer._requeue(refused_pod()))
+    assert ("team-a", "train") not in api.pods and list(api.config_maps) == [("gpuslice-system", ENTRY)]
+    assert _count(requeuer, "error") == 1
+
+    young = asyncio.run(requeuer.journal.recover(requeuer._create))
+    assert young.waiting == 1 and young.created == []  # within the grace of a replica mid-requeue
+    kept = asyncio.run(requeuer.journal.recover(requeuer._create, grace_seconds=0))
+    assert kept.waiting == 1 and kept.created == [] and api.config_maps  # still refused: kept
+
+    api.refuse_creates = None
+    restarted = _requeuer(api)
+    done = asyncio.run(restarted.journal.recover(restarted._create, grace_seconds=0))
+    assert done.created == ["team-a/train"] and api.config_maps == {}
+    (created,) = api.created
+    assert created["metadata"]["annotations"][CONTRACT.requeues_annotation] == "1"
+    assert "nodeName" not in created["spec"]
+
+
+@pytest.mark.parametrize(
+    ("present", "outcome"),
+    [
+        ({"uid": "someone-elses"}, "forgotten"),  # the replacement exists, or the user made one
+        ({}, "forgotten"),  # the refused pod itself, never deleted: the watch takes it up again
+        ({"deletionTimestamp": "2026-11-23T19:01:00Z"}, "waiting"),  # still terminating
+    ],
+    ids=["other-pod", "refused-pod-still-there", "terminating"],
+)
+def test_an_entry_whose_pod_name_is_taken_is_never_created_again(present: dict[str, Any], outcome: str) -> None:
+    api = _Api([refused_pod(**present)])
+    requeuer = _requeuer(api)
+    asyncio.run(requeuer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT)))
+    done = asyncio.run(requeuer.journal.recover(requeuer._create, grace_seconds=0))
+    assert api.created == []
+    assert (done.forgotten, done.waiting) == ((1, 0) if outcome == "forgotten" else (0, 1))
+    assert bool(api.config_maps) is (outcome == "waiting")
+
+
+def test_an_entry_of_a_requeue_in_progress_here_is_left_to_it() -> None:
+    api = _Api()
+    requeuer = _requeuer(api)
+    uid = refused_pod()["metadata"]["uid"]
+    asyncio.run(requeuer.journal.write(uid, requeue.replacement(refused_pod(), CONTRACT)))
+    done = asyncio.run(requeuer.journal.recover(requeuer._create, busy={uid}, grace_seconds=0))
+    assert done.waiting == 1 and api.created == []
+
+
+def test_an_unreadable_entry_is_left_alone_and_the_others_are_finished() -> None:
+    api = _Api()
+    requeuer = _requeuer(api)
+    asyncio.run(requeuer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT)))
+    asyncio.run(requeuer.journal.write("other", {"metadata": {"name": "x", "namespace": "y"}}))
+    api.config_maps[("gpuslice-system", "gpuslice-requeue-other")].data["pod.json"] = "{not json"
+    done = asyncio.run(requeuer.journal.recover(requeuer._create, grace_seconds=0))
+    assert done.created == ["team-a/train"] and list(api.config_maps) == [("gpuslice-system", "gpuslice-requeue-other")]

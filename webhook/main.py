@@ -68,7 +68,13 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     background = []
     if api is not None and settings.requeue.enabled and not settings.dra.enabled:
         paced = settings.pacing.enabled  # a replacement is gated like a new pod while a pacer is alive
-        requeuer = requeue.Requeuer(api, settings, registry=metrics.registry, paced=lambda: paced and view.pacer_alive)
+        requeuer = requeue.Requeuer(
+            api,
+            settings,
+            registry=metrics.registry,
+            paced=lambda: paced and view.pacer_alive,
+            namespace=os.environ.get("POD_NAMESPACE") or "default",  # the journal's: the webhook's own
+        )
         background.append(requeuer.run)
     if api is not None and settings.pacing.enabled and not settings.dra.enabled:
         # Pods are gated only while a pacer renews its Lease (webhook/pacerlease.py); no cluster: never.

@@ -13,11 +13,13 @@ Only pods the webhook converted (they carry its decision annotation), refused at
 no controller, are touched. Two webhook replicas cannot both requeue one pod: the delete is
 conditional on the refused pod's UID, and only the replica whose delete succeeded creates.
 
-Delete-then-create leaves a window (between the two calls) where a crash would lose the pod; the
-replacement is built before the delete and its create is retried, so only a process death in
-that window loses it (docs/steering.md, "Bursts").
+The replacement is written down (webhook/requeue_journal.py) before the delete and forgotten once
+it exists, so a process that dies between the delete and the create, or a create the API server
+keeps refusing, loses nothing: every replica finishes such entries at start and then every
+`JOURNAL_SWEEP_SECONDS` (docs/steering.md, "Bursts").
 
-May import gpuslice.{backoff,config,contract,listwatch} and the kubernetes client (in threads).
+May import gpuslice.{backoff,config,contract,listwatch}, the webhook's requeue_journal module and the
+kubernetes client (in threads).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import prometheus_client
 
 from gpuslice import backoff, config, listwatch
 from gpuslice import contract as contract_
+from gpuslice.webhook import requeue_journal
 
 __all__ = ["Requeuer", "replacement", "requeueable"]
 
@@ -43,6 +46,7 @@ _METADATA_KEPT = ("name", "namespace", "labels", "annotations", "finalizers")
 _CREATE_ATTEMPTS = 8
 _CREATE_FIRST_RETRY_SECONDS = 0.2  # then doubling, at most _CREATE_MAX_RETRY_SECONDS
 _CREATE_MAX_RETRY_SECONDS = 10.0
+JOURNAL_SWEEP_SECONDS = 60.0  # how often unfinished journal entries are looked at
 
 
 def requeues_of(pod: Mapping[str, Any], contract: contract_.Contract) -> int:
@@ -91,8 +95,12 @@ class Requeuer:
         registry: prometheus_client.CollectorRegistry | None = None,
         watch_timeout_seconds: int = 300,
         paced: Callable[[], bool] = lambda: False,
+        namespace: str = "default",
+        sweep_seconds: float = JOURNAL_SWEEP_SECONDS,
     ) -> None:
         self.api = api
+        self.journal = requeue_journal.Journal(api, namespace, settings.contract)  # in the webhook's namespace
+        self.sweep_seconds = sweep_seconds
         self.paced = paced  # whether a replacement is gated for the pacer (pacing on, a pacer alive)
         self.contract = settings.contract
         self.max_attempts = settings.requeue.max_attempts
@@ -102,17 +110,33 @@ class Requeuer:
         self._failed = _FailedPods(api, self._consider, watch_timeout_seconds=watch_timeout_seconds)
         self._requeued = prometheus_client.Counter(
             "gpuslice_webhook_requeues",
-            "Converted pods refused by kubelet and recreated (result: requeued, gone, given_up, error)",
+            "Converted pods refused by kubelet and recreated (result: requeued, gone, error; recovered: from the"
+            " journal, a requeue an earlier process left unfinished)",
             ["result"],
             registry=registry,
         )
 
     async def run(self) -> None:
+        sweep = asyncio.create_task(self._sweep(), name="gpuslice-requeue-journal")
         try:
             await self._failed.run()
         finally:
+            sweep.cancel()
             for task in self._tasks:
                 task.cancel()
+
+    async def _sweep(self) -> None:
+        """Finish the journal's unfinished requeues, at start and every `sweep_seconds`."""
+        while True:
+            try:
+                done = await self.journal.recover(self._create, busy=self._pending)
+                if done.created:
+                    self._requeued.labels("recovered").inc(len(done.created))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                log.warning("requeue journal not readable: %s", exc)
+            await asyncio.sleep(self.sweep_seconds)
 
     def _consider(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
@@ -131,6 +155,9 @@ class Requeuer:
             # backoff_seconds x 2^attempt, uncapped (maxAttempts bounds it); the count is on the pod.
             await asyncio.sleep(backoff.Backoff(self.backoff_seconds).delay(attempt))
             fresh = replacement(pod, self.contract, paced=self.paced())
+            if not await self.journal.write(uid, fresh):
+                self._requeued.labels("gone").inc()  # another replica is requeueing it
+                return
             try:
                 await asyncio.to_thread(
                     self.api.delete_namespaced_pod,
@@ -139,11 +166,14 @@ class Requeuer:
                     body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid)),
                 )
             except kubernetes.client.ApiException as exc:
-                if exc.status in (404, 409):  # gone, or another replica or the user got there first
+                await self.journal.forget(uid)  # nothing was deleted: nothing to finish
+                if exc.status in (404, 409):  # gone, or the user got there first
                     self._requeued.labels("gone").inc()
                     return
                 raise
+            # A create that fails for good raises here and leaves the entry: the sweep retries it.
             created = await self._create(fresh)
+            await self.journal.forget(uid)
             self._requeued.labels("requeued").inc()
             refusal = (pod.get("status") or {}).get("message", "")
             node = (pod.get("spec") or {}).get("nodeName", "")

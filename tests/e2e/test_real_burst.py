@@ -10,6 +10,7 @@ one is placed by then-current labels. docs/steering.md ("Bursts") describes this
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 from collections.abc import Iterator
@@ -18,18 +19,21 @@ from typing import Any
 import k8skit
 import kubernetes
 import nodeagent
+import prometheus_client
 import pytest
 import yaml
 
 from gpuslice import config as config_
 from gpuslice import contract as contract_
 from gpuslice.sim import controlplane
+from gpuslice.webhook import requeue, requeue_journal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
 CONTRACT = config_.Config().contract
 GPU_MEMORY = CONTRACT.gpu_memory_resource
 GROUP = "e2e.gpuslice.io/group"
+JOURNAL_LABEL = f"{CONTRACT.prefix}/requeue-journal"
 NODES = 2
 UNITS_PER_H100 = 81559 // 256  # 318
 
@@ -187,6 +191,7 @@ def test_a_burst_of_replicas_ahead_of_the_labels_loses_no_replica(
 
 
 def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_webhook_requeues_the_refused(
+    release: Any,
     core: kubernetes.client.CoreV1Api,
     scheduler_profile: str,
     gpu_nodes: dict[str, nodeagent.NodeAgent],
@@ -221,4 +226,38 @@ def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_webhook_requeue
     assert len(events) == refusals
     for event in events:
         assert "refused the pod" in event.message and event.involved_object.name in names
+    # Each replacement was written down before its pod was deleted, and forgotten once it existed.
+    journal = core.list_namespaced_config_map(release.namespace, label_selector=JOURNAL_LABEL).items
+    assert journal == [], [c.metadata.name for c in journal]
     print(f"{scheduler_profile}: {len(names)} bare pods: {refusals} kubelet refusals, all requeued")
+
+
+def test_a_requeue_a_dead_webhook_left_half_done_is_finished_from_its_journal(
+    release: Any, core: kubernetes.client.CoreV1Api, namespace: str
+) -> None:
+    # As the webhook's ServiceAccount under the chart's RBAC: a requeuer writes down a refused
+    # pod's replacement and deletes the pod, then dies before its create. The next requeuer's
+    # pass (another replica, or this one restarted) creates it from the journal.
+    settings = config_.Config()
+    own = kubernetes.client.CoreV1Api(k8skit.api_client(release.kubeconfig_of(f"{release.fullname}-webhook")))
+    pod = k8skit.pod_object("half-requeued", annotations={CONTRACT.decision_annotation: "{}"}, nodeSelector={GROUP: "none"})
+    created = core.create_namespaced_pod(namespace, pod)
+    refused = core.api_client.sanitize_for_serialization(created)
+    dead = requeue.Requeuer(own, settings, registry=prometheus_client.CollectorRegistry(), namespace=release.namespace)
+    assert asyncio.run(dead.journal.write(created.metadata.uid, requeue.replacement(refused, CONTRACT)))
+    own.delete_namespaced_pod("half-requeued", namespace, grace_period_seconds=0)
+    k8skit.wait_for("the pod to be gone", lambda: "half-requeued" not in _pod_names(core, namespace))
+
+    after = requeue.Requeuer(own, settings, registry=prometheus_client.CollectorRegistry(), namespace=release.namespace)
+    done = asyncio.run(after.journal.recover(after._create, grace_seconds=0))
+    assert done.created == [f"{namespace}/half-requeued"], done
+    again = core.read_namespaced_pod("half-requeued", namespace)
+    assert again.metadata.uid != created.metadata.uid
+    assert again.metadata.annotations[CONTRACT.requeues_annotation] == "1"
+    assert core.list_namespaced_config_map(release.namespace, label_selector=JOURNAL_LABEL).items == []
+    # Finished once: a second pass finds nothing to do.
+    assert asyncio.run(after.journal.recover(after._create, grace_seconds=0)) == requeue_journal.Recovered()
+
+
+def _pod_names(core: kubernetes.client.CoreV1Api, namespace: str) -> set[str]:
+    return {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
