@@ -240,7 +240,9 @@ def test_a_requeue_a_dead_webhook_left_half_done_is_finished_from_its_journal(
     # pass (another replica, or this one restarted) creates it from the journal.
     settings = config_.Config()
     own = kubernetes.client.CoreV1Api(k8skit.api_client(release.kubeconfig_of(f"{release.fullname}-webhook")))
-    pod = k8skit.pod_object("half-requeued", annotations={CONTRACT.decision_annotation: "{}"}, nodeSelector={GROUP: "none"})
+    pod = k8skit.pod_object(
+        "half-requeued", annotations={CONTRACT.decision_annotation: "{}"}, nodeSelector={GROUP: "none"}
+    )
     created = core.create_namespaced_pod(namespace, pod)
     refused = core.api_client.sanitize_for_serialization(created)
     dead = requeue.Requeuer(own, settings, registry=prometheus_client.CollectorRegistry(), namespace=release.namespace)
