@@ -96,7 +96,7 @@ def test_with_steering_the_dra_plugin_may_label_only_its_own_node_as_the_device_
     nodes = next(r for r in rules if r["resources"] == ["nodes"])
     assert ("patch" in nodes["verbs"]) is steering
     assert any(r["resources"] == ["pods"] and r["verbs"] == ["list", "watch"] for r in rules) is steering
-    policies = manifests.all("ValidatingAdmissionPolicy")
+    policies = [p for p in manifests.all("ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("-node-labels")]
     if not steering:
         assert policies == []
         return
@@ -189,3 +189,60 @@ def test_a_custom_prefix_names_the_driver_and_its_classes():
     published = slices.build_slices(node, contract.Contract(prefix="gpu.example.com"), "n")[0]["spec"]["driver"]
     expression = manifests.named("DeviceClass", "gpu.gpu.example.com")["spec"]["selectors"][0]["cel"]["expression"]
     assert f'device.driver == "{published}"' in expression
+
+
+SLICE_CASES = [
+    # (id, operation, node of the slice after, node before, driver, node claimed by the token, allowed)
+    ("create-own-node", "CREATE", "gpu-1", None, "gpu.gpuslice.io", "gpu-1", True),
+    ("update-own-node", "UPDATE", "gpu-1", "gpu-1", "gpu.gpuslice.io", "gpu-1", True),
+    ("delete-own-node", "DELETE", None, "gpu-1", "gpu.gpuslice.io", "gpu-1", True),
+    ("create-other-node", "CREATE", "gpu-2", None, "gpu.gpuslice.io", "gpu-1", False),
+    ("move-to-other-node", "UPDATE", "gpu-2", "gpu-1", "gpu.gpuslice.io", "gpu-1", False),
+    ("take-over-other-node", "UPDATE", "gpu-1", "gpu-2", "gpu.gpuslice.io", "gpu-1", False),
+    ("delete-other-node", "DELETE", None, "gpu-2", "gpu.gpuslice.io", "gpu-1", False),
+    ("other-driver", "CREATE", "gpu-1", None, "gpu.example.com", "gpu-1", False),
+    ("token-without-node-claim", "CREATE", "gpu-1", None, "gpu.gpuslice.io", None, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "operation", "after", "before", "driver", "claim", "allowed"), SLICE_CASES, ids=[c[0] for c in SLICE_CASES]
+)
+def test_the_slice_policy_confines_the_dra_plugin_to_its_own_nodes_slices(
+    case, operation, after, before, driver, claim, allowed
+):
+    # The real API server enforces it in tests/e2e/test_real_slice_policy.py; here its CEL alone.
+    from test_chart import evaluate_policy
+
+    manifests = chartkit.render(DRA, "1.37.0")
+    (policy,) = [
+        p for p in manifests.all("ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("-resource-slices")
+    ]
+    binding = manifests.named("ValidatingAdmissionPolicyBinding", policy["metadata"]["name"])
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    plugin_sa = manifests.one("ServiceAccount", "dra-plugin")["metadata"]["name"]
+    extra = {"authentication.kubernetes.io/node-name": [claim]} if claim else {}
+
+    def request(username: str) -> dict:
+        def slice_(node):
+            return {"spec": {"driver": driver if node == after else "gpu.gpuslice.io", "nodeName": node}}
+
+        return {
+            "request": {"userInfo": {"username": username, "extra": extra}, "operation": operation},
+            "object": slice_(after) if after else None,
+            "oldObject": slice_(before) if before else None,
+        }
+
+    matched, failed = evaluate_policy(policy, request(f"system:serviceaccount:{chartkit.NAMESPACE}:{plugin_sa}"))
+    assert matched and (not failed) is allowed, failed
+    assert evaluate_policy(policy, request("system:node:gpu-1")) == (False, [])  # not its business
+
+
+def test_the_slice_policy_comes_with_dra_mode_and_the_node_write_policies():
+    def named(values):
+        return [p["metadata"]["name"] for p in chartkit.render(values, "1.37.0").all("ValidatingAdmissionPolicy")]
+
+    assert "gpuslice-resource-slices" in named(DRA) and "gpuslice-resource-slices" in named(BOTH)
+    assert "gpuslice-resource-slices" not in named({})
+    unconfined = {**DRA, "devicePlugin": {"nodePatchPolicy": {"enabled": False, "allowUnconfinedNodeWrites": True}}}
+    assert named(unconfined) == []
