@@ -64,6 +64,7 @@ demo: venv proto
 # the folders; mypy checks the package (pyproject's [tool.mypy]) and follows them.
 check: venv proto
 	$(BIN)/ruff check gpuslice webhook deviceplugin dra pacer sim demo proto tests benchmarks tools
+	$(BIN)/ruff format --check gpuslice webhook deviceplugin dra pacer sim demo proto tests benchmarks tools
 	$(BIN)/mypy
 
 # The container image (Dockerfile) with the first of docker and podman that answers (ENGINE=... to choose).

@@ -69,9 +69,7 @@ def main() -> None:
             samples = reader.read()
             t1 = time.perf_counter()
             asked = cgroups.uptime_seconds(proc.path)
-            identities = {
-                p.pid: cgroups.read(p.pid, proc.path, started_by=asked) for s in samples for p in s.processes
-            }
+            identities = {p.pid: cgroups.read(p.pid, proc.path, started_by=asked) for s in samples for p in s.processes}
             t2 = time.perf_counter()
             snapshot = attribution.attribute(samples, identities, pods, grants)
             t3 = time.perf_counter()
@@ -80,8 +78,10 @@ def main() -> None:
             for key, value in zip(timings, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                 timings[key].append(value * 1000)
         processes = sum(len(s.processes) for s in samples)
-        print(f"node {NODE.name}: {len(node.memory_gpus)} GPUs, {len(pods)} pods, {processes} GPU processes, "
-              f"{args.rounds} rounds, scrape {len(text) // 1024} KiB")
+        print(
+            f"node {NODE.name}: {len(node.memory_gpus)} GPUs, {len(pods)} pods, {processes} GPU processes, "
+            f"{args.rounds} rounds, scrape {len(text) // 1024} KiB"
+        )
         for key, values in timings.items():
             print(f"  {key:18s} median {statistics.median(values):7.2f} ms   max {max(values):7.2f} ms")
         own = [sum(v) for v in zip(*(timings[k] for k in ("/proc identities", "join")), strict=True)]

@@ -89,9 +89,7 @@ def write_certificates(directory: pathlib.Path, host: str = "127.0.0.1") -> File
     files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     files.certificate.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     files.key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     files.key.chmod(0o600)
     return files

@@ -155,8 +155,16 @@ def attribute(
     for sample in samples:
         mig = sample.uuid != sample.gpu_uuid
         if not sample.ok:
-            devices.append(DeviceUse(sample.uuid, sample.gpu_uuid, mig, ok=False, error=sample.error,
-                                     granted_mib=granted_on.get(sample.uuid, 0)))
+            devices.append(
+                DeviceUse(
+                    sample.uuid,
+                    sample.gpu_uuid,
+                    mig,
+                    ok=False,
+                    error=sample.error,
+                    granted_mib=granted_on.get(sample.uuid, 0),
+                )
+            )
             continue
         unknown: dict[str, int] = {}
         for process in sample.processes:
@@ -244,4 +252,3 @@ def _owner(
     if device not in grants.get((pod.namespace, pod.name, container), {}):
         return None, "no-grant"
     return (pod, container), ""
-

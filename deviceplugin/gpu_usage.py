@@ -105,9 +105,11 @@ class UsageReader:
         nvml = self._nvml
         used: dict[int, int | None] = {}
         # Compute processes must be readable; the others are optional (not every GPU or driver has them).
-        queries = (("nvmlDeviceGetComputeRunningProcesses", True),
-                   ("nvmlDeviceGetGraphicsRunningProcesses", False),
-                   ("nvmlDeviceGetMPSComputeRunningProcesses", False))
+        queries = (
+            ("nvmlDeviceGetComputeRunningProcesses", True),
+            ("nvmlDeviceGetGraphicsRunningProcesses", False),
+            ("nvmlDeviceGetMPSComputeRunningProcesses", False),
+        )
         for name, required in queries:
             query = getattr(nvml, name, None)
             if query is None:

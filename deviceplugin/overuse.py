@@ -176,8 +176,12 @@ class Enforcer:
             log.warning("evicted %s/%s for GPU memory over-use on %s", use.namespace, use.pod, use.device)
             return "policy evict: the pod is being evicted"
         if result is podapi.EvictionResult.BLOCKED:
-            log.warning("eviction of %s/%s refused by a PodDisruptionBudget; retrying in %.0fs",
-                        use.namespace, use.pod, self._seconds)
+            log.warning(
+                "eviction of %s/%s refused by a PodDisruptionBudget; retrying in %.0fs",
+                use.namespace,
+                use.pod,
+                self._seconds,
+            )
             if use.key in self._blocked_reported:
                 return None
             self._blocked_reported.add(use.key)
@@ -190,8 +194,15 @@ class Enforcer:
             result = await asyncio.to_thread(self._kill, process.identity, self._proc_root)
             self._count("kill", result.value)
             if result is killer.KillResult.KILLED:
-                log.warning("killed process %d of %s/%s/%s (%s MiB on %s) for GPU memory over-use",
-                            process.pid, use.namespace, use.pod, use.container, process.used_mib, use.device)
+                log.warning(
+                    "killed process %d of %s/%s/%s (%s MiB on %s) for GPU memory over-use",
+                    process.pid,
+                    use.namespace,
+                    use.pod,
+                    use.container,
+                    process.used_mib,
+                    use.device,
+                )
                 return f"policy kill: process {process.pid} ({_mib(process.used_mib)} on this GPU) was killed"
             if result is killer.KillResult.REFUSED:
                 log.error("cannot kill process %d: no permission (the kill policy needs CAP_KILL)", process.pid)
@@ -203,8 +214,14 @@ class Enforcer:
         """Post the Event; False when it could not be."""
         if self._api is None or not use.pod_uid:
             self._count("event", "failed")
-            log.warning("GPU memory over-use of %s/%s/%s (no Event: %s): %s", use.namespace, use.pod,
-                        use.container, "no API server connection" if self._api is None else "pod UID unknown", message)
+            log.warning(
+                "GPU memory over-use of %s/%s/%s (no Event: %s): %s",
+                use.namespace,
+                use.pod,
+                use.container,
+                "no API server connection" if self._api is None else "pod UID unknown",
+                message,
+            )
             return False
         event = podapi.PodEvent(
             namespace=use.namespace,

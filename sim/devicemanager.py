@@ -90,9 +90,7 @@ class ResourceDevices:
         if size <= 0:
             raise AdmissionError(f"{self.resource}: request size must be positive, got {size}")
         if not self.healthy:
-            raise AdmissionError(
-                f"no healthy devices present; cannot allocate unhealthy devices {self.resource}"
-            )
+            raise AdmissionError(f"no healthy devices present; cannot allocate unhealthy devices {self.resource}")
         reused = self._reused(size, reusable)
         needed = size - len(reused)
         free = self.available()
@@ -125,8 +123,7 @@ class ResourceDevices:
         if fill(sorted(set(preferred))) or fill(self.available()):
             return chosen
         raise AdmissionError(
-            f"requested number of devices unavailable for {self.resource}. "
-            f"Requested: {size}, Available: {len(chosen)}"
+            f"requested number of devices unavailable for {self.resource}. Requested: {size}, Available: {len(chosen)}"
         )
 
     # --- bookkeeping --------------------------------------------------------------------

@@ -144,8 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"{'configuration':<20}{'seed':>6}{'placed':>8}{'granted':>10}{'requested':>11}  reported")
     for f in figures:
-        verdict = "same" if f.matches else (
-            f"DIFFERS ({f.reported_gpu_allocation_ratio:.4%}, {f.reported_requested_allocation_ratio:.4%})"
+        verdict = (
+            "same"
+            if f.matches
+            else (f"DIFFERS ({f.reported_gpu_allocation_ratio:.4%}, {f.reported_requested_allocation_ratio:.4%})")
         )
         print(
             f"{f.configuration:<20}{f.seed:>6}{f.placed:>8}{f.gpu_allocation_ratio:>10.4%}"

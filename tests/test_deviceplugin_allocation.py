@@ -26,8 +26,13 @@ async def test_shares_are_packed_best_fit_one_gpu_each(kubelet, socket_dir, demo
     async with plugins(demo_node, socket_dir):
         await kubelet.wait_for_resource(MEMORY, 2 * UNITS_PER_H100)
         # (owner, units, GPU expected): tightest fit wins, lowest index on ties
-        plan = [("ns/a/c", 100, H100_A), ("ns/b/c", 50, H100_A), ("ns/c/c", 250, H100_B), ("ns/d/c", 150, H100_A),
-                ("ns/e/c", 60, H100_B)]
+        plan = [
+            ("ns/a/c", 100, H100_A),
+            ("ns/b/c", 50, H100_A),
+            ("ns/c/c", 250, H100_B),
+            ("ns/d/c", 150, H100_A),
+            ("ns/e/c", 60, H100_B),
+        ]
         for owner, units, expected in plan:
             answer = await kubelet.allocate(MEMORY, units, owner)
             envs = answer.container_responses[0].envs
@@ -162,24 +167,39 @@ SHARE = allocation.MemoryGrant(gpu_uuids=(H100_A,), units=159, memory_mib=159 * 
     [
         (
             {},
-            {"NVIDIA_VISIBLE_DEVICES": H100_A, "GPUSLICE_MEMORY_LIMIT_MIB": "40704", "GPUSLICE_GPU_FRACTION": "0.5",
-             "GPUSLICE_GPU_COUNT": "1", "GPU_PORTION": "0.5"},
+            {
+                "NVIDIA_VISIBLE_DEVICES": H100_A,
+                "GPUSLICE_MEMORY_LIMIT_MIB": "40704",
+                "GPUSLICE_GPU_FRACTION": "0.5",
+                "GPUSLICE_GPU_COUNT": "1",
+                "GPU_PORTION": "0.5",
+            },
             [],
             [],
         ),
         (
             {"deviceListStrategy": "cdi-cri"},
-            {"GPUSLICE_MEMORY_LIMIT_MIB": "40704", "GPUSLICE_GPU_FRACTION": "0.5", "GPUSLICE_GPU_COUNT": "1",
-             "GPU_PORTION": "0.5"},
+            {
+                "GPUSLICE_MEMORY_LIMIT_MIB": "40704",
+                "GPUSLICE_GPU_FRACTION": "0.5",
+                "GPUSLICE_GPU_COUNT": "1",
+                "GPU_PORTION": "0.5",
+            },
             [f"nvidia.com/gpu={H100_A}"],
             [],
         ),
         (
             {"mps.enabled": True, "mps.pipeDirectory": "/run/gpuslice/mps", "mps.containerPipeDirectory": "/mps"},
-            {"NVIDIA_VISIBLE_DEVICES": H100_A, "GPUSLICE_MEMORY_LIMIT_MIB": "40704", "GPUSLICE_GPU_FRACTION": "0.5",
-             "GPUSLICE_GPU_COUNT": "1", "GPU_PORTION": "0.5",
-             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40704M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
-             "CUDA_MPS_PIPE_DIRECTORY": "/mps"},
+            {
+                "NVIDIA_VISIBLE_DEVICES": H100_A,
+                "GPUSLICE_MEMORY_LIMIT_MIB": "40704",
+                "GPUSLICE_GPU_FRACTION": "0.5",
+                "GPUSLICE_GPU_COUNT": "1",
+                "GPU_PORTION": "0.5",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40704M",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+                "CUDA_MPS_PIPE_DIRECTORY": "/mps",
+            },
             [],
             [("/mps", "/run/gpuslice/mps", False), ("/dev/shm", "/run/nvidia/mps/shm", False)],
         ),

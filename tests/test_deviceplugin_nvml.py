@@ -66,7 +66,10 @@ def test_special_gpu_instance_profiles_keep_their_suffix():
         {
             "gpus": [
                 {
-                    "uuid": "GPU-a", "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "index": 0,
+                    "uuid": "GPU-a",
+                    "model": "NVIDIA A100-SXM4-80GB",
+                    "memoryMiB": 81920,
+                    "index": 0,
                     "mig": [
                         {"uuid": "MIG-1", "profile": "1g.10gb+me", "memoryMiB": 9728},
                         {"uuid": "MIG-2", "profile": "1c.3g.40gb", "memoryMiB": 40192},

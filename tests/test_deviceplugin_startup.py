@@ -117,9 +117,18 @@ def test_the_device_plugin_with_a_kubelet_dir_it_cannot_create_says_so_in_one_li
 
 def test_the_dra_plugin_on_a_port_in_use_says_so_in_one_line(tmp_path, busy_port, capsys):
     argv = [
-        "--node-file", str(DEMO_NODE), "--node-name", "node-a", "--kubelet-plugins-dir", str(tmp_path / "plugins"),
-        "--kubelet-registry-dir", str(tmp_path / "registry"), "--cdi-dir", str(tmp_path / "cdi"),
-        "--http-port", str(busy_port),
+        "--node-file",
+        str(DEMO_NODE),
+        "--node-name",
+        "node-a",
+        "--kubelet-plugins-dir",
+        str(tmp_path / "plugins"),
+        "--kubelet-registry-dir",
+        str(tmp_path / "registry"),
+        "--cdi-dir",
+        str(tmp_path / "cdi"),
+        "--http-port",
+        str(busy_port),
     ]
     assert dra_main.main(argv) == 2
     line = one_line(capsys.readouterr().err)
@@ -131,9 +140,24 @@ def test_the_dra_plugin_on_a_port_in_use_says_so_in_one_line(tmp_path, busy_port
 )
 def test_a_reserved_resource_prefix_is_one_line_from_each_node_command(command, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", command, "--node-file", str(DEMO_NODE), "--node-name", "n",
-         "--resource-prefix", "kubernetes.io", "--http-port", "0"],
-        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            command,
+            "--node-file",
+            str(DEMO_NODE),
+            "--node-name",
+            "n",
+            "--resource-prefix",
+            "kubernetes.io",
+            "--http-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
     )
     assert result.returncode == 2
     assert "resourcePrefix: 'kubernetes.io' is in the kubernetes.io domain" in one_line(result.stderr)

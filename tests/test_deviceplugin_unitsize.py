@@ -75,8 +75,16 @@ async def test_the_command_prints_one_line_and_exits_2_when_units_of_another_siz
         await kubelet.wait_for_resource(MEMORY, 2 * (H100_MIB // 256))
         await kubelet.allocate(MEMORY, 10, "ns/p/c")
     argv = [
-        "--node-file", str(DEMO_NODE), "--kubelet-dir", str(socket_dir), "--http-port", "0",
-        "--pod-resources-socket", str(kubelet.pod_resources_socket), "--memory-unit-mib", "512",
+        "--node-file",
+        str(DEMO_NODE),
+        "--kubelet-dir",
+        str(socket_dir),
+        "--http-port",
+        "0",
+        "--pod-resources-socket",
+        str(kubelet.pod_resources_socket),
+        "--memory-unit-mib",
+        "512",
     ]
     assert await asyncio.to_thread(main.main, argv) == 2
     stderr = capsys.readouterr().err.strip()

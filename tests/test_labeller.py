@@ -527,8 +527,13 @@ async def test_under_mig_strategy_single_a_sick_gpu_withdraws_the_units_of_its_m
     fake, api = api_server
     mig = {"profile": "3g.40gb", "memoryMiB": 40192}
     gpus = [
-        {"uuid": f"GPU-{i}", "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "index": i,
-         "mig": [dict(mig, uuid=f"MIG-{i}-{j}") for j in range(2)]}
+        {
+            "uuid": f"GPU-{i}",
+            "model": "NVIDIA A100-SXM4-80GB",
+            "memoryMiB": 81920,
+            "index": i,
+            "mig": [dict(mig, uuid=f"MIG-{i}-{j}") for j in range(2)],
+        }
         for i in range(2)
     ]
     view = migstrategy.advertised(nodefile.parse({"gpus": gpus}), "single")

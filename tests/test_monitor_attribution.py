@@ -90,8 +90,12 @@ def test_each_process_counts_for_the_container_whose_grant_covers_its_gpu(nvml, 
     nvml.add_process(MIG_1G, 301, 9000)
     nvml.set_process_utilization(H100_A, 101, 30)
     nvml.set_process_utilization(H100_A, 102, 25)
-    ids = {101: identity(101, UID_A, CID_A), 102: identity(102, UID_A, CID_A), 201: identity(201, UID_B, CID_B),
-           301: identity(301, UID_C, CID_C)}
+    ids = {
+        101: identity(101, UID_A, CID_A),
+        102: identity(102, UID_A, CID_A),
+        201: identity(201, UID_B, CID_B),
+        301: identity(301, UID_C, CID_C),
+    }
     snapshot = snapshot_of(nvml, demo_node, ids)
     a = use_of(snapshot, "pod-a", H100_A)
     assert (a.used_mib, a.granted_mib, a.utilization, a.pod_uid) == (4500, 4096, 55, UID_A)

@@ -56,9 +56,11 @@ def test_the_monitor_measures_a_cuda_process_of_known_size_on_a_real_gpu():
             read_ms = (time.perf_counter() - started) * 1000
             assert sample.ok, sample.error
             mine = {p.pid: p.used_mib for p in sample.processes}
-            print(f"\n{device}: {sample.used_mib}/{sample.total_mib} MiB used, processes {mine}, "
-                  f"utilisation {sample.utilization}%, per-process SM {sample.process_utilization}, "
-                  f"one NVML read {read_ms:.1f} ms")
+            print(
+                f"\n{device}: {sample.used_mib}/{sample.total_mib} MiB used, processes {mine}, "
+                f"utilisation {sample.utilization}%, per-process SM {sample.process_utilization}, "
+                f"one NVML read {read_ms:.1f} ms"
+            )
             assert child.pid in mine, f"NVML does not list the CUDA process {child.pid}: {mine}"
             used = mine[child.pid]
             assert used is not None and ALLOCATION_MIB <= used < ALLOCATION_MIB + 2048  # + the CUDA context

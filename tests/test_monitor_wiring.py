@@ -102,4 +102,3 @@ def test_a_gpu_under_memory_pressure_scores_zero_and_lowers_the_node_score():
         node=inventory.NodeInventory(gpus=gpus), read=lambda uuid: (0, 80000, 0), pressured=lambda: pressured
     )
     assert fresh() == 50  # G1 counts as full: (1 + 0) / 2
-

@@ -85,9 +85,18 @@ def test_a_missing_control_binary_is_named_and_fails(tmp_path):
     shm = tmp_path / "shm"
     shm.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "gpuslice.deviceplugin.mps_daemon", f"--pipe-directory={tmp_path / 'p'}",
-         f"--log-directory={tmp_path / 'l'}", f"--shm-directory={shm}", f"--control={tmp_path / 'absent'}"],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "gpuslice.deviceplugin.mps_daemon",
+            f"--pipe-directory={tmp_path / 'p'}",
+            f"--log-directory={tmp_path / 'l'}",
+            f"--shm-directory={shm}",
+            f"--control={tmp_path / 'absent'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 1 and "cannot start" in result.stderr and "absent" in result.stderr
 
@@ -96,9 +105,18 @@ def test_a_shared_directory_that_cannot_be_made_is_one_line_and_exit_2(tmp_path)
     blocker = tmp_path / "file"
     blocker.write_text("")
     result = subprocess.run(
-        [sys.executable, "-m", "gpuslice.deviceplugin.mps_daemon", f"--pipe-directory={blocker / 'pipe'}",
-         f"--log-directory={tmp_path / 'l'}", f"--shm-directory={tmp_path}", f"--control={tmp_path / 'absent'}"],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "gpuslice.deviceplugin.mps_daemon",
+            f"--pipe-directory={blocker / 'pipe'}",
+            f"--log-directory={tmp_path / 'l'}",
+            f"--shm-directory={tmp_path}",
+            f"--control={tmp_path / 'absent'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "cannot prepare the shared directories" in result.stderr

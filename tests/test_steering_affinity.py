@@ -453,9 +453,7 @@ def test_a_cpu_hungry_pod_goes_where_cpu_is_spare_and_a_frugal_one_where_it_is_s
 def test_the_balance_does_not_draw_a_small_pod_to_a_whole_largest_node():
     whole = with_headroom(*[0] * 8, cpu_milli=8 * PER_GPU)  # b = 0: what a pod asking 12 cores per GPU leaves
     _, preferred = steering.placement_affinity(
-        steering.Request(
-            units=U, whole_gpus=True, largest_node_gpus=8, cpu_milli=PER_GPU, cpu_per_gpu_milli=PER_GPU
-        ),
+        steering.Request(units=U, whole_gpus=True, largest_node_gpus=8, cpu_milli=PER_GPU, cpu_per_gpu_milli=PER_GPU),
         CONTRACT,
     )
     assert preference(preferred[-2:], whole) == 0

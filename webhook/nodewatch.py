@@ -22,6 +22,7 @@ __all__ = ["NodeWatcher", "api_from_environment"]
 
 log = logging.getLogger(__name__)
 
+
 def api_from_environment(kubeconfig: str | None = None) -> kubernetes.client.CoreV1Api | None:
     """A CoreV1Api from --kubeconfig, the in-cluster service account, $KUBECONFIG or ~/.kube/config;
     None when there is no cluster to talk to (the webhook then uses defaultGpuMemoryMiB)."""

@@ -229,6 +229,7 @@ def _cpu_balance(request: Request, contract: contract_.Contract) -> list[dict[st
 
 _MAX_BALANCE_MILLI = 10**15  # a million times the largest node's CPU; far inside int64 with the slack
 
+
 # Keyed by the label names, not the contract: hashing a frozen dataclass costs a Python call.
 @functools.lru_cache(maxsize=4096)
 def _balance_within(need: int, slack: int, spare: str, short: str) -> tuple[dict[str, Any], ...]:
