@@ -52,7 +52,21 @@ def plugin_slices(
     plugin_pod = core.create_namespaced_pod(dra_release, pod)
     token = k8skit.service_account_token(core, dra_release, account, bound_pod=plugin_pod)
     client = k8skit.api_client(cluster.write_kubeconfig(f"{account}-{namespace}", token=token))
-    return kubernetes.client.ResourceV1Api(client), node_a, node_b
+    api = kubernetes.client.ResourceV1Api(client)
+    admin_api = kubernetes.client.ResourceV1Api(core.api_client)
+
+    def in_force() -> bool | None:
+        # The API server loads a new policy and its binding a moment after they are created (its
+        # informer): until then a write it would refuse goes through, and is undone here.
+        try:
+            api.create_resource_slice(_slice(f"{node_b}-probe", node_b))
+        except kubernetes.client.ApiException as exc:
+            return exc.status == 403 or None
+        admin_api.delete_resource_slice(f"{node_b}-probe")
+        return None
+
+    k8skit.wait_for("the slice policy to be in force", in_force, timeout=60, interval=0.5)
+    return api, node_a, node_b
 
 
 def _slice(name: str, node: str, driver: str = CONTRACT.dra_driver) -> dict[str, Any]:
