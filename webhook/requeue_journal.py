@@ -7,7 +7,8 @@ server down longer than the retries, a ResourceQuota another pod took meanwhile)
 is therefore kept in a ConfigMap in the webhook's own namespace (one per refused pod, named after
 its UID, labelled `<prefix>/requeue-journal`) from before the delete until the replacement exists.
 Any webhook replica, at start and then periodically, finishes what an entry records
-(`Journal.recover`): creates the pod when no pod has its name, and forgets the entry once one does.
+(`Journal.recover`): creates the pod when no pod has its name (deleting the refused pod first
+when its requeuer died before doing so), and forgets the entry once another pod has it.
 
 An entry's name doubles as the lock between replicas: only the replica whose create of it succeeds
 goes on to delete the pod.
@@ -139,9 +140,9 @@ class Journal:
         """Finish every entry not in `busy` (UIDs this replica is requeueing) and older than
         `grace_seconds`: `await create(pod)` where no pod has its name any more (`create` gives
         None when the name was taken meanwhile and raises when the API server refuses), then forget
-        it; forget it too where a pod has the name (the replacement, or one the user made) or where
-        the refused pod is still there, not deleted (its delete never happened: the requeuer takes
-        it up again from the Failed-pod watch)."""
+        it; forget it where another pod has the name (the replacement, or one the user made). Where
+        the refused pod itself is still there (the requeuer died before its delete), delete it by
+        its UID and create the replacement, finishing what the entry began."""
         now = now or datetime.datetime.now(datetime.UTC)
         done = Recovered()
         for entry in await self.entries():
@@ -157,11 +158,12 @@ class Journal:
                     done.waiting += 1
                     continue
                 existing = None
-            if existing is not None:
-                if existing.metadata.uid == entry.uid and existing.metadata.deletion_timestamp is not None:
-                    done.waiting += 1  # deleted, finalizers still to run: create once it is gone
+            if existing is not None and existing.metadata.uid == entry.uid:
+                if existing.metadata.deletion_timestamp is not None or not await self._delete_refused(entry):
+                    done.waiting += 1  # being deleted (finalizers still to run): create once it is gone
                     continue
-                await self.forget(entry.uid)
+            elif existing is not None:
+                await self.forget(entry.uid)  # the replacement, or the user's own pod
                 done.forgotten += 1
                 continue
             try:
@@ -184,3 +186,19 @@ class Journal:
                 "requeue journal: recreated %s/%s, whose requeue had not finished", entry.namespace, entry.pod_name
             )
         return done
+
+    async def _delete_refused(self, entry: Entry) -> bool:
+        """The refused pod is still there: the requeuer that wrote the entry died before its delete.
+        Delete it (only that pod, by UID), so the entry can be finished; whether it is gone."""
+        try:
+            await asyncio.to_thread(
+                self.api.delete_namespaced_pod,
+                entry.pod_name,
+                entry.namespace,
+                body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=entry.uid)),
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:  # 409: another pod has the name now; the next pass forgets the entry
+                log.warning("requeue journal: %s/%s not deleted: %s", entry.namespace, entry.pod_name, exc.reason)
+                return False
+        return True
