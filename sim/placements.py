@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from gpuslice.sim import replay
 
-__all__ = ["Figures", "PlacementsError", "lines", "main", "recompute", "write"]
+__all__ = ["Figures", "PlacementsError", "lines", "main", "recompute", "records", "write"]
 
 
 class PlacementsError(Exception):
@@ -77,12 +77,11 @@ class Figures:
         return granted and asked
 
 
-def recompute(text_lines: Iterable[str]) -> list[Figures]:
-    """The figures of every replay in a placements file, from its pod lines alone."""
-    runs: dict[tuple[str, int], dict[str, Any]] = {}
-    shares: dict[tuple[str, int], dict[tuple[str, str], float]] = {}
-    requested: dict[tuple[str, int], int] = {}
-    counts: dict[tuple[str, int], list[int]] = {}
+def records(text_lines: Iterable[str]) -> Iterator[tuple[int, tuple[str, int], dict[str, Any]]]:
+    """(line number, (configuration, seed), line) of every line of a placements file, blank lines
+    skipped; PlacementsError for a line that is not JSON with those fields, or a pod line before
+    its run's `run` line."""
+    started: set[tuple[str, int]] = set()
     for number, text in enumerate(text_lines, start=1):
         if not text.strip():
             continue
@@ -91,15 +90,27 @@ def recompute(text_lines: Iterable[str]) -> list[Figures]:
             key = (line["configuration"], line["seed"])
             kind = line["record"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise PlacementsError(f"line {number}: not a placements line ({exc})") from None
+            raise PlacementsError(f"line {number}: not a placements line ({exc!r})") from None
         if kind == "run":
+            started.add(key)
+        elif key not in started:
+            raise PlacementsError(f"line {number}: pod line before the run line of {key[0]}, seed {key[1]}")
+        yield number, key, line
+
+
+def recompute(text_lines: Iterable[str]) -> list[Figures]:
+    """The figures of every replay in a placements file, from its pod lines alone."""
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    shares: dict[tuple[str, int], dict[tuple[str, str], float]] = {}
+    requested: dict[tuple[str, int], int] = {}
+    counts: dict[tuple[str, int], list[int]] = {}
+    for _, key, line in records(text_lines):
+        if line["record"] == "run":
             runs[key] = line
             shares.setdefault(key, {})
             requested.setdefault(key, 0)
             counts.setdefault(key, [0, 0])
             continue
-        if key not in runs:
-            raise PlacementsError(f"line {number}: pod line before the run line of {key[0]}, seed {key[1]}")
         counts[key][0] += 1
         if line["outcome"] != "placed":
             continue

@@ -12,7 +12,7 @@ A pod of `gpu_milli` is taken to need, on a GPU of `total_units`, the fewest uni
 that share was granted on a GPU of that size in the same replay; a share never placed on such a
 GPU needs floor(gpu_milli x total_units / 1000), the webhook's rounding of a fraction.
 
-May import gpuslice.sim.placements (its error) only.
+May import gpuslice.sim.placements (its reader and error) only.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import json
 import pathlib
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gpuslice.sim import placements
 from gpuslice.sim.placements import PlacementsError
 
 __all__ = ["Stranded", "main", "stranded"]
@@ -68,18 +68,12 @@ def stranded(text_lines: Iterable[str]) -> list[Stranded]:
     gpus: dict[tuple[str, int], dict[tuple[str, str], _Gpu]] = {}
     asked: dict[tuple[str, int], list[int]] = {}  # gpu_milli of every sharing pod that arrived
     granted_units: dict[tuple[str, int], dict[tuple[int, int], int]] = {}  # (milli, total units) -> fewest units
-    for number, text in enumerate(text_lines, start=1):
-        if not text.strip():
+    for number, key, line in placements.records(text_lines):
+        if line["record"] == "run":
+            runs[key] = line
+            gpus[key], asked[key], granted_units[key] = {}, [], {}
             continue
         try:
-            line = json.loads(text)
-            key = (line["configuration"], line["seed"])
-            if line["record"] == "run":
-                runs[key] = line
-                gpus[key], asked[key], granted_units[key] = {}, [], {}
-                continue
-            if key not in runs:
-                raise PlacementsError(f"line {number}: pod line before the run line of {key[0]}, seed {key[1]}")
             _add_pod(line, gpus[key], asked[key], granted_units[key])
         except (ValueError, KeyError, TypeError) as exc:
             raise PlacementsError(f"line {number}: not a placements line ({exc!r})") from None
