@@ -108,7 +108,7 @@ def test_the_pacer_may_only_watch_pods_and_nodes_and_patch_pods():
 def test_the_pacer_may_renew_its_lease_and_the_webhook_only_read_it(pacing, name, namespace):
     manifests = chartkit.render(chartkit.merged(PACING, {"config": {"pacing": pacing}}))
     lease = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
-    roles = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o for o in manifests.all("Role")}
+    roles = lease_roles(manifests)
     # create cannot be limited by name: the name of an object being created is not known to RBAC.
     assert roles["pacer"]["rules"] == [
         {**lease, "resourceNames": [name], "verbs": ["get", "update"]},
@@ -132,9 +132,18 @@ def test_the_pacer_may_renew_its_lease_and_the_webhook_only_read_it(pacing, name
     assert chartkit.render({}).all("Role", "pacer") == []
 
 
+def lease_roles(manifests: chartkit.Manifests) -> dict[str, dict[str, Any]]:
+    """Each component's Role on Leases (the webhook has another Role, for its requeue journal)."""
+    return {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o
+        for o in manifests.all("Role")
+        if any("leases" in r.get("resources", ()) for r in o["rules"])
+    }
+
+
 def lease_names(manifests: chartkit.Manifests, tmp_path: pathlib.Path) -> dict[str, Any]:
     """The Lease name each part of one render uses: the shared configuration and each Role."""
-    roles = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o for o in manifests.all("Role")}
+    roles = lease_roles(manifests)
     return {
         "config": shared_config(manifests, tmp_path).pacing.lease_name,
         **{f"{c} role": sorted({n for r in roles[c]["rules"] for n in r.get("resourceNames", ())}) for c in roles},
