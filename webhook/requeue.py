@@ -159,12 +159,7 @@ class Requeuer:
                 self._requeued.labels("gone").inc()  # another replica is requeueing it
                 return
             try:
-                await asyncio.to_thread(
-                    self.api.delete_namespaced_pod,
-                    name,
-                    namespace,
-                    body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid)),
-                )
+                await requeue_journal.delete_pod(self.api, name, namespace, uid)
             except kubernetes.client.ApiException as exc:
                 await self.journal.forget(uid)  # nothing was deleted: nothing to finish
                 if exc.status in (404, 409):  # gone, or the user got there first

@@ -30,7 +30,7 @@ import kubernetes
 
 from gpuslice import contract as contract_
 
-__all__ = ["Entry", "Journal", "Recovered"]
+__all__ = ["Entry", "Journal", "Recovered", "delete_pod"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ RECOVERY_GRACE_SECONDS = 60.0
 class Entry:
     """One replacement written down: the refused pod's UID, the pod to create, when it was written."""
 
-    name: str  # the ConfigMap's
     uid: str
     pod: dict[str, Any]
     written: datetime.datetime | None
@@ -74,10 +73,10 @@ class Journal:
         self.api = api
         self.namespace = namespace
         self.label = f"{contract.prefix}/requeue-journal"
-        self.contract = contract
+        self._name_prefix = f"{contract.prefix.split('.')[0]}-requeue-"
 
     def entry_name(self, uid: str) -> str:
-        return f"{self.contract.prefix.split('.')[0]}-requeue-{uid}"[:253]
+        return f"{self._name_prefix}{uid}"[:253]
 
     async def write(self, uid: str, pod: Mapping[str, Any]) -> bool:
         """Write down the replacement of the refused pod `uid`; False when an entry exists already
@@ -119,7 +118,7 @@ class Journal:
             try:
                 pod = json.loads(data[_POD_KEY])
                 pod["metadata"]["namespace"], pod["metadata"]["name"]  # noqa: B018 - what recovery reads
-                out.append(Entry(item.metadata.name, str(data[_UID_KEY]), pod, item.metadata.creation_timestamp))
+                out.append(Entry(str(data[_UID_KEY]), pod, item.metadata.creation_timestamp))
             except (KeyError, TypeError, ValueError) as exc:
                 log.error(
                     "requeue journal entry %s/%s is unreadable (%r); left alone",
@@ -191,14 +190,20 @@ class Journal:
         """The refused pod is still there: the requeuer that wrote the entry died before its delete.
         Delete it (only that pod, by UID), so the entry can be finished; whether it is gone."""
         try:
-            await asyncio.to_thread(
-                self.api.delete_namespaced_pod,
-                entry.pod_name,
-                entry.namespace,
-                body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=entry.uid)),
-            )
+            await delete_pod(self.api, entry.pod_name, entry.namespace, entry.uid)
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:  # 409: another pod has the name now; the next pass forgets the entry
                 log.warning("requeue journal: %s/%s not deleted: %s", entry.namespace, entry.pod_name, exc.reason)
                 return False
         return True
+
+
+async def delete_pod(api: kubernetes.client.CoreV1Api, name: str, namespace: str, uid: str) -> None:
+    """Delete pod `namespace`/`name` only while it is the pod `uid` (409 once another pod has the
+    name, 404 once it is gone): no requeue ever deletes a pod it did not mean."""
+    await asyncio.to_thread(
+        api.delete_namespaced_pod,
+        name,
+        namespace,
+        body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid)),
+    )
