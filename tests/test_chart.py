@@ -543,6 +543,64 @@ def test_webhook_may_only_read_nodes_and_requeue_pods_and_the_plugin_only_label_
         assert chartkit.pod_spec(workload)["serviceAccountName"] == subject["name"]
 
 
+JOURNAL_CASES = [
+    # (id, operation, ConfigMap after, before, allowed); an entry is named and labelled as
+    # webhook/requeue_journal.py names and labels it
+    ("create-entry", "CREATE", "entry", None, True),
+    ("delete-entry", "DELETE", None, "entry", True),
+    ("create-other-name", "CREATE", "gpuslice-config", None, False),
+    ("create-entry-name-unlabelled", "CREATE", "unlabelled", None, False),
+    ("delete-chart-config", "DELETE", None, "gpuslice-config", False),
+    ("delete-unlabelled-entry-name", "DELETE", None, "unlabelled", False),
+    ("update-other-into-entry", "UPDATE", "entry", "gpuslice-config", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "operation", "after", "before", "allowed"), JOURNAL_CASES, ids=[c[0] for c in JOURNAL_CASES]
+)
+def test_the_journal_policy_confines_the_webhooks_configmap_writes_to_journal_entries(
+    case, operation, after, before, allowed
+):
+    # The real API server enforces it in tests/e2e/test_real_burst.py; here its CEL alone, against
+    # the names and label the journal itself writes.
+    from gpuslice.webhook import requeue_journal
+
+    journal = requeue_journal.Journal(None, chartkit.NAMESPACE, config.Config().contract)  # type: ignore[arg-type]
+    manifests = rendered("defaults")
+    policy = manifests.named("ValidatingAdmissionPolicy", "gpuslice-webhook-requeue-journal")
+    binding = manifests.named("ValidatingAdmissionPolicyBinding", "gpuslice-webhook-requeue-journal")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    config_maps = {
+        "entry": {"metadata": {"name": journal.entry_name("0b0e-uid"), "labels": {journal.label: "v1"}}},
+        "unlabelled": {"metadata": {"name": journal.entry_name("0b0e-uid")}},
+        "gpuslice-config": {"metadata": {"name": "gpuslice-config", "labels": {"app": "gpuslice"}}},
+    }
+
+    def request(username: str) -> dict[str, Any]:
+        return {
+            "request": {"userInfo": {"username": username}, "operation": operation},
+            "object": config_maps[after] if after else None,
+            "oldObject": config_maps[before] if before else None,
+        }
+
+    account = manifests.one("ServiceAccount", "webhook")["metadata"]["name"]
+    matched, failed = evaluate_policy(policy, request(f"system:serviceaccount:{chartkit.NAMESPACE}:{account}"))
+    assert matched and (not failed) is allowed, failed
+    assert evaluate_policy(policy, request("system:serviceaccount:kube-system:other")) == (False, [])
+
+
+def test_the_journal_policy_comes_with_the_requeuer_where_the_cluster_has_policies():
+    def names(values: dict[str, Any], kube_version: str = chartkit.KUBE_VERSIONS[-1]) -> list[str]:
+        manifests = chartkit.render(chartkit.merged(chartkit.COMBINATIONS["defaults"], values), kube_version)
+        return [p["metadata"]["name"] for p in manifests.all("ValidatingAdmissionPolicy")]
+
+    assert "gpuslice-webhook-requeue-journal" in names({})
+    assert "gpuslice-webhook-requeue-journal" not in names({"config": {"requeue": {"enabled": False}}})
+    unconfined = {"devicePlugin": {"nodePatchPolicy": {"allowUnconfinedNodeWrites": True}}}
+    assert "gpuslice-webhook-requeue-journal" not in names(unconfined, "1.29.0")  # no v1 policies there
+
+
 def test_scheduler_binds_only_the_stock_scheduler_roles_and_its_own_lease():
     manifests = rendered("binpack-scheduler")
     refs = {b["roleRef"]["name"] for b in manifests.all("ClusterRoleBinding", "scheduler")}
@@ -639,8 +697,8 @@ def test_node_patch_policy_confines_the_plugin_to_its_own_nodes_prefixed_labels(
 ):
     prefix = prefix_of(combination)
     manifests = rendered(combination)
-    policy = manifests.one("ValidatingAdmissionPolicy")
-    binding = manifests.one("ValidatingAdmissionPolicyBinding")
+    policy = manifests.one("ValidatingAdmissionPolicy", "device-plugin")
+    binding = manifests.one("ValidatingAdmissionPolicyBinding", "device-plugin")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     old_labels = {k.replace("{prefix}", prefix): v for k, v in BASE_LABELS.items()}
@@ -673,9 +731,9 @@ def test_node_patch_policy_confines_the_plugin_to_its_own_nodes_prefixed_labels(
 
 @pytest.mark.parametrize(("kube_version", "expected"), [("1.29.0", False), ("1.30.0", True), ("1.35.0", True)])
 def test_node_patch_policy_is_installed_where_the_api_and_the_node_claim_exist(kube_version, expected):
-    kinds = chartkit.render(chartkit.UNCONFINED_NODE_WRITES, kube_version).kinds()
-    assert ("ValidatingAdmissionPolicy" in kinds) is expected
-    assert ("ValidatingAdmissionPolicyBinding" in kinds) is expected
+    manifests = chartkit.render(chartkit.UNCONFINED_NODE_WRITES, kube_version)
+    assert bool(manifests.all("ValidatingAdmissionPolicy", "device-plugin")) is expected
+    assert bool(manifests.all("ValidatingAdmissionPolicyBinding", "device-plugin")) is expected
 
 
 @pytest.mark.parametrize(
@@ -694,7 +752,7 @@ def test_unconfined_node_writes_are_refused_unless_accepted(kube_version, values
 
     accepted = chartkit.merged(values, chartkit.UNCONFINED_NODE_WRITES)
     manifests = chartkit.render(accepted, kube_version)
-    assert "ValidatingAdmissionPolicy" not in manifests.kinds()
+    assert manifests.all("ValidatingAdmissionPolicy", "device-plugin") == []
     assert manifests.one("DaemonSet", "device-plugin")
 
 

@@ -116,6 +116,7 @@ class _Api:
         self.calls: list[str] = []
         self.created: list[dict[str, Any]] = []
         self.refuse_creates: int | None = None  # an HTTP status every pod create answers
+        self.events: list[Any] = []
 
     def _put_pod(self, namespace: str, body: dict[str, Any]) -> Any:
         metadata = body["metadata"]
@@ -155,7 +156,7 @@ class _Api:
         return pod
 
     def create_namespaced_event(self, namespace: str, body: Any) -> None:
-        pass
+        self.events.append(body)
 
     def create_namespaced_config_map(self, namespace: str, body: Any) -> None:
         self.calls.append(f"create configmap {body.metadata.name}")
@@ -254,11 +255,16 @@ def test_a_requeue_whose_create_fails_is_finished_from_the_journal_by_a_later_pa
 
     api.refuse_creates = None
     restarted = _requeuer(api)
-    done = asyncio.run(restarted.journal.recover(restarted._create, grace_seconds=0))
+    done = asyncio.run(restarted.finish_journal(grace_seconds=0))
     assert done.created == ["team-a/train"] and api.config_maps == {}
     (created,) = api.created
     assert created["metadata"]["annotations"][CONTRACT.requeues_annotation] == "1"
     assert "nodeName" not in created["spec"]
+    # Counted, and said on the new pod where `kubectl describe` shows it.
+    assert _count(restarted, "recovered") == 1
+    (event,) = api.events
+    assert event.reason == "Requeued" and "requeue journal" in event.message
+    assert event.involved_object.uid == api.pods[("team-a", "train")].metadata.uid
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,10 @@ _CREATE_ATTEMPTS = 8
 _CREATE_FIRST_RETRY_SECONDS = 0.2  # then doubling, at most _CREATE_MAX_RETRY_SECONDS
 _CREATE_MAX_RETRY_SECONDS = 10.0
 JOURNAL_SWEEP_SECONDS = 60.0  # how often unfinished journal entries are looked at
+_RECOVERED_MESSAGE = (
+    "recreated from gpuslice's requeue journal: kubelet refused an earlier pod of this name and the requeue"
+    " that deleted it did not finish (the webhook stopped, or the API server refused the create for a while)"
+)
 
 
 def requeues_of(pod: Mapping[str, Any], contract: contract_.Contract) -> int:
@@ -129,14 +133,32 @@ class Requeuer:
         """Finish the journal's unfinished requeues, at start and every `sweep_seconds`."""
         while True:
             try:
-                done = await self.journal.recover(self._create, busy=self._pending)
-                if done.created:
-                    self._requeued.labels("recovered").inc(len(done.created))
+                await self.finish_journal()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 log.warning("requeue journal not readable: %s", exc)
             await asyncio.sleep(self.sweep_seconds)
+
+    async def finish_journal(
+        self, *, grace_seconds: float = requeue_journal.RECOVERY_GRACE_SECONDS
+    ) -> requeue_journal.Recovered:
+        """One pass over the journal (`Journal.recover`); every pod made from an entry is counted
+        (`recovered`) and gets an Event saying why it was made again."""
+        made: list[Any] = []
+
+        async def create(pod: dict[str, Any]) -> Any:
+            created = await self._create(pod)
+            if created is not None:
+                made.append(created)
+            return created
+
+        try:
+            return await self.journal.recover(create, busy=self._pending, grace_seconds=grace_seconds)
+        finally:  # also when a later entry's handling raised: these pods exist
+            self._requeued.labels("recovered").inc(len(made))
+            for pod in made:
+                await self._event(pod, _RECOVERED_MESSAGE)
 
     def _consider(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")

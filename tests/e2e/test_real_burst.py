@@ -251,14 +251,64 @@ def test_a_requeue_a_dead_webhook_left_half_done_is_finished_from_its_journal(
     k8skit.wait_for("the pod to be gone", lambda: "half-requeued" not in _pod_names(core, namespace))
 
     after = requeue.Requeuer(own, settings, registry=prometheus_client.CollectorRegistry(), namespace=release.namespace)
-    done = asyncio.run(after.journal.recover(after._create, grace_seconds=0))
+    done = asyncio.run(after.finish_journal(grace_seconds=0))
     assert done.created == [f"{namespace}/half-requeued"], done
     again = core.read_namespaced_pod("half-requeued", namespace)
     assert again.metadata.uid != created.metadata.uid
     assert again.metadata.annotations[CONTRACT.requeues_annotation] == "1"
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.uid={again.metadata.uid}").items
+    requeued = [e.message for e in events if e.reason == "Requeued"]  # the scheduler's own events beside it
+    assert len(requeued) == 1 and "requeue journal" in requeued[0], [(e.reason, e.message) for e in events]
     assert core.list_namespaced_config_map(release.namespace, label_selector=JOURNAL_LABEL).items == []
     # Finished once: a second pass finds nothing to do.
     assert asyncio.run(after.journal.recover(after._create, grace_seconds=0)) == requeue_journal.Recovered()
+
+
+def test_the_webhook_may_write_only_its_journals_configmaps(
+    release: Any, core: kubernetes.client.CoreV1Api, admin: kubernetes.client.ApiClient
+) -> None:
+    # The chart's Role lets the webhook create and delete any ConfigMap of its namespace (RBAC cannot
+    # name objects not made yet); its ValidatingAdmissionPolicy narrows that to journal entries.
+    own = kubernetes.client.CoreV1Api(k8skit.api_client(release.kubeconfig_of(f"{release.fullname}-webhook")))
+    journal = requeue_journal.Journal(own, release.namespace, CONTRACT)
+    chart_config = f"{release.fullname}-config"
+
+    def refused(call: Any) -> str:
+        with pytest.raises(kubernetes.client.ApiException) as error:
+            call()
+        assert error.value.status == 403, error.value
+        return k8skit.api_error_message(error.value)
+
+    def in_force() -> bool | None:
+        # The API server loads a new policy a moment after it is created; a probe that gets through
+        # meanwhile is undone.
+        probe = kubernetes.client.V1ConfigMap(metadata=kubernetes.client.V1ObjectMeta(name="journal-policy-probe"))
+        try:
+            own.create_namespaced_config_map(release.namespace, probe)
+        except kubernetes.client.ApiException as exc:
+            return exc.status == 403 or None
+        core.delete_namespaced_config_map("journal-policy-probe", release.namespace)
+        return None
+
+    k8skit.wait_for("the journal policy to be in force", in_force, timeout=60, interval=0.5)
+    policy = kubernetes.client.AdmissionregistrationV1Api(admin).read_validating_admission_policy(
+        f"{release.fullname}-webhook-requeue-journal"
+    )
+    assert not (policy.status and policy.status.type_checking and policy.status.type_checking.expression_warnings)
+
+    message = refused(lambda: own.delete_namespaced_config_map(chart_config, release.namespace))
+    assert "may write only its requeue journal's ConfigMaps" in message, message
+    assert core.read_namespaced_config_map(chart_config, release.namespace).data["config.yaml"]
+    # A ConfigMap with an entry's name but not its label is not an entry.
+    bare = kubernetes.client.V1ConfigMap(metadata=kubernetes.client.V1ObjectMeta(name=journal.entry_name("x")))
+    refused(lambda: own.create_namespaced_config_map(release.namespace, bare))
+
+    pod = k8skit.pod_object("journal-policy")
+    pod["metadata"]["namespace"] = release.namespace
+    assert asyncio.run(journal.write("policy-uid", pod))  # its own entries: allowed
+    assert [e.uid for e in asyncio.run(journal.entries())] == ["policy-uid"]
+    asyncio.run(journal.forget("policy-uid"))
+    assert asyncio.run(journal.entries()) == []
 
 
 def _pod_names(core: kubernetes.client.CoreV1Api, namespace: str) -> set[str]:
