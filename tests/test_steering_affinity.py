@@ -492,3 +492,74 @@ def test_an_absurd_cpu_request_gets_no_balance_terms_rather_than_values_beyond_i
     _, plain = steering.placement_affinity(dataclasses.replace(absurd, cpu_per_gpu_milli=0), CONTRACT)
     _, sane = steering.placement_affinity(cpu_share(0.5, 4000), CONTRACT)
     assert preferred == plain and len(sane) == len(plain) + 2
+
+
+# --- host fit: a whole-node pod on the node whose free memory it fills most ---------------------
+
+
+def with_memory(*allocated: int, memory_mib: int) -> dict[str, str]:
+    in_use = {f"GPU-{i:04d}": a for i, a in enumerate(allocated)}
+    return labels.node_labels(node_of(*allocated), CONTRACT, allocated=in_use, headroom=(96_000, memory_mib))
+
+
+def whole(gpus: int, memory_mib: int) -> steering.Request:
+    return steering.Request(units=U, gpus=gpus, whole_gpus=True, units_per_gpu=U, memory_mib=memory_mib)
+
+
+def host_fit(preferred: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    memory = CONTRACT.label_free_memory_mib
+    return [t for t in preferred if any(e["key"] == memory for e in t["preference"]["matchExpressions"])]
+
+
+@pytest.mark.parametrize(
+    ("allocated", "free_memory", "expected"),
+    [
+        ((0, 0), 300_000, True),  # takes both free GPUs and 256 of 300 GiB free
+        ((0, 0), 393_216, False),  # a 384 GiB node fresh: more than a third of its memory left
+        ((0, 0, 0), 300_000, False),  # a free GPU left beside it: the node is not done
+        ((U // 2, 0, 0), 300_000, True),  # its last whole GPUs; shares may still use the half
+        ((0, 0), 393_215, True),  # just below 3/2 of the request
+    ],
+    ids=["tight", "memory-rich", "gpu-left", "partial-left", "bound"],
+)
+def test_a_whole_gpu_pod_prefers_the_node_it_fills_with_every_free_gpu_and_most_free_memory(
+    allocated, free_memory, expected
+):
+    _, preferred = steering.placement_affinity(whole(2, 262_144), CONTRACT)
+    (term,) = host_fit(preferred)
+    node_labels = with_memory(*allocated, memory_mib=free_memory)
+    assert term_matches(term["preference"]["matchExpressions"], node_labels) is expected
+
+
+def test_the_host_fit_sends_a_whole_node_pod_to_the_smaller_node_where_both_fit():
+    # The trace's 8-GPU pods asking 256 GiB fit the 384 GiB G2 nodes and the 768 GiB G3 nodes; the
+    # G3 nodes are the only ones for the pods asking 640-720 GiB, so the G2 node must score higher.
+    g2, g3 = with_memory(*[0] * 8, memory_mib=393_216), with_memory(*[0] * 8, memory_mib=786_432)
+    _, preferred = steering.placement_affinity(whole(8, 263_168), CONTRACT)
+    assert preference(preferred, g2) == preference(preferred, g3) + steering.WEIGHTS.host_fit
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        share(0.5),  # a share: a whole GPU's memory is not what it fills
+        steering.Request(units=U, gpus=2, whole_gpus=True, units_per_gpu=U),  # no memory request
+        whole(2, 2**63),  # absurd: no value beyond int64
+    ],
+    ids=["share", "no-memory-request", "absurd"],
+)
+def test_no_host_fit_term_where_it_cannot_be_judged(request_):
+    _, preferred = steering.placement_affinity(request_, CONTRACT)
+    keys = {e["key"] for t in preferred for e in t["preference"]["matchExpressions"]}
+    assert CONTRACT.label_free_memory_mib not in keys
+
+
+@pytest.mark.parametrize("version", ["1.29.0", "1.35.0"])
+def test_the_host_fit_term_is_a_valid_pod_node_affinity(version):
+    required, preferred = steering.placement_affinity(whole(8, 263_168), CONTRACT)
+    assert host_fit(preferred)
+    node_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": required}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+    }
+    kubernetes_validate.validate(pod_with(node_affinity), version, strict=True)

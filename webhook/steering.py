@@ -52,6 +52,7 @@ class Request:
     # built per pod; not part of the request's identity, so the cached terms are shared by pods
     # of any CPU request.
     cpu_milli: int = dataclasses.field(default=-1, compare=False)
+    memory_mib: int = dataclasses.field(default=-1, compare=False)  # idem, read by the host fit term only
     cpu_per_gpu_milli: int = 0  # steering.cpuPerGpuMilli: CPU expected per GPU (0: no CPU balance terms)
 
 
@@ -84,6 +85,9 @@ class Weights:
     # over a tighter GPU fit.
     cpu_balance_close: int = 15
     cpu_balance_near: int = 7
+    # Whole GPUs that take every fully free GPU of a node: the node whose free memory they fill
+    # most (`_host_fit`). As large as the close CPU balance; it decides among nodes of equal GPU fit.
+    host_fit: int = 15
     # MIG: the last free slices of the profile on the node go first.
     last_mig: int = 30
     few_mig: int = 15
@@ -116,7 +120,7 @@ def placement_affinity(
     are the caller's; the terms in them are shared between calls and must not be changed.
     """
     required, preferred = _placement_terms(request, contract)  # cached: cpu_milli is not compared
-    return list(required), [*preferred, *_cpu_balance(request, contract)]
+    return list(required), [*preferred, *_cpu_balance(request, contract), *_host_fit(request, contract)]
 
 
 # Built once per distinct request: the terms depend only on it and the contract, and the pods of
@@ -214,7 +218,7 @@ def _cpu_balance(request: Request, contract: contract_.Contract) -> list[dict[st
     else:  # a gpu-memory share that several GPU sizes fit: its share of a GPU is not known
         return []
     need = request.cpu_milli - round(per_gpu * gpus)
-    if abs(need) > _MAX_BALANCE_MILLI:  # an absurd request (the API server refuses it): no terms,
+    if abs(need) > _MAX_BOUND:  # an absurd request (the API server refuses it): no terms,
         return []  # rather than Gt/Lt values beyond the int64 the API server reads them as
     # Not on a largest node with every GPU free, for a pod smaller than one: the balance must not
     # undo what keeping whole nodes free does (on such a node b is about 0, which matches the
@@ -227,7 +231,30 @@ def _cpu_balance(request: Request, contract: contract_.Contract) -> list[dict[st
     ]
 
 
-_MAX_BALANCE_MILLI = 10**15  # a million times the largest node's CPU; far inside int64 with the slack
+def _host_fit(request: Request, contract: contract_.Contract) -> list[dict[str, Any]]:
+    """For whole GPUs: the nodes where the pod takes every fully free GPU and more than two thirds
+    of the free memory (free memory below 3/2 of its request).
+
+    After such a pod the node's memory serves only CPU pods and shares on partly used GPUs, so the
+    less it leaves the better; and the nodes with memory to spare are the only ones the most
+    memory-hungry pods fit (in the trace, 8-GPU pods asking 640-720 GiB fit only the 768 GiB G3
+    nodes; 8-GPU pods asking 256-320 GiB fit the 384 GiB G2 nodes as well). Without the term,
+    LeastAllocated sends a whole-node pod to the node with the most memory free: the wrong one."""
+    if not request.whole_gpus or request.memory_mib <= 0:
+        return []
+    bound = request.memory_mib * 3 // 2
+    if bound > _MAX_BOUND:  # an absurd request: no term rather than a value beyond int64
+        return []
+    return [_host_fit_term(request.gpus, bound, contract.label_free_gpus, contract.label_free_memory_mib)]
+
+
+# Keyed by the label names, not the contract, as `_balance_within`.
+@functools.lru_cache(maxsize=1024)
+def _host_fit_term(gpus: int, bound: int, free_gpus: str, free_memory: str) -> dict[str, Any]:
+    return _term(WEIGHTS.host_fit, _lt(free_gpus, gpus + 1), _lt(free_memory, bound))
+
+
+_MAX_BOUND = 10**15  # a million times the largest node's CPU (millicores) or memory (MiB); far inside int64
 
 
 # Keyed by the label names, not the contract: hashing a frozen dataclass costs a Python call.

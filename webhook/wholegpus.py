@@ -60,6 +60,7 @@ def convert(
         units_per_gpu=per_gpu,
         largest_node_gpus=choice.largest_node_gpus,
         cpu_milli=demand.cpu_milli,
+        memory_mib=demand.memory_mib,
         cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
     )
     return conversions.Conversion(
