@@ -515,10 +515,10 @@ def host_fit(preferred: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ("allocated", "free_memory", "expected"),
     [
         ((0, 0), 300_000, True),  # takes both free GPUs and 256 of 300 GiB free
-        ((0, 0), 393_216, False),  # a 384 GiB node fresh: more than a third of its memory left
+        ((0, 0), 393_217, False),  # more than a third of the free memory left
         ((0, 0, 0), 300_000, False),  # a free GPU left beside it: the node is not done
         ((U // 2, 0, 0), 300_000, True),  # its last whole GPUs; shares may still use the half
-        ((0, 0), 393_215, True),  # just below 3/2 of the request
+        ((0, 0), 393_216, True),  # exactly 3/2 of the request: a 384 GiB node for a 256 GiB pod
     ],
     ids=["tight", "memory-rich", "gpu-left", "partial-left", "bound"],
 )

@@ -232,8 +232,8 @@ def _cpu_balance(request: Request, contract: contract_.Contract) -> list[dict[st
 
 
 def _host_fit(request: Request, contract: contract_.Contract) -> list[dict[str, Any]]:
-    """For whole GPUs: the nodes where the pod takes every fully free GPU and more than two thirds
-    of the free memory (free memory below 3/2 of its request).
+    """For whole GPUs: the nodes where the pod takes every fully free GPU and at least two thirds
+    of the free memory (free memory at most 3/2 of its request).
 
     After such a pod the node's memory serves only CPU pods and shares on partly used GPUs, so the
     less it leaves the better; and the nodes with memory to spare are the only ones the most
@@ -251,7 +251,7 @@ def _host_fit(request: Request, contract: contract_.Contract) -> list[dict[str, 
 # Keyed by the label names, not the contract, as `_balance_within`.
 @functools.lru_cache(maxsize=1024)
 def _host_fit_term(gpus: int, bound: int, free_gpus: str, free_memory: str) -> dict[str, Any]:
-    return _term(WEIGHTS.host_fit, _lt(free_gpus, gpus + 1), _lt(free_memory, bound))
+    return _term(WEIGHTS.host_fit, _lt(free_gpus, gpus + 1), _lt(free_memory, bound + 1))
 
 
 _MAX_BOUND = 10**15  # a million times the largest node's CPU (millicores) or memory (MiB); far inside int64
