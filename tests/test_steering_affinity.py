@@ -387,11 +387,11 @@ def test_changing_the_returned_lists_does_not_change_the_next_answer():
 PER_GPU = 12000  # millicores expected per GPU
 
 
-def with_headroom(*allocated: int, cpu_milli: int) -> dict[str, str]:
+def with_headroom(*allocated: int, cpu_milli: int = 96_000, memory_mib: int = 100_000) -> dict[str, str]:
     node = node_of(*allocated)
     in_use = {f"GPU-{i:04d}": a for i, a in enumerate(allocated)}
     return labels.node_labels(
-        node, CONTRACT, allocated=in_use, headroom=(cpu_milli, 100_000), cpu_per_gpu_milli=PER_GPU
+        node, CONTRACT, allocated=in_use, headroom=(cpu_milli, memory_mib), cpu_per_gpu_milli=PER_GPU
     )
 
 
@@ -497,11 +497,6 @@ def test_an_absurd_cpu_request_gets_no_balance_terms_rather_than_values_beyond_i
 # --- host fit: a whole-node pod on the node whose free memory it fills most ---------------------
 
 
-def with_memory(*allocated: int, memory_mib: int) -> dict[str, str]:
-    in_use = {f"GPU-{i:04d}": a for i, a in enumerate(allocated)}
-    return labels.node_labels(node_of(*allocated), CONTRACT, allocated=in_use, headroom=(96_000, memory_mib))
-
-
 def whole(gpus: int, memory_mib: int) -> steering.Request:
     return steering.Request(units=U, gpus=gpus, whole_gpus=True, units_per_gpu=U, memory_mib=memory_mib)
 
@@ -527,14 +522,14 @@ def test_a_whole_gpu_pod_prefers_the_node_it_fills_with_every_free_gpu_and_most_
 ):
     _, preferred = steering.placement_affinity(whole(2, 262_144), CONTRACT)
     (term,) = host_fit(preferred)
-    node_labels = with_memory(*allocated, memory_mib=free_memory)
+    node_labels = with_headroom(*allocated, memory_mib=free_memory)
     assert term_matches(term["preference"]["matchExpressions"], node_labels) is expected
 
 
 def test_the_host_fit_sends_a_whole_node_pod_to_the_smaller_node_where_both_fit():
     # The trace's 8-GPU pods asking 256 GiB fit the 384 GiB G2 nodes and the 768 GiB G3 nodes; the
     # G3 nodes are the only ones for the pods asking 640-720 GiB, so the G2 node must score higher.
-    g2, g3 = with_memory(*[0] * 8, memory_mib=393_216), with_memory(*[0] * 8, memory_mib=786_432)
+    g2, g3 = with_headroom(*[0] * 8, memory_mib=393_216), with_headroom(*[0] * 8, memory_mib=786_432)
     _, preferred = steering.placement_affinity(whole(8, 263_168), CONTRACT)
     assert preference(preferred, g2) == preference(preferred, g3) + steering.WEIGHTS.host_fit
 
