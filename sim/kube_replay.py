@@ -886,6 +886,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "demand": args.demand,
         "arrival": str(arrival),
         "mode": ",".join(args.mode),
+        "pacing": settings.pacing.enabled,  # device-plugin mode only (DRA has nothing to pace)
     }
     if args.placements:
         try:
