@@ -8,11 +8,15 @@ memory and GPUs with a free share each (in milli of a GPU); a pod gets exactly t
 for (continuous shares), so granted == requested here.
 
 - A node's **fragmentation for a task type** m is the free GPU capacity on it that m cannot use:
-  all its free GPU when m does not fit the node (CPU, memory, GPU model, or GPU: no single GPU with
-  m's share free / fewer than m's count of wholly free GPUs) or asks for no GPU at all; otherwise the
-  free share of every GPU whose free share is below min(m's share, one GPU).
+  all its free GPU when m does not fit the node (CPU, GPU model, or GPU: no single GPU with m's
+  share free / fewer than m's count of wholly free GPUs) or asks for no GPU at all; otherwise the
+  free share of every GPU whose free share is below min(m's share, one GPU). **Memory is not part
+  of it**: the paper's simulator describes task types and nodes by CPU and GPUs only (its
+  `PodResource` and `NodeResource` have no memory), so memory binds only through the filter below.
 - The node's **expected fragmentation** weights the task types by their popularity in the target
-  workload (here: their counts in the trace's pod list).
+  workload: a type is a (CPU, GPU count, share, GPU models) of the trace's pod list, weighted by
+  its pod count; `popularity` below 1 keeps only the most common types that together hold that
+  share of the pods (the paper's `podPopularityThreshold`).
 - **FGD** places each pod on the node and GPU(s) whose placement increases the expected
   fragmentation least, among the nodes the default scheduler's filters pass (CPU, memory, GPU
   model, the share on one GPU / the count of whole free GPUs). Every feasible node is scored, as
@@ -68,7 +72,6 @@ class Mix:
     """The target workload's task types (one row each) and how many pods of each it has."""
 
     cpu_milli: np.ndarray
-    memory_mib: np.ndarray
     num_gpu: np.ndarray
     gpu_milli: np.ndarray  # per GPU; 0 for CPU-only types
     gpu_spec: tuple[tuple[str, ...], ...]  # allowed GPU models per type, empty = any
@@ -78,21 +81,37 @@ class Mix:
         return len(self.count)
 
 
-def workload_mix(pods: Sequence[trace.TracePod]) -> Mix:
-    """Task types of a pod list: pods with the same CPU, memory, GPU count, share and models."""
-    counts: collections.Counter[tuple[int, int, int, int, tuple[str, ...]]] = collections.Counter(
-        (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli if p.num_gpu else 0, p.gpu_spec if p.num_gpu else ())
-        for p in pods
+# Every task type weighed. The paper's scripts configure podPopularityThreshold 95 (the most common
+# types holding 95 % of the pods), but its published results are reproduced closer with every type
+# (docs/simulator.md, "FGD in the model"); --fgd-popularity-threshold 95 gives the scripts' setting.
+POPULARITY_THRESHOLD = 1.0
+
+
+def workload_mix(pods: Sequence[trace.TracePod], *, popularity: float = POPULARITY_THRESHOLD) -> Mix:
+    """The typical task types of a pod list: pods with the same CPU, GPU count, share and models
+    are one type; the most common types are taken one by one until they hold `popularity` of the
+    pods, each weighted by its count."""
+    if not 0 < popularity <= 1:
+        raise ValueError(f"popularity must be in (0, 1], got {popularity}")
+    counts: collections.Counter[tuple[int, int, int, tuple[str, ...]]] = collections.Counter(
+        (p.cpu_milli, p.num_gpu, p.gpu_milli if p.num_gpu else 0, p.gpu_spec if p.num_gpu else ()) for p in pods
     )
     if not counts:
         raise ValueError("the target workload has no pods")
-    keys = sorted(counts)
+    # Most common first; equal counts larger first by CPU, share, GPU count, models (the paper's order).
+    ranked = sorted(counts, key=lambda k: (counts[k], k[0], k[2], k[1], "|".join(k[3])), reverse=True)
+    wanted, held, keys = popularity * sum(counts.values()), 0, []
+    for key in ranked:
+        if held >= wanted:
+            break
+        keys.append(key)
+        held += counts[key]
+    keys.sort()
     return Mix(
         cpu_milli=np.array([k[0] for k in keys], dtype=np.int64),
-        memory_mib=np.array([k[1] for k in keys], dtype=np.int64),
-        num_gpu=np.array([k[2] for k in keys], dtype=np.int64),
-        gpu_milli=np.array([k[3] for k in keys], dtype=np.int64),
-        gpu_spec=tuple(k[4] for k in keys),
+        num_gpu=np.array([k[1] for k in keys], dtype=np.int64),
+        gpu_milli=np.array([k[2] for k in keys], dtype=np.int64),
+        gpu_spec=tuple(k[3] for k in keys),
         count=np.array([counts[k] for k in keys], dtype=np.int64),
     )
 
@@ -115,23 +134,25 @@ class Policy:
 
 
 def policies(
-    pods: Sequence[trace.TracePod], *, percentage_of_nodes_to_score: int = 100, scored: bool = True
+    pods: Sequence[trace.TracePod],
+    *,
+    percentage_of_nodes_to_score: int = 100,
+    scored: bool = True,
+    popularity: float = POPULARITY_THRESHOLD,
 ) -> dict[str, Policy]:
-    """The FGD configurations, expecting the mix of `pods` (the trace's own pod list)."""
-    mix = workload_mix(pods)
+    """The FGD configurations, expecting the typical task types of `pods` (the trace's own pod list)."""
+    mix = workload_mix(pods, popularity=popularity)
     return {
         f"fgd-{tie}-ties": Policy(f"fgd-{tie}-ties", tie, mix, scored, percentage_of_nodes_to_score)
         for tie in TIE_BREAKS
     }
 
 
-def fragmentation(free_milli: Sequence[int], cpu_free: int, memory_free: int, model: str, mix: Mix) -> np.ndarray:
+def fragmentation(free_milli: Sequence[int], cpu_free: int, model: str, mix: Mix) -> np.ndarray:
     """One node's fragmentation for each task type of `mix`, in milli of a GPU (the paper's F_n(m))."""
     models = _ModelCodes(mix, [model])
     free = np.asarray([list(free_milli)], dtype=np.int64)
-    return _fragmentation(
-        free, np.array([cpu_free]), np.array([memory_free]), np.array([models.code(model)]), mix, models
-    )[0]
+    return _fragmentation(free, np.array([cpu_free]), np.array([models.code(model)]), mix, models)[0]
 
 
 class _ModelCodes:
@@ -149,10 +170,8 @@ class _ModelCodes:
         return self.codes[model]
 
 
-def _fragmentation(
-    free: np.ndarray, cpu: np.ndarray, memory: np.ndarray, model: np.ndarray, mix: Mix, models: _ModelCodes
-) -> np.ndarray:
-    """F[state, type] for states given as free[state, gpu] (milli; a missing GPU is 0), CPU, memory, model."""
+def _fragmentation(free: np.ndarray, cpu: np.ndarray, model: np.ndarray, mix: Mix, models: _ModelCodes) -> np.ndarray:
+    """F[state, type] for states given as free[state, gpu] (milli; a missing GPU is 0), CPU, model."""
     total = free.sum(axis=1)
     widest = free.max(axis=1, initial=0)
     whole_free = (free >= WHOLE).sum(axis=1)
@@ -161,12 +180,7 @@ def _fragmentation(
         widest[:, None] >= mix.gpu_milli[None, :],
         whole_free[:, None] >= mix.num_gpu[None, :],
     )
-    fits = (
-        gpu_fits
-        & (cpu[:, None] >= mix.cpu_milli[None, :])
-        & (memory[:, None] >= mix.memory_mib[None, :])
-        & models.allowed[:, model].T
-    )
+    fits = gpu_fits & (cpu[:, None] >= mix.cpu_milli[None, :]) & models.allowed[:, model].T
     # The free share of each GPU too small for the type's share (a whole GPU for multi-GPU types);
     # computed once per distinct share, the types index into it.
     needs, need_of_type = np.unique(np.minimum(mix.gpu_milli, WHOLE), return_inverse=True)
@@ -200,11 +214,11 @@ class State:
         self.memory = np.array([n.memory_mib for n in nodes], dtype=np.int64)
         self.model = np.array([self.models.code(n.model) for n in nodes], dtype=np.int64)
         self.name_rank = np.argsort(np.argsort(np.array(self.names, dtype=object)))  # 0 = smallest name
-        self.expected = self._expected(self.free, self.cpu, self.memory, self.model)
+        self.expected = self._expected(self.free, self.cpu, self.model)
 
-    def _expected(self, free: np.ndarray, cpu: np.ndarray, memory: np.ndarray, model: np.ndarray) -> np.ndarray:
+    def _expected(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
         """Expected fragmentation per state: sum over types of count x F (milli x pods)."""
-        return _fragmentation(free, cpu, memory, model, self.mix, self.models) @ self.mix.count
+        return _fragmentation(free, cpu, model, self.mix, self.models) @ self.mix.count
 
     def feasible(self, pod: trace.TracePod) -> tuple[np.ndarray, dict[str, int]]:
         """Nodes the default scheduler's filters pass, and per failed filter how many nodes it stopped."""
@@ -252,12 +266,7 @@ class State:
         if len(nodes) == 0:
             return None
         owner, after = self.candidates(pod, nodes)
-        grown = (
-            self._expected(
-                after, self.cpu[owner] - pod.cpu_milli, self.memory[owner] - pod.memory_mib, self.model[owner]
-            )
-            - self.expected[owner]
-        )
+        grown = self._expected(after, self.cpu[owner] - pod.cpu_milli, self.model[owner]) - self.expected[owner]
         if self.scored:
             # A kube-scheduler score plugin answers an integer 0..100 per node: the growth in GPUs
             # (popularity as shares, so / the pod count) through a falling sigmoid, truncated.
@@ -290,7 +299,7 @@ class State:
         self.cpu[node] -= pod.cpu_milli
         self.memory[node] -= pod.memory_mib
         i = [node]
-        self.expected[node] = self._expected(self.free[i], self.cpu[i], self.memory[i], self.model[i])[0]
+        self.expected[node] = self._expected(self.free[i], self.cpu[i], self.model[i])[0]
 
 
 def replay_fgd(

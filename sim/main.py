@@ -103,6 +103,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "plugin answers, as the paper's simulator did; exact, by the exact growth of expected fragmentation",
     )
     parser.add_argument(
+        "--fgd-popularity-threshold",
+        type=float,
+        default=fgd.POPULARITY_THRESHOLD * 100,
+        metavar="PERCENT",
+        help="the fgd-* configurations weigh the most common task types that together hold this percent of "
+        f"the trace's pods (the paper's podPopularityThreshold; default {fgd.POPULARITY_THRESHOLD * 100:g}, "
+        "docs/simulator.md says why)",
+    )
+    parser.add_argument(
         "--paper-dir", metavar="DIR", help="FGD paper results (default: fgd-paper-results beside the trace)"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -119,6 +128,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.demand <= 0:
         parser.error(f"--demand must be greater than 0, got {args.demand}")
+    if not 0 < args.fgd_popularity_threshold <= 100:
+        parser.error(f"--fgd-popularity-threshold must be in (0, 100], got {args.fgd_popularity_threshold:g}")
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
     if args.jobs is not None and args.jobs < 1:
@@ -500,6 +511,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
                 pods,
                 percentage_of_nodes_to_score=args.fgd_percentage_of_nodes_to_score,
                 scored=args.fgd_score == "kube",
+                popularity=args.fgd_popularity_threshold / 100,
             )
         )
     results = _replay_all(

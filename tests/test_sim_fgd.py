@@ -38,17 +38,17 @@ FREE = [300, 700, 1000, 0]  # a node of four GPUs: 0.3, 0.7 and 1 GPU free, one 
 
 
 def test_a_share_leaves_as_fragment_the_gpus_whose_free_share_is_below_it() -> None:
-    [f] = fgd.fragmentation(FREE, 8000, 8192, "T4", _mix(_pod("half", 500)))
+    [f] = fgd.fragmentation(FREE, 8000, "T4", _mix(_pod("half", 500)))
     assert f == 300  # only the 0.3 GPU is too small for a half; the 0.7 and the whole GPU can take one
 
 
 def test_a_whole_gpu_task_leaves_every_partly_used_gpu_as_fragment() -> None:
-    [f] = fgd.fragmentation(FREE, 8000, 8192, "T4", _mix(_pod("whole", 1000)))
+    [f] = fgd.fragmentation(FREE, 8000, "T4", _mix(_pod("whole", 1000)))
     assert f == 300 + 700
 
 
 def test_a_multi_gpu_task_that_finds_too_few_whole_gpus_leaves_all_free_gpu_as_fragment() -> None:
-    [f] = fgd.fragmentation(FREE, 8000, 8192, "T4", _mix(_pod("two", 1000, gpus=2)))
+    [f] = fgd.fragmentation(FREE, 8000, "T4", _mix(_pod("two", 1000, gpus=2)))
     assert f == 2000
 
 
@@ -56,19 +56,46 @@ def test_a_multi_gpu_task_that_finds_too_few_whole_gpus_leaves_all_free_gpu_as_f
     "pod",
     [
         _pod("cpu-hungry", 100, cpu=9000),
-        _pod("memory-hungry", 100, memory=9000),
         _pod("wrong-model", 100, spec=("V100M32",)),
         _pod("cpu-only", 0),  # asks for no GPU: the paper counts all free GPU as fragment for it
     ],
     ids=lambda p: p.name,
 )
 def test_a_task_that_cannot_use_the_node_leaves_all_free_gpu_as_fragment(pod: trace.TracePod) -> None:
-    [f] = fgd.fragmentation(FREE, 8000, 8192, "T4", _mix(pod))
+    [f] = fgd.fragmentation(FREE, 8000, "T4", _mix(pod))
     assert f == 2000
 
 
+def test_memory_is_not_part_of_the_measure_as_in_the_papers_simulator() -> None:
+    # Its task types and nodes are CPU and GPUs only: a type that asks more memory than the node has
+    # left is measured like any other, and types differing only in memory are one type.
+    mix = _mix(_pod("small", 500, memory=1024), _pod("large", 500, memory=900_000))
+    assert list(mix.count) == [2]
+    [f] = fgd.fragmentation(FREE, 8000, "T4", mix)
+    assert f == 300
+
+
+def test_memory_still_binds_through_the_filter() -> None:
+    state = fgd.State([_node("roomy", memory=65536), _node("tight", memory=4096)], _mix(_pod("half", 500)))
+    ok, failed = state.feasible(_pod("hungry", 500, memory=8192))
+    assert list(ok) == [True, False] and failed == {"Insufficient memory": 1}
+
+
+def test_only_the_most_common_types_holding_the_popularity_threshold_are_weighed() -> None:
+    pods = [_pod(f"half-{i}", 500) for i in range(90)] + [_pod(f"whole-{i}", 1000) for i in range(6)]
+    pods += [_pod(f"quarter-{i}", 250) for i in range(4)]
+    assert list(fgd.workload_mix(pods, popularity=0.95).count) == [90, 6]  # 96 of 100 reach 95 %: no quarters
+    assert sorted(fgd.workload_mix(pods).count) == [4, 6, 90]  # by default every type
+    # Equal counts: the larger type first (by CPU, then share), as the paper's simulator orders them.
+    tied = [_pod("a", 500, cpu=1000), _pod("b", 500, cpu=2000), _pod("c", 250, cpu=2000)]
+    mix = fgd.workload_mix(tied, popularity=0.5)
+    assert (list(mix.cpu_milli), list(mix.gpu_milli)) == ([2000, 2000], [250, 500])
+    with pytest.raises(ValueError, match="popularity"):
+        fgd.workload_mix(pods, popularity=0)
+
+
 def test_a_share_no_single_gpu_has_room_for_leaves_all_free_gpu_as_fragment() -> None:
-    [f] = fgd.fragmentation([300, 700, 0], 8000, 8192, "T4", _mix(_pod("big", 800)))
+    [f] = fgd.fragmentation([300, 700, 0], 8000, "T4", _mix(_pod("big", 800)))
     assert f == 1000  # 1 GPU free in all, but no GPU has 0.8: a share does not span GPUs
 
 
@@ -77,7 +104,7 @@ def test_task_types_are_weighted_by_their_count_in_the_workload() -> None:
     assert list(mix.count) == [3, 1]  # three halves, one whole GPU: one type each
     state = fgd.State([_node("n", 4)], mix)
     state.free[0] = FREE
-    state.expected[0] = state._expected(state.free, state.cpu, state.memory, state.model)[0]
+    state.expected[0] = state._expected(state.free, state.cpu, state.model)[0]
     assert state.expected[0] == 3 * 300 + 1 * 1000
 
 
@@ -88,7 +115,7 @@ def _state(nodes: list[trace.TraceNode], mix: fgd.Mix, free: dict[int, list[int]
     state = fgd.State(nodes, mix, **options)
     for index, shares in free.items():
         state.free[index] = shares
-    state.expected = state._expected(state.free, state.cpu, state.memory, state.model)
+    state.expected = state._expected(state.free, state.cpu, state.model)
     return state
 
 
@@ -137,7 +164,8 @@ def test_the_integer_score_ties_nodes_whose_growths_differ_by_little() -> None:
     # strands a-node's GPUs for that type, so a-node's growth is 0.0014 GPU more than b-node's.
     # The exact growth tells them apart; the 0..100 score of a kube-scheduler plugin does not
     # (both 40), and the fixed tie-break then takes the smaller name.
-    mix = _mix(*[_pod(f"t{i}", 1000) for i in range(999)], _pod("rare", 10, cpu=20000))
+    pods = [*(_pod(f"t{i}", 1000) for i in range(999)), _pod("rare", 10, cpu=20000)]
+    mix = fgd.workload_mix(pods, popularity=1.0)  # every type weighed: the rare one too
     nodes = [_node("a-node", cpu=20500), _node("b-node")]
     pod = _pod("p", 600)
     exact = _state(nodes, mix, {}, scored=False)
