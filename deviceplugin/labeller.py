@@ -5,14 +5,15 @@ IDs of our resources in use; GetAllocatableResources where offered: devices kube
 offers count as not free; the plugin's health record: devices of an unhealthy GPU count as not
 free), never from a running tally, so a missed event or a failed write cannot make us lose track.
 Kubelet never tells a plugin that a pod ended: releases are seen by polling List every
-`steering.podResourcesPollSeconds`; allocations and health changes call `notify()` to refresh
-at once.
+`steering.podResourcesPollSeconds`; allocations, health changes and pods starting or ending on
+the node (its pod watch) call `notify()` to refresh at once.
 
 Writes go to the API server as a merge patch of metadata.labels holding only the labels that
 changed (null removes a stale one; a change of any total or free count carries all of them, see
-`labels.capacity_keys`), at most one per `steering.labelMinIntervalSeconds`:
-notifications during that interval coalesce, and the state written when it ends is the latest
-one. A failed write is retried with exponential backoff (jittered, capped), always with the
+`labels.capacity_keys`). A change that takes something (a free count or the headroom goes down,
+`labels.over_promises`) is written at once; others at most one per
+`steering.labelMinIntervalSeconds`: notifications during that interval coalesce, and the state
+written when it ends is the latest one. A failed write is retried with exponential backoff (jittered, capped), always with the
 then-current desired state. `shutdown()` at the plugin's clean exit removes every label it
 may have published, in one patch.
 
@@ -74,10 +75,13 @@ class KubernetesNodeApi:
     async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
         await asyncio.to_thread(self._patch, node_name, {"metadata": {"labels": labels}})
 
-    async def watch_pods(self, node_name: str) -> None:
+    async def watch_pods(self, node_name: str, on_change: Callable[[], object] | None = None) -> None:
         """Keep the node's pods current (list + watch, field-selected on spec.nodeName) until
-        cancelled: `headroom` reads them from memory instead of listing on every refresh."""
-        self._pods = nodepods.NodePods(self._core_api, node_name, request_timeout_seconds=self._timeout)
+        cancelled: `headroom` reads them from memory instead of listing on every refresh.
+        `on_change()`: a pod started or ended on the node (nodepods.NodePods)."""
+        self._pods = nodepods.NodePods(
+            self._core_api, node_name, on_change=on_change, request_timeout_seconds=self._timeout
+        )
         await self._pods.run()
 
     async def headroom(self, node_name: str) -> tuple[int, int]:
@@ -155,7 +159,7 @@ def headroom_from(allocatable: Mapping[str, Any], pods: Iterable[Mapping[str, An
     free_cpu = amount(allocatable, "cpu")
     free_mem = amount(allocatable, "memory")
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if not nodepods.holds_resources(pod):
             continue
         spec = pod.get("spec") or {}
         for name in ("cpu", "memory"):
@@ -194,7 +198,6 @@ class NodeLabeller:
             raise ValueError("the node labeller needs the node's name (--node-name, from spec.nodeName)")
         self._node = node
         self._contract = settings.contract
-        self._paced = settings.pacing.enabled
         self._node_name = node_name
         self._socket = pod_resources_socket
         self._own_api = api is None
@@ -247,7 +250,11 @@ class NodeLabeller:
         next_write_at = loop.time()
         client = podresources.Client(self._socket)
         watch = getattr(self._api, "watch_pods", None)  # KubernetesNodeApi: the node's pods for the headroom
-        pods_task = asyncio.create_task(watch(self._node_name), name="deviceplugin-node-pods") if watch else None
+        # A pod that starts without a device (no Allocate, no notify()) moves the CPU and memory
+        # headroom all the same: the watch wakes the labeller, not only the poll.
+        pods_task = (
+            asyncio.create_task(watch(self._node_name, self.notify), name="deviceplugin-node-pods") if watch else None
+        )
         try:
             while True:
                 await self._refresh(client)
@@ -259,10 +266,10 @@ class NodeLabeller:
                 # Rate limit: re-read kubelet when the slot opens, write the latest. Except when the
                 # labels now promise capacity the node no longer has and the last write worked: a
                 # scheduler binds a burst in milliseconds, and every pod it sends by stale labels
-                # is one kubelet refuses. The rate limit still holds back loosening writes.
+                # is one kubelet refuses or one packed by an old picture of the node
+                # (labels.over_promises). The rate limit still holds back loosening writes.
                 if wait > 0 and (
-                    self._retry.failures
-                    or not labels.over_promises(self.written or {}, delta, self._contract, paced=self._paced)
+                    self._retry.failures or not labels.over_promises(self.written or {}, delta, self._contract)
                 ):
                     await self._sleep_or_wake(wait)
                     continue

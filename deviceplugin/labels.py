@@ -134,25 +134,28 @@ def capacity_keys(node: inventory.NodeInventory, contract: contract_.Contract) -
     return frozenset(keys)
 
 
-def over_promises(
-    written: Mapping[str, str],
-    change: Mapping[str, str | None],
-    contract: contract_.Contract,
-    *,
-    paced: bool = False,
-) -> bool:
-    """Whether `change` (label -> new value, None: removed) lowers a label the webhook's required
-    node affinity filters on (largest free block, free whole GPUs, free MIG devices): the labels
-    `written` so far promise capacity the node no longer has. `paced` (pacing.enabled): the total
-    of free units too, so that every allocation is written at once; the pacer reads a node as
-    lagging until its labels count every pod bound to it (pacer/ledger.py)."""
-    watched: tuple[str, ...] = (contract.label_free_block_units, contract.label_free_gpus)
-    if paced:
-        watched += (contract.label_free_units,)
+def over_promises(written: Mapping[str, str], change: Mapping[str, str | None], contract: contract_.Contract) -> bool:
+    """Whether `change` (label -> new value, None: removed) lowers a label that says how much the
+    node has free: the labels `written` so far promise capacity the node no longer has. The
+    largest free block, free whole GPUs and free MIG devices are what the webhook's required
+    affinity filters on: every pod the scheduler sends by a higher value is one kubelet refuses.
+    The free total, the partly used block and the CPU and memory headroom steer its preferences
+    (webhook/steering.py): a pod placed by their old values goes where the node's last pods have
+    already gone, which costs packing (0.5-0.7 points on gpushare40 at the replay's pace,
+    docs/benchmarks.md), and the pacer reads a node as lagging until its free total counts every
+    pod bound to it (pacer/ledger.py). So anything taken is written at once; what is given back
+    (a release only under-promises) waits for the rate limit."""
+    watched = (
+        contract.label_free_block_units,
+        contract.label_free_gpus,
+        contract.label_free_units,
+        contract.label_free_partial_block_units,
+        contract.label_free_cpu_milli,
+        contract.label_free_memory_mib,
+    )
     for key, value in change.items():
-        if key not in watched:
-            if contract.mig_profile_of_label(key) is None:
-                continue
+        if key not in watched and contract.mig_profile_of_label(key) is None:
+            continue
         try:
             if value is None or int(value) < int(written.get(key, "0")):
                 return True

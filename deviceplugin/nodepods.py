@@ -16,29 +16,56 @@ from typing import Any, Unpack
 
 from gpuslice import listwatch
 
-__all__ = ["NodePods"]
+__all__ = ["NodePods", "holds_resources"]
 
 
 class NodePods(listwatch.PodWatch):
-    """`run()` until cancelled or `stop()`; `pods()` once `synced` is set."""
+    """`run()` until cancelled or `stop()`; `pods()` once `synced` is set. `on_change()` is called
+    (on the event loop) when the pods that hold the node's CPU and memory change: one bound, one
+    ended (Succeeded, Failed) or deleted. Status updates of a running pod do not call it, so the
+    labeller refreshes about twice per pod, not on every kubelet status write."""
 
-    def __init__(self, core_api: Callable[[], Any], node_name: str, **options: Unpack[listwatch.Options]) -> None:
+    def __init__(
+        self,
+        core_api: Callable[[], Any],
+        node_name: str,
+        on_change: Callable[[], object] | None = None,
+        **options: Unpack[listwatch.Options],
+    ) -> None:
         options.setdefault("request_timeout_seconds", 10.0)
         selector = f"spec.nodeName={node_name}"
         super().__init__(core_api, f"pods of {selector}", selector, **options)
         self._pods: dict[str, Mapping[str, Any]] = {}  # by UID
+        self._on_change = on_change
 
     def pods(self) -> list[Mapping[str, Any]]:
         return list(self._pods.values())
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        holding = {_uid(pod) for pod in self._pods.values() if holds_resources(pod)}
         self._pods = {_uid(pod): pod for pod in items}
+        if holding != {_uid(pod) for pod in items if holds_resources(pod)}:
+            self._changed()
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        uid = _uid(obj)
+        before = self._pods.get(uid)
         if kind == "DELETED":
-            self._pods.pop(_uid(obj), None)
+            self._pods.pop(uid, None)
         else:
-            self._pods[_uid(obj)] = obj
+            self._pods[uid] = obj
+        held_before = before is not None and holds_resources(before)
+        if held_before != (kind != "DELETED" and holds_resources(obj)):
+            self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+
+def holds_resources(pod: Mapping[str, Any]) -> bool:
+    """Whether the scheduler still counts the pod's requests on its node: until it has ended."""
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
 def _uid(pod: Mapping[str, Any]) -> str:

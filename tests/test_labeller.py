@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import allocation, health, labeller, labels, migstrategy, nodefile
+from gpuslice.deviceplugin import allocation, health, labeller, labels, migstrategy, nodefile, nodepods
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 NODE = "gpu-node-1"
@@ -294,20 +294,51 @@ async def test_a_release_is_published_by_the_poll_alone(demo_node, kubelet_socke
         )
 
 
-async def test_a_burst_of_allocations_is_coalesced_and_the_last_state_is_written(demo_node, kubelet_socket, api_server):
+async def test_a_burst_of_releases_is_coalesced_and_the_last_state_is_written(demo_node, kubelet_socket, api_server):
     fake, api = api_server
-    settings = steering_settings(min_interval=1.0, poll=3600)
+    for i in range(20):
+        kubelet_socket.kubelet.pods[f"pod-{i}"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 4, 4 * i)}
+    settings = steering_settings(min_interval=1.0, poll=0.01)
+    async with Running(make(demo_node, kubelet_socket, api, settings=settings)):
+        full = str(per_gpu(demo_node) - 80)
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_partial_block_units) == full, "first write")
+        for i in range(20):  # releases: only the poll sees them, and they only under-promise
+            del kubelet_socket.kubelet.pods[f"pod-{i}"]
+            await asyncio.sleep(0.02)
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "2", "last state")
+    assert len(fake.patches) <= 3, fake.patches  # 20 changes inside one interval: one or two writes after the first
+
+
+async def test_every_allocation_in_a_burst_is_written_at_once(demo_node, kubelet_socket, api_server):
+    # Each share taken lowers the free total and the partly used block, which steer the next
+    # pods' preferences: no allocation waits for the rate limit, however many come in its interval.
+    fake, api = api_server
+    settings = steering_settings(min_interval=3600, poll=3600)
     async with Running(make(demo_node, kubelet_socket, api, settings=settings)) as running:
         await eventually(lambda: len(fake.patches) == 1, "first write")
-        for i in range(20):
+        for i in range(5):
             kubelet_socket.kubelet.pods[f"pod-{i}"] = {CONTRACT.gpu_memory_resource: units_of(demo_node, 0, 4, 4 * i)}
             running.notify()
-            await asyncio.sleep(0)
-        await eventually(
-            lambda: fake.labels.get(CONTRACT.label_free_partial_block_units) == str(per_gpu(demo_node) - 80),
-            "last state",
-        )
-    assert len(fake.patches) <= 3, fake.patches  # 20 changes inside one interval: one or two writes after the first
+            left = str(per_gpu(demo_node) - 4 * (i + 1))
+            await eventually(
+                lambda left=left: fake.labels.get(CONTRACT.label_free_partial_block_units) == left, f"share {i}"
+            )
+    assert len(fake.patches) == 6
+
+
+def test_what_is_taken_over_promises_and_what_is_given_back_does_not():
+    written = {
+        CONTRACT.label_free_units: "636",
+        CONTRACT.label_free_partial_block_units: "100",
+        CONTRACT.label_free_cpu_milli: "26000",
+        CONTRACT.label_free_memory_mib: "1000",
+        CONTRACT.label_placement_score: "50",
+    }
+    for key in (CONTRACT.label_free_partial_block_units, CONTRACT.label_free_cpu_milli, CONTRACT.label_free_memory_mib):
+        assert labels.over_promises(written, {key: "10"}, CONTRACT), key
+        assert not labels.over_promises(written, {key: "99999"}, CONTRACT), key
+    assert labels.over_promises(written, {CONTRACT.label_free_units: None}, CONTRACT)  # removed: read as free
+    assert not labels.over_promises(written, {CONTRACT.label_placement_score: "10"}, CONTRACT)
 
 
 async def test_labels_that_over_promise_are_corrected_at_once_and_releases_wait_for_the_rate_limit(
@@ -600,6 +631,43 @@ async def test_the_nodes_pods_are_listed_once_then_followed_by_a_watch(demo_node
     assert fake.pod_lists == 1  # many refreshes (a 20 ms poll), one list
     assert fake.pod_watches >= 1
     assert set(fake.pod_queries) == {f"spec.nodeName={NODE}"}
+
+
+async def test_a_pod_without_devices_is_published_at_once_by_the_pod_watch(demo_node, kubelet_socket, api_server):
+    # A CPU-only pod never reaches the plugin's Allocate (no notify()): the node's pod watch
+    # wakes the labeller, and the lower headroom is written inside the rate limit, not at the poll.
+    fake, api = api_server
+    fake.allocatable = {"cpu": "32", "memory": "128Gi"}
+    settings = steering_settings(min_interval=3600, poll=3600)
+    async with Running(make(demo_node, kubelet_socket, api, settings=settings)):
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "32000", "headroom published")
+        started = pod("Pending", "10", "16Gi")
+        started["metadata"] = {"uid": "cpu-pod", "namespace": "ns", "name": "cpu"}
+        await fake.pod_events.put({"type": "ADDED", "object": started})
+        await eventually(lambda: fake.labels.get(CONTRACT.label_free_cpu_milli) == "22000", "pod start written")
+        writes = len(fake.patches)
+        running = {**started, "status": {"phase": "Running"}}
+        await fake.pod_events.put({"type": "MODIFIED", "object": running})  # a status write: nothing to do
+        await asyncio.sleep(0.2)
+        assert len(fake.patches) == writes
+
+
+def test_the_node_pod_watch_calls_back_only_when_pods_start_or_end():
+    calls = []
+    pods = nodepods.NodePods(lambda: None, NODE, on_change=lambda: calls.append(1))
+    a = {**pod("Pending", "1", "1Gi"), "metadata": {"uid": "a"}}
+    pods.replace([a])
+    assert len(calls) == 1
+    pods.replace([a])  # a relist with the same pods
+    pods.apply("MODIFIED", {**a, "status": {"phase": "Running"}})
+    assert len(calls) == 1
+    pods.apply("MODIFIED", {**a, "status": {"phase": "Succeeded"}})  # ended: its requests are free again
+    assert len(calls) == 2
+    pods.apply("DELETED", {**a, "status": {"phase": "Succeeded"}})  # already counted as ended
+    assert len(calls) == 2
+    pods.apply("ADDED", {**pod("Running", "1", "1Gi"), "metadata": {"uid": "b"}})
+    pods.apply("DELETED", {**pod("Running", "1", "1Gi"), "metadata": {"uid": "b"}})
+    assert len(calls) == 4
 
 
 async def test_without_a_readable_headroom_no_headroom_labels_are_published(demo_node, kubelet_socket, api_server):
