@@ -13,9 +13,9 @@ changed (null removes a stale one; a change of any total or free count carries a
 `labels.capacity_keys`). A change that takes something (a free count or the headroom goes down,
 `labels.over_promises`) is written at once; others at most one per
 `steering.labelMinIntervalSeconds`: notifications during that interval coalesce, and the state
-written when it ends is the latest one. A failed write is retried with exponential backoff (jittered, capped), always with the
-then-current desired state. `shutdown()` at the plugin's clean exit removes every label it
-may have published, in one patch.
+written when it ends is the latest one. A failed write is retried with exponential backoff
+(jittered, capped), always with the then-current desired state. `shutdown()` at the plugin's
+clean exit removes every label it may have published, in one patch.
 
 Counters go to the plugin's Prometheus registry when one is given (`registry=metrics.registry`).
 

@@ -112,7 +112,8 @@ class SteeringConfig:
     """Node labels that let the stock scheduler see per-GPU free memory (issue 6)."""
 
     enabled: bool = True
-    # Minimum seconds between two label writes of one node (the API server's write rate).
+    # Minimum seconds between two label writes of one node that only give back (releases, score):
+    # what a pod takes is written at once (deviceplugin/labels.py over_promises).
     label_min_interval_seconds: float = 2.0
     # How often the plugin re-reads kubelet's PodResources List to notice released devices.
     pod_resources_poll_seconds: float = 5.0
@@ -440,7 +441,7 @@ FIELDS: tuple[Field, ...] = (
         "steering.label_min_interval_seconds",
         float,
         _positive,
-        "minimum seconds between two label writes of a node",
+        "minimum seconds between two label writes of a node that only give back (what pods take is written at once)",
     ),
     Field(
         "steering.podResourcesPollSeconds",
