@@ -46,7 +46,7 @@ import yaml
 
 from gpuslice import config
 from gpuslice.dra import slices
-from gpuslice.sim import controlplane, kube_api, kube_dra, kube_nodes, replay, scheduler, trace
+from gpuslice.sim import controlplane, kube_api, kube_dra, kube_nodes, provenance, replay, scheduler, trace
 from gpuslice.sim import placements as placements_
 from gpuslice.sim import progress as progress_
 
@@ -842,6 +842,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except (ValueError, config.ConfigError) as exc:  # TraceError is a ValueError
         print(f"gpuslice-sim: {exc}", file=sys.stderr)
         return 2
+    commit = provenance.source_commit()  # now: the code the replays run, not what is there after them
     chosen = {}
     for mode in args.mode:
         enabled = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, enabled=mode == "dra"))
@@ -887,6 +888,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "arrival": str(arrival),
         "mode": ",".join(args.mode),
         "pacing": settings.pacing.enabled,  # device-plugin mode only (DRA has nothing to pace)
+        "commit": commit,
     }
     if args.placements:
         try:

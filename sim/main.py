@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice import config
-from gpuslice.sim import fgd, kube_replay, placements, progress, replay, trace
+from gpuslice.sim import fgd, kube_replay, placements, progress, provenance, replay, trace
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args", "plot_problem"]
 
@@ -493,6 +493,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     capacity = replay.gpu_capacity_milli(nodes)
     if capacity == 0:
         raise trace.TraceError(f"{nodes_file}: no GPU nodes")
+    commit = provenance.source_commit()  # now: the code the replays run, not what is there after them
     seeds = list(range(args.seed, args.seed + args.seeds))
     # Drawn once per seed here and shared by the configurations, exactly as a single-seed run does.
     arrivals = {seed: _workload(pods, capacity, args.demand, seed, pods_file) for seed in seeds}
@@ -531,6 +532,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
         "seed": args.seed,
         **({} if single else {"seeds": seeds}),
         "steering": settings.steering.enabled,
+        "commit": commit,
         "label_delay": {
             "binds": delay.binds,
             "seconds": delay.seconds,

@@ -6,7 +6,8 @@ Replays of one workload take long (minutes each), so they are run one at a time,
 days; this puts them back together. Every figure is the granted allocation ratio at the trace's
 demand (130 %), as `gpuslice-sim` reports it; refusals and lost pods are summed over the seeds.
 Two files with the same workload, seed, arrival mode and resource mode are refused (which one
-counts would be a guess): keep the runs of one version of the code in one set of files.
+counts would be a guess): keep the runs of one version of the code in one set of files. Each row
+names the commits its runs came from (outputs record theirs since the `commit` field was added).
 
 May import gpuslice.sim.main (the paper's figures) only.
 """
@@ -64,6 +65,7 @@ class Run:
     arrival: str
     mode: str
     pacing: bool | None  # None: an output from before the field was written
+    commit: str | None  # the code's commit (sim/provenance.py); None: not recorded
     seed: int
     granted: float  # percent of the cluster's GPUs
     model: float  # the Python model on the same arrivals, percent
@@ -97,6 +99,7 @@ def load(path: pathlib.Path) -> list[Run]:
                     arrival=str(run.get("arrival") or document["arrival"]),
                     mode=str(document.get("mode", "device-plugin")),
                     pacing=None if document.get("pacing") is None else bool(document["pacing"]),
+                    commit=None if document.get("commit") is None else str(document["commit"]),
                     seed=int(run["seed"]),
                     granted=100 * float(kube["gpu_allocation_ratio"]),
                     model=100 * float(model["gpu_allocation_ratio"]),
@@ -127,6 +130,12 @@ class Row:
     @property
     def seeds(self) -> list[int]:
         return [run.seed for run in self.runs]
+
+    @property
+    def commits(self) -> str:
+        """The commits of the row's runs in seed order, each once; "?" for runs that recorded none."""
+        named = dict.fromkeys(run.commit or "?" for run in self.runs)
+        return ", ".join(named)
 
     @property
     def granted(self) -> float:
@@ -180,8 +189,9 @@ def table(table_rows: Sequence[Row]) -> str:
     """The markdown table (figures in percent of the cluster's GPUs, granted memory)."""
     out = [
         "| trace | arrival | seeds | real scheduler, granted (min-max) | model, same seeds | real - model "
-        "| placed / unschedulable / refused / lost (all seeds) | FGD paper | real - paper | seeds at or above paper |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| placed / unschedulable / refused / lost (all seeds) | FGD paper | real - paper | seeds at or above paper "
+        "| commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table_rows:
         granted = [run.granted for run in row.runs]
@@ -196,7 +206,8 @@ def table(table_rows: Sequence[Row]) -> str:
         conditions = _conditions(row.arrival, row.mode, row.pacing)
         out.append(
             f"| {row.workload} | {conditions} | {seeds} | **{row.granted:.2f} %**{_span(granted)} "
-            f"| {row.model:.2f} % | {row.granted - row.model:+.2f} | {counts} | {paper} | {versus} | {above} |"
+            f"| {row.model:.2f} % | {row.granted - row.model:+.2f} | {counts} | {paper} | {versus} | {above} "
+            f"| {row.commits} |"
         )
     return "\n".join(out)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpuslice.sim import main as sim_main
-from gpuslice.sim import progress, replay, trace
+from gpuslice.sim import progress, provenance, replay, trace
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"
 TINY_ARGS = ["--nodes", str(TINY / "tiny_nodes.csv"), "--pods", str(TINY / "tiny_pods.csv")]
@@ -112,6 +112,11 @@ def test_the_plot_of_several_seeds_draws_their_mean_curve(
     assert sim_main.main([*TINY_ARGS, "--seeds", "2", "--plot", str(target)]) == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"plot written to {target}" in capsys.readouterr().out
+
+
+def test_the_json_output_names_the_commit_it_ran_from(capsys: pytest.CaptureFixture[str]) -> None:
+    document = _json_run(capsys, "--configs", "gpuslice-default")
+    assert document["commit"] == provenance.source_commit()
 
 
 def _json_run(capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, Any]:

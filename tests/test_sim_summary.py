@@ -85,6 +85,19 @@ def test_seeds_of_one_workload_from_several_files_make_one_row_beside_the_paper(
     assert multigpu[8] == "-0.05"
     assert multigpu[9] == "2 of 3"  # 97.01 and 96.99 (level counts) against the paper's 96.99
     assert rows["default"][3] == "**95.71 %**" and rows["default"][9] == "1 of 1"
+    assert multigpu[10] == "?"  # outputs from before the commit was recorded: said, not guessed
+
+
+def test_each_row_names_the_commits_its_seeds_ran_at(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = [
+        _write(tmp_path, "a.json", _output("gpushare40", (42, 0.9433, 0.9428), commit="81879e3")),
+        _write(tmp_path, "b.json", _output("gpushare40", (43, 0.9401, 0.9425), commit="0c70839")),
+        _write(tmp_path, "c.json", _output("gpushare40", (44, 0.9410, 0.9420), commit="81879e3")),
+    ]
+    assert summary.main([*files, "--paper-dir", str(tmp_path / "absent")]) == 0
+    assert _table_rows(capsys.readouterr().out)["gpushare40"][10] == "81879e3, 0c70839"
 
 
 def test_the_same_seed_twice_is_refused_naming_both_files(

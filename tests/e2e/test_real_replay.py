@@ -10,6 +10,7 @@ capacity with the replay's own protocol.
 from __future__ import annotations
 
 import io
+import json
 import os
 import pathlib
 
@@ -18,7 +19,8 @@ import numpy as np
 import pytest
 
 from gpuslice import config
-from gpuslice.sim import controlplane, kube_replay, placements, replay, trace
+from gpuslice.sim import controlplane, kube_replay, placements, provenance, replay, trace
+from gpuslice.sim import main as sim_main
 
 pytestmark = [pytest.mark.e2e]
 
@@ -151,3 +153,19 @@ def test_dra_mode_places_every_share_on_one_device_within_its_memory_and_refuses
     assert result.label_writes > 0  # the DRA plugins' labellers steer, as in device-plugin mode
     assert kube.gpu_allocation_ratio > 0.5, f"{kube.gpu_allocation_ratio:.2%}"
     assert result.model_paced is None  # the model knows device-plugin mode only
+
+
+def test_the_command_lines_json_says_under_which_conditions_and_code_it_ran(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What sim/summary.py reads to keep runs of other conditions or code apart.
+    binaries = k8skit.binaries_or_skip()
+    tiny = pathlib.Path(__file__).parent.parent / "data" / "trace"
+    argv = ["--scheduler", "kube", "--nodes", str(tiny / "tiny_nodes.csv"), "--pods", str(tiny / "tiny_pods.csv")]
+    argv += ["--configs", "gpuslice-default", "--kube-bin", str(binaries.directory), "--json"]
+    assert sim_main.main([*argv, "--kube-workdir", str(tmp_path / "k8s")]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert (document["arrival"], document["mode"], document["pacing"]) == ("sequential", "device-plugin", False)
+    assert document["commit"] == provenance.source_commit()
+    [run] = document["runs"]
+    assert run["lost_pods"] == 0 and run["kube"]["placed_pods"] > 0
