@@ -85,8 +85,18 @@ def test_a_missing_trace_directory_is_a_clear_error(tmp_path: pathlib.Path, caps
         (["--percentage-of-nodes-to-score", "101"], "must be 0..100"),
         (["--seeds", "0"], "--seeds must be at least 1, got 0"),
         (["--jobs", "0"], "--jobs must be at least 1, got 0"),
+        (["--fgd-popularity-threshold", "0"], "--fgd-popularity-threshold must be in (0, 100], got 0"),
+        (["--fgd-popularity-threshold", "100.5"], "--fgd-popularity-threshold must be in (0, 100], got 100.5"),
     ],
-    ids=["unknown-config", "zero-demand", "bad-percentage", "zero-seeds", "zero-jobs"],
+    ids=[
+        "unknown-config",
+        "zero-demand",
+        "bad-percentage",
+        "zero-seeds",
+        "zero-jobs",
+        "popularity-0",
+        "popularity-over",
+    ],
 )
 def test_bad_flags_are_refused_naming_the_flag(
     flags: list[str], problem: str, capsys: pytest.CaptureFixture[str]
