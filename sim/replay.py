@@ -291,7 +291,7 @@ def replay(
     scheduled_at, converted_at = _moments(label_delay, len(arrivals))
     # Conversions in the order the webhook saw them, each with the labels out at its own moment.
     conversion_order = sorted(range(len(arrivals)), key=converted_at.__getitem__) if converted_at else []
-    converted: dict[int, tuple[dict[str, Any] | None, str]] = {}
+    converted: dict[int, tuple[dict[str, Any] | None, str, Mapping[str, Any] | None]] = {}
     next_conversion = 0
     reported = 0
     for i, pod in enumerate(arrivals):
@@ -319,7 +319,7 @@ def replay(
         arrived_after[i] = arrived
         granted_after[i] = granted
         requested_after[i] = requested
-        manifest, denial = converted.pop(i) if converted_at else _pod_for(pod, configuration, view)
+        manifest, denial, promised = converted.pop(i) if converted_at else _pod_for(pod, configuration, view)
         if manifest is None:
             denied += 1
             if records is not None:
@@ -328,6 +328,9 @@ def replay(
         request = scheduler.read_pod(manifest)
         decision = sched.schedule(request)
         if decision.node is None:
+            # The webhook gives back the units of a conversion the scheduler found no node for
+            # (webhook/waiting.py), so that a waiting pod does not hold them for PROMISE_SECONDS.
+            view.release_conversion(promised)
             failed += 1
             failure_reasons[decision.message] += 1
             if records is not None:
@@ -337,6 +340,7 @@ def replay(
         try:
             grants = target.admit(f"default/{pod.name}", request.container_devices)
         except node_.AdmissionFailure as exc:
+            view.release_conversion(promised)  # kubelet refused it: the same
             admission += 1
             admission_reasons[_reason_kind(str(exc))] += 1
             if records is not None:
@@ -434,24 +438,27 @@ def _moments(delay: LabelDelay, count: int) -> tuple[list[float], list[float] | 
 
 def _pod_for(
     pod: trace.TracePod, configuration: Configuration, view: cluster_.ClusterView, *, promise: bool = False
-) -> tuple[dict[str, Any] | None, str]:
-    """The pod the scheduler sees: the webhook's patch applied (gpuslice) or the stock request;
-    (None, the webhook's message) when the webhook denies it. `promise`: record the conversion's
-    units against its class, as the webhook does (only meaningful when conversions run ahead)."""
+) -> tuple[dict[str, Any] | None, str, Mapping[str, Any] | None]:
+    """(the pod the scheduler sees: the webhook's patch applied (gpuslice) or the stock request;
+    None when the webhook denies it, the webhook's message then, the decision whose units were
+    promised). `promise`: record the conversion's units against its class, as the webhook does
+    (only meaningful when conversions run ahead)."""
     contract = configuration.settings.contract
     if not configuration.sharing:
-        return trace.user_pod(pod, contract, whole_gpus_only=True), ""
+        return trace.user_pod(pod, contract, whole_gpus_only=True), "", None
     manifest = trace.user_pod(pod, contract)
     outcome = mutation.mutate(manifest, settings=configuration.settings, cluster=view)
     if not outcome.allowed:
-        return None, f"webhook: {outcome.message}"
+        return None, f"webhook: {outcome.message}", None
     if not outcome.patch:
-        return manifest, ""
+        return manifest, "", None
+    promised = None
     if promise:
         view.promise_conversion(outcome.decision)
+        promised = outcome.decision
     # The manifest is ours and fresh: patch it in place (a deep copy per pod costs more than the rest).
     patched: dict[str, Any] = jsonpatch.apply_patch(manifest, outcome.patch, in_place=True)
-    return patched, ""
+    return patched, "", promised
 
 
 def _reason_kind(message: str) -> str:
