@@ -162,7 +162,15 @@ def test_the_command_lines_json_says_under_which_conditions_and_code_it_ran(
     binaries = k8skit.binaries_or_skip()
     tiny = pathlib.Path(__file__).parent.parent / "data" / "trace"
     argv = ["--scheduler", "kube", "--nodes", str(tiny / "tiny_nodes.csv"), "--pods", str(tiny / "tiny_pods.csv")]
-    argv += ["--configs", "gpuslice-default", "--kube-bin", str(binaries.directory), "--json"]
+    argv += [
+        "--configs",
+        "gpuslice-default",
+        "--arrival",
+        "sequential",
+        "--kube-bin",
+        str(binaries.directory),
+        "--json",
+    ]
     assert sim_main.main([*argv, "--kube-workdir", str(tmp_path / "k8s")]) == 0
     document = json.loads(capsys.readouterr().out)
     assert (document["arrival"], document["mode"], document["pacing"]) == ("sequential", "device-plugin", False)
