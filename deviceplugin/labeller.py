@@ -149,34 +149,20 @@ class KubernetesNodeApi:
 
 def headroom_from(allocatable: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
     """(CPU millicores, memory MiB) left of `allocatable` after the requests of `pods` that still
-    hold resources, each pod counted as kube-scheduler does: the larger of its containers' sum
-    and its largest init container, plus its overhead."""
-
-    def amount(resources: Mapping[str, Any] | None, name: str) -> Decimal:
-        value = (resources or {}).get(name)
-        return quantity.parse_quantity(value) if value is not None else Decimal(0)
-
-    free_cpu = amount(allocatable, "cpu")
-    free_mem = amount(allocatable, "memory")
+    hold resources, each pod counted as kube-scheduler counts it (gpuslice.podrequests: sidecars,
+    pod-level requests, an in-place resize at its larger side, overhead)."""
+    free_cpu = _quantity(allocatable.get("cpu"))
+    free_mem = _quantity(allocatable.get("memory"))
     for pod in pods:
-        if not nodepods.holds_resources(pod):
-            continue
-        spec = pod.get("spec") or {}
-        for name in ("cpu", "memory"):
-            regular = sum(
-                (amount((c.get("resources") or {}).get("requests"), name) for c in spec.get("containers") or ()),
-                Decimal(0),
-            )
-            init = max(
-                (amount((c.get("resources") or {}).get("requests"), name) for c in spec.get("initContainers") or ()),
-                default=Decimal(0),
-            )
-            used = max(regular, init) + amount(spec.get("overhead"), name)
-            if name == "cpu":
-                free_cpu -= used
-            else:
-                free_mem -= used
+        if nodepods.holds_resources(pod):
+            used = nodepods.requests(pod)
+            free_cpu -= used.get("cpu", Decimal(0))
+            free_mem -= used.get("memory", Decimal(0))
     return max(0, int(free_cpu * 1000)), max(0, int(free_mem / 2**20))
+
+
+def _quantity(value: Any) -> Decimal:
+    return quantity.parse_quantity(value) if value is not None else Decimal(0)
 
 
 class NodeLabeller:

@@ -8,7 +8,7 @@ no longer hold. The rule needs no memory of what was released: a pod bound by an
 pod that ends or is refused stops counting (kubelet's release then only makes the labels lower,
 never higher, than the rule allows), and events of the two watches may come in either order.
 
-May import gpuslice.contract only.
+May import gpuslice.{contract,podrequests} only.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuslice import contract as contract_
+from gpuslice import podrequests
 
 __all__ = ["Ledger", "pod_demand"]
 
@@ -33,11 +34,11 @@ def _count(value: Any) -> int | None:
 
 
 def pod_demand(spec: Mapping[str, Any], contract: contract_.Contract) -> dict[str, int]:
-    """What a pod holds of our resources once admitted: the larger of its app containers' sum and
-    its largest init container, per resource (kubelet's rule for devices)."""
+    """What a pod holds of our resources once admitted, per resource, added up as the scheduler
+    adds them (gpuslice.podrequests: containers and sidecars together, other init containers alone)."""
 
-    def of(container: Any) -> dict[str, int]:
-        resources = (container or {}).get("resources") or {}
+    def of(container: Mapping[str, Any]) -> dict[str, int]:
+        resources = container.get("resources") or {}
         wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
         counts = {}
         for name, value in wanted.items():
@@ -45,13 +46,7 @@ def pod_demand(spec: Mapping[str, Any], contract: contract_.Contract) -> dict[st
                 counts[name] = count
         return counts
 
-    total: collections.Counter[str] = collections.Counter()
-    for container in spec.get("containers") or ():
-        total.update(of(container))
-    for container in spec.get("initContainers") or ():
-        for name, count in of(container).items():
-            total[name] = max(total[name], count)
-    return dict(total)
+    return {name: count for name, count in podrequests.container_total(spec, of).items() if count}
 
 
 @dataclasses.dataclass

@@ -32,7 +32,6 @@ from gpuslice.sim import fgd, kube_replay, placements, progress, provenance, rep
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args", "plot_problem"]
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 KNOWN_CONFIGURATIONS = replay.CONFIGURATION_NAMES + fgd.CONFIGURATION_NAMES
 PAPER_POLICIES = ("01-Random", "02-DotProd", "03-GpuClustering", "04-GpuPacking", "05-BestFit", "06-FGD")
 
@@ -485,7 +484,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """Load the trace, replay every chosen configuration for every seed; returns the JSON document."""
     settings = config.from_args(args, environ)
     needs_dir = not (args.pods and args.nodes)
-    trace_dir = trace.find_trace_dir(args.trace_dir, environ, REPO) if needs_dir else None
+    trace_dir = trace.find_trace_dir(args.trace_dir, environ, provenance.SOURCE) if needs_dir else None
     nodes_file = pathlib.Path(args.nodes) if args.nodes else trace_dir / trace.DEFAULT_NODE_FILE  # type: ignore[operator]
     pods_file = pathlib.Path(args.pods) if args.pods else trace_dir / trace.DEFAULT_POD_FILE  # type: ignore[operator]
     nodes = trace.load_nodes(nodes_file)

@@ -12,7 +12,7 @@ import subprocess
 
 __all__ = ["SOURCE", "source_commit"]
 
-SOURCE = pathlib.Path(__file__).resolve().parent.parent  # the checkout gpuslice runs from
+SOURCE = pathlib.Path(__file__).resolve().parent.parent  # the checkout gpuslice runs from (it finds ../shared too)
 
 
 def source_commit(directory: str | os.PathLike[str] = SOURCE) -> str | None:

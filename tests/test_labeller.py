@@ -606,6 +606,19 @@ def test_headroom_counts_requests_as_the_scheduler_does():
     assert labeller.headroom_from({"cpu": "1"}, [pod("Running", "2", "1Gi")]) == (0, 0)
 
 
+def test_headroom_counts_sidecars_pod_level_requests_and_overhead_as_the_scheduler_does():
+    sidecar = {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}
+    with_sidecar = pod("Running", "2", "4Gi")
+    with_sidecar["spec"]["initContainers"] = [sidecar]
+    with_sidecar["spec"]["overhead"] = {"cpu": "250m", "memory": "128Mi"}
+    pod_level = pod("Running", "1", "1Gi")
+    pod_level["spec"]["resources"] = {"requests": {"cpu": "3"}}  # replaces the containers' CPU, not memory
+    assert labeller.headroom_from({"cpu": "16", "memory": "64Gi"}, [with_sidecar, pod_level]) == (
+        16000 - 2750 - 3000,
+        65536 - 5248 - 1024,
+    )
+
+
 async def test_cpu_and_memory_headroom_of_the_node_are_published(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     fake.allocatable = {"cpu": "32", "memory": "128Gi"}
@@ -668,6 +681,41 @@ def test_the_node_pod_watch_calls_back_only_when_pods_start_or_end():
     pods.apply("ADDED", {**pod("Running", "1", "1Gi"), "metadata": {"uid": "b"}})
     pods.apply("DELETED", {**pod("Running", "1", "1Gi"), "metadata": {"uid": "b"}})
     assert len(calls) == 4
+
+
+def test_the_pod_watch_calls_back_when_a_running_pod_is_resized_in_place():
+    calls: list[int] = []
+    pods = nodepods.NodePods(lambda: None, NODE, on_change=lambda: calls.append(1))
+    running = {**pod("Running", "2", "1Gi"), "metadata": {"uid": "a"}}
+    pods.replace([running])
+    assert len(calls) == 1
+    # Asked down to 1 CPU: kubelet still runs it at 2, so the scheduler still counts 2: no change.
+    smaller = {
+        "metadata": {"uid": "a"},
+        "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [{"name": "a", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}],
+        },
+    }
+    pods.apply("MODIFIED", smaller)
+    assert len(calls) == 1
+    carried_out = {
+        **smaller,
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "a",
+                    "allocatedResources": {"cpu": "1", "memory": "1Gi"},
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                }
+            ],
+        },
+    }
+    pods.apply("MODIFIED", carried_out)  # kubelet resized it: 1 CPU given back
+    assert len(calls) == 2
+    assert labeller.headroom_from({"cpu": "4", "memory": "8Gi"}, pods.pods()) == (3000, 7168)
 
 
 async def test_without_a_readable_headroom_no_headroom_labels_are_published(demo_node, kubelet_socket, api_server):

@@ -96,6 +96,12 @@ def test_an_init_container_counts_only_when_larger_than_the_app_containers() -> 
     assert ledger.pod_demand(pod("a")["spec"], CONTRACT) == {}
 
 
+def test_a_sidecar_holds_its_units_beside_the_app_containers() -> None:
+    spec = pod("a", units=40, init=30)["spec"]
+    spec["initContainers"][0]["restartPolicy"] = "Always"  # runs on beside main: 40 + 30
+    assert ledger.pod_demand(spec, CONTRACT) == {UNITS: 70}
+
+
 @pytest.mark.parametrize("value", ["1.5", "-3", "1e3", "١٢", "", "9" * 40])
 def test_quantities_that_are_not_plain_counts_are_ignored(value: str) -> None:
     spec = {"containers": [{"resources": {"limits": {UNITS: value}}}]}

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslice import config
-from gpuslice.webhook import admission, cpupods, decoding
+from gpuslice.webhook import admission, cpupods, decoding, pods
 
 
 def answer(body: bytes | str, settings: config.Config = kit.SETTINGS) -> Any:
@@ -204,6 +204,29 @@ def test_the_key_leaves_out_amounts_only_for_a_pod_that_asks_for_no_device() -> 
     assert cpu != key({}, cpu="2", memory="4Gi", **{"example.com/fpga": "1"})
     gpu = key({"gpu-fraction": "0.5"}, cpu="2", memory="4Gi")
     assert gpu != key({"gpu-fraction": "0.5"}, cpu="3", memory="4Gi")  # a GPU pod's patch carries its amounts
+
+
+def test_what_the_scheduler_counts_is_read_and_keyed_sidecars_pod_level_requests_and_overhead() -> None:
+    def decoded(sidecar: bool, pod_level: str | None) -> tuple[dict[str, Any], bytes | None]:
+        main = kit.container(requests={"cpu": "2"}, limits={"nvidia.com/gpu": "1"})
+        proxy = kit.container("proxy", requests={"cpu": "1"})
+        if sidecar:
+            proxy["restartPolicy"] = "Always"
+        pod = kit.deployment_pod({"gpu-fraction": "0.5"}, containers=[main])
+        pod["spec"]["initContainers"] = [proxy]
+        pod["spec"]["overhead"] = {"cpu": "100m"}
+        if pod_level is not None:
+            pod["spec"]["resources"] = {"requests": {"cpu": pod_level}}
+        result = decoding.fields(json.dumps(fuzz.review_of(pod)).encode())
+        assert result is not None
+        return result.document()[0]["request"]["object"]["spec"], result.key
+
+    spec, key = decoded(True, None)
+    assert pods.requests(spec) == (3100, 0)  # main + proxy + overhead
+    plain_spec, plain_key = decoded(False, None)
+    assert pods.requests(plain_spec) == (2100, 0) and plain_key != key
+    sized_spec, sized_key = decoded(True, "6")
+    assert pods.requests(sized_spec) == (6100, 0) and sized_key not in (key, plain_key)
 
 
 def test_a_body_deeper_than_orjson_reads_goes_to_the_whole_decode_with_a_raised_recursion_limit() -> None:

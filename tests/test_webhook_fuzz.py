@@ -111,6 +111,10 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         pod["spec"]["initContainers"] = [
             kit.container("setup", limits={"nvidia.com/gpu": gpus}, requests={"nvidia.com/gpu": gpus})
         ]
+        if draw(st.booleans()):  # a sidecar: counted with the containers (gpuslice.podrequests)
+            pod["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    if draw(st.booleans()):  # a RuntimeClass's overhead (pod-level requests: not in the schema the patches meet)
+        pod["spec"]["overhead"] = {"cpu": draw(QUANTITIES), "memory": "64Mi"}
     return pod
 
 

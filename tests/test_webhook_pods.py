@@ -22,6 +22,15 @@ def test_requests_sum_the_containers_and_take_the_largest_init_container() -> No
     assert pods.requests(spec({"cpu": "1"}, init=({"cpu": "4", "memory": "2Gi"},))) == (4000, 2048)
 
 
+def test_requests_count_sidecars_pod_level_requests_and_overhead_as_the_scheduler_does() -> None:
+    with_sidecar = spec({"cpu": "2", "memory": "4Gi"}, init=({"cpu": "1", "memory": "1Gi"},))
+    with_sidecar["initContainers"][0]["restartPolicy"] = "Always"
+    assert pods.requests(with_sidecar) == (3000, 5120)
+    with_sidecar["resources"] = {"requests": {"memory": "8Gi"}}  # pod-level: replaces the memory only
+    with_sidecar["overhead"] = {"cpu": "250m", "memory": "64Mi"}
+    assert pods.requests(with_sidecar) == (3250, 8256)
+
+
 @pytest.mark.parametrize("order", [(1, True), (True, 1), (1.0, True)], ids=["int-first", "bool-first", "float-first"])
 def test_a_boolean_request_counts_as_zero_whatever_came_before(order: tuple[Any, Any]) -> None:
     # The memo must not take True for 1 (they hash alike): the API server would refuse a boolean.

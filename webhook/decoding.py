@@ -55,6 +55,7 @@ _Strings = dict[str, str | None] | None
 class _Container(msgspec.Struct):
     name: str | None = _UNSET
     resources: Any = _UNSET  # kept whole: the patch rewrites it (a device-less pod's amounts left out of the key)
+    restartPolicy: Any = _UNSET  # "Always" makes an init container a sidecar, counted with the containers
 
 
 class _Owner(msgspec.Struct):
@@ -80,6 +81,8 @@ class _Spec(msgspec.Struct):
     tolerations: list[dict[str, Any] | None] | None = _UNSET
     resourceClaims: Any = _UNSET
     schedulingGates: Any = _UNSET  # kept whole: pacing appends its gate to the pod's own
+    resources: Any = _UNSET  # pod-level requests and the overhead: what the scheduler counts
+    overhead: Any = _UNSET  # (gpuslice.podrequests); a device-less pod's are in its key, which is rare
 
 
 class _Pod(msgspec.Struct):

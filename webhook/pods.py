@@ -1,7 +1,7 @@
 """Reading the parts of a pod the conversion looks at: its containers and their resource maps,
 the GPU products it selects itself, and the CPU and memory the scheduler counts for it. Pure.
 
-May import gpuslice.contract and the webhook's parsing module.
+May import gpuslice.{contract,podrequests} and the webhook's parsing module.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gpuslice import contract as contract_
+from gpuslice import podrequests
 from gpuslice.webhook import parsing
 
 __all__ = [
@@ -86,23 +87,30 @@ def selected_products(spec: Mapping[str, Any], contract: contract_.Contract) -> 
 
 
 def requests(spec: Mapping[str, Any]) -> tuple[int, int]:
-    """(CPU millicores, memory MiB) the scheduler counts for the pod: the larger of its regular
-    containers' sum and its largest init container. Unreadable quantities count as 0: the API
-    server validates them, and class choice is only a preference."""
+    """(CPU millicores, memory MiB) the scheduler counts for the pod (gpuslice.podrequests: sidecars,
+    pod-level requests, overhead). Unreadable quantities count as 0: the API server validates them,
+    and class choice is only a preference."""
+    counted = podrequests.new_pod(spec, _container_requests, _read, _COUNTED)
+    return counted.get("cpu", 0), counted.get("memory", 0)
 
-    def of(container: Mapping[str, Any]) -> tuple[int, int]:
-        amounts = (container.get("resources") or {}).get("requests") or {}
-        cpu, memory = amounts.get("cpu", 0), amounts.get("memory", 0)
-        try:
-            return _amounts(cpu, memory)
-        except TypeError:  # not hashable: read it without the memo (it comes to 0)
-            return _amounts.__wrapped__(cpu, memory)
 
-    regular = [of(c) for c in spec.get("containers") or () if isinstance(c, Mapping)]  # null entries: none
-    init = [of(c) for c in spec.get("initContainers") or () if isinstance(c, Mapping)]
-    cpu = max(sum(c for c, _ in regular), max((c for c, _ in init), default=0))
-    mem = max(sum(m for _, m in regular), max((m for _, m in init), default=0))
-    return cpu, mem
+_COUNTED = frozenset({"cpu", "memory"})
+
+
+def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
+    amounts = (container.get("resources") or {}).get("requests") or {}
+    cpu, memory = amounts.get("cpu", 0), amounts.get("memory", 0)
+    try:
+        cpu_milli, memory_mib = _amounts(cpu, memory)
+    except TypeError:  # not hashable: read it without the memo (it comes to 0)
+        cpu_milli, memory_mib = _amounts.__wrapped__(cpu, memory)
+    return {"cpu": cpu_milli, "memory": memory_mib}
+
+
+def _read(name: str, value: Any) -> int:
+    """A pod-level request or overhead, in the units of `requests`."""
+    amount = parsing.request_quantity(value)
+    return int(amount * 1000) if name == "cpu" else int(amount / 2**20)
 
 
 # Pods repeat a handful of request pairs ("4", "16Gi"); the Decimal arithmetic costs more than a lookup.

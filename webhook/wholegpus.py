@@ -2,7 +2,7 @@
 request `nvidia.com/gpu: N` gets N GPUs' worth of units of one GPU class instead, pinned to that
 class, so whole-GPU and shared pods are counted in the same resource. Pure.
 
-May import gpuslice.{config,contract} and the webhook's pure modules.
+May import gpuslice.{config,contract,podrequests} and the webhook's pure modules.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuslice import config
+from gpuslice import config, podrequests
 from gpuslice.webhook import classchoice, conversions, parsing, pods, steering
 from gpuslice.webhook import cluster as cluster_
 
@@ -25,6 +25,7 @@ def convert(
     contract = settings.contract
     counts: dict[tuple[str, int], int] = {}
     names: dict[str, int] = {}
+    by_container: dict[int, int] = {}  # id(container) -> its GPUs
     for field, index, container in pods.containers(spec):
         value = pods.nvidia_gpus(container)
         if value is None or pods.has_gpuslice_resource(container, contract):
@@ -33,12 +34,11 @@ def convert(
         if count:
             counts[(field, index)] = count
             names[str(container.get("name"))] = count
+            by_container[id(container)] = count
     if not counts:
         return None
-    # Regular containers run together; init containers one at a time before them.
-    regular = sum(n for (field, _), n in counts.items() if field == "containers")
-    init = max((n for (field, _), n in counts.items() if field == "initContainers"), default=0)
-    gpus = max(regular, init)
+    # As the scheduler adds them up: containers and sidecars together, other init containers alone.
+    gpus = podrequests.container_total(spec, lambda c: {"gpus": by_container.get(id(c), 0)}).get("gpus", 0)
     products = pods.selected_products(spec, contract)
     demand = classchoice.Demand(0.0, gpus, *pods.requests(spec))
     choice = classchoice.for_whole_gpus(cluster, products, settings, demand)

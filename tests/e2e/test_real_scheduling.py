@@ -187,3 +187,80 @@ def test_the_charts_binpack_profile_runs_in_the_real_scheduler_and_packs_the_ful
         if scheduler is not None:
             cluster.stop_process(scheduler)
         release.upgrade(original)
+
+
+def test_the_published_cpu_headroom_is_what_the_real_scheduler_counts(
+    labelled_node: tuple[str, k8skit.Harness], core: kubernetes.client.CoreV1Api, namespace: str, admin: Any
+) -> None:
+    """Sidecars, pod-level requests, a RuntimeClass's overhead and an in-place resize are counted by
+    the labeller as kube-scheduler counts them: a pod asking one millicore more than the published
+    headroom is refused by the real scheduler, one asking exactly the headroom is placed."""
+    name, _ = labelled_node
+    free_cpu = CONTRACT.label_free_cpu_milli
+    k8skit.wait_for("the first headroom", lambda: _labels(core, name).get(free_cpu) == "64000" or None, timeout=60)
+
+    node_api = kubernetes.client.NodeV1Api(admin)
+    runtime_class = f"{namespace}-vm"
+    node_api.create_runtime_class(
+        {"metadata": {"name": runtime_class}, "handler": "vm", "overhead": {"podFixed": {"cpu": "1"}}}
+    )
+    try:
+        sidecar = k8skit.pod_object("sidecar", requests={"cpu": "10"}, nodeName=name, runtimeClassName=runtime_class)
+        sidecar["spec"]["initContainers"] = [
+            {
+                "name": "proxy",
+                "image": "registry.invalid/e2e:1",
+                "restartPolicy": "Always",
+                "resources": {"requests": {"cpu": "6"}},
+            }
+        ]
+        pod_level = k8skit.pod_object("pod-level", requests={"cpu": "1"}, nodeName=name)
+        pod_level["spec"]["resources"] = {"requests": {"cpu": "20"}}
+        resized = k8skit.pod_object("resized", requests={"cpu": "10"}, nodeName=name)
+        for pod in (sidecar, pod_level, resized):
+            core.create_namespaced_pod(namespace, pod)
+        # As kubelet reports a running container: allocated and running at 10 CPUs.
+        _report_running(core, namespace, "resized", "10")
+        # 64 - (10 + 6 + 1) - 20 - 10 (the old count, max(containers, init) without overhead or
+        # pod-level requests, said 64 - 10 - 1 - 10 = 43)
+        k8skit.wait_for("headroom 17", lambda: _labels(core, name).get(free_cpu) == "17000" or None, timeout=30)
+
+        # Asked down to 4 CPUs: until kubelet has carried it out the scheduler still counts 10.
+        core.patch_namespaced_pod_resize(
+            "resized", namespace, {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "4"}}}]}}
+        )
+        core.create_namespaced_pod(namespace, _probe("over-17", "17001m", namespace))
+        assert "Insufficient cpu" in k8skit.scheduling_failure(core, namespace, "over-17")
+        assert _labels(core, name)[free_cpu] == "17000"
+        core.delete_namespaced_pod("over-17", namespace, grace_period_seconds=0)
+
+        _report_running(core, namespace, "resized", "4")  # carried out: 6 CPUs given back
+        k8skit.wait_for("headroom 23", lambda: _labels(core, name).get(free_cpu) == "23000" or None, timeout=30)
+        core.create_namespaced_pod(namespace, _probe("over-23", "23001m", namespace))
+        assert "Insufficient cpu" in k8skit.scheduling_failure(core, namespace, "over-23")
+        core.delete_namespaced_pod("over-23", namespace, grace_period_seconds=0)
+        core.create_namespaced_pod(namespace, _probe("exactly-23", "23", namespace))
+        assert k8skit.bound_node(core, namespace, "exactly-23") == name
+    finally:
+        node_api.delete_runtime_class(runtime_class)
+
+
+def _probe(pod_name: str, cpu: str, group: str) -> dict[str, Any]:
+    return k8skit.pod_object(pod_name, requests={"cpu": cpu}, nodeSelector={GROUP: group})
+
+
+def _report_running(core: kubernetes.client.CoreV1Api, namespace: str, pod_name: str, cpu: str) -> None:
+    """The status kubelet writes for a running container with `cpu` allocated and in force."""
+    status = {
+        "name": "main",
+        "image": "registry.invalid/e2e:1",
+        "imageID": "",
+        "ready": True,
+        "restartCount": 0,
+        "state": {"running": {"startedAt": "2026-11-24T00:00:00Z"}},
+        "allocatedResources": {"cpu": cpu},
+        "resources": {"requests": {"cpu": cpu}},
+    }
+    core.patch_namespaced_pod_status(
+        pod_name, namespace, {"status": {"phase": "Running", "containerStatuses": [status]}}
+    )
