@@ -120,6 +120,10 @@ class SteeringConfig:
     # Webhook: give pods that ask for no device a preference for nodes without a fully free GPU,
     # so their CPU does not strand whole GPUs (docs/steering.md, "Pods without a GPU").
     cpu_pods: bool = True
+    # Webhook, with cpu_pods: among nodes without a fully free GPU, pods that ask for no device
+    # prefer those with less GPU memory than this free (MiB), whose CPU the pods still to come can
+    # use least (docs/steering.md, "Pods without a GPU"). 0: off.
+    cpu_pods_nearly_full_mib: int = 0
     # CPU (millicores) one GPU's pods are expected to ask for. The plugin publishes each node's CPU
     # beyond that per free GPU (or short of it), and the webhook prefers for a GPU pod the nodes
     # whose CPU left after it still matches their free GPUs (docs/steering.md, "CPU beside the
@@ -295,6 +299,15 @@ def _cpu_per_gpu(value: Any) -> str | None:
 MAX_CPU_PER_GPU_MILLI = 1_000_000
 
 
+def _nearly_full(value: Any) -> str | None:
+    # Compared with a node's free-units label (64-bit in a node selector): a few nodes' worth of
+    # GPU memory is already "every node", so anything past 1 PiB is a typo.
+    return None if 0 <= value <= MAX_NEARLY_FULL_MIB else f"must be 0 to {MAX_NEARLY_FULL_MIB}"
+
+
+MAX_NEARLY_FULL_MIB = 2**30  # 1 PiB
+
+
 def _reserved_domain(prefix: str) -> str | None:
     """The Kubernetes domain `prefix` falls in, if any. Kubelet reads any resource name containing
     "kubernetes.io/" as native and refuses to advertise it (so "examplekubernetes.io" too), and
@@ -456,6 +469,13 @@ FIELDS: tuple[Field, ...] = (
         bool,
         _always_ok,
         "prefer nodes without a fully free GPU for pods that ask for no device",
+    ),
+    Field(
+        "steering.cpuPodsNearlyFullMiB",
+        "steering.cpu_pods_nearly_full_mib",
+        int,
+        _nearly_full,
+        "with cpuPods: prefer, among nodes without a fully free GPU, those with less free GPU memory (MiB; 0: off)",
     ),
     Field(
         "steering.cpuPerGpuMilli",

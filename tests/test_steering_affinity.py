@@ -330,14 +330,32 @@ def test_a_cpu_pod_prefers_cpu_nodes_then_nodes_whose_gpus_are_no_longer_whole(n
     assert preference(steering.cpu_pod_preferences(CONTRACT), node_labels) == weight
 
 
+@pytest.mark.parametrize(
+    ("node_labels", "weight"),
+    [
+        ({"kubernetes.io/hostname": "cpu-only"}, steering.WEIGHTS.cpu_pod_cpu_node),
+        (labelled(U, U), steering.WEIGHTS.cpu_pod_nearly_full),  # nothing free
+        (labelled(U, U - 31), steering.WEIGHTS.cpu_pod_nearly_full),  # 31 units = 7.75 GiB free
+        (labelled(U, U - 32), steering.WEIGHTS.cpu_pod_no_free_gpu),  # 8 GiB free: not below it
+        (labelled(U, 40), steering.WEIGHTS.cpu_pod_no_free_gpu),
+        (labelled(U, 0), 0),  # one whole GPU still free
+    ],
+    ids=["cpu-node", "full", "below", "at-the-bound", "partly-used", "one-free-gpu"],
+)
+def test_with_a_nearly_full_bound_a_cpu_pod_prefers_nodes_with_little_gpu_memory_left(node_labels, weight):
+    assert preference(steering.cpu_pod_preferences(CONTRACT, 8192), node_labels) == weight
+
+
 def test_cpu_pod_grades_keep_cpu_nodes_first_and_free_whole_gpus_last():
     w = steering.WEIGHTS
-    assert w.cpu_pod_cpu_node > w.cpu_pod_no_free_gpu > 0
+    assert w.cpu_pod_cpu_node > w.cpu_pod_nearly_full > w.cpu_pod_no_free_gpu > 0
 
 
 @pytest.mark.parametrize("version", ["1.29", "1.35"])
-def test_the_cpu_pod_preferences_are_a_valid_pod_node_affinity(version):
-    node_affinity = {"preferredDuringSchedulingIgnoredDuringExecution": steering.cpu_pod_preferences(CONTRACT)}
+@pytest.mark.parametrize("nearly_full_mib", [0, 8192])
+def test_the_cpu_pod_preferences_are_a_valid_pod_node_affinity(version, nearly_full_mib):
+    terms = steering.cpu_pod_preferences(CONTRACT, nearly_full_mib)
+    node_affinity = {"preferredDuringSchedulingIgnoredDuringExecution": terms}
     kubernetes_validate.validate(pod_with(node_affinity), version, strict=True)
 
 

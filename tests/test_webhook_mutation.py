@@ -555,6 +555,16 @@ def test_a_pod_that_asks_for_no_device_prefers_nodes_without_a_free_whole_gpu() 
     assert "annotations" not in pod["metadata"] and pod["spec"]["containers"] == cpu_pod()["spec"]["containers"]
 
 
+def test_with_a_nearly_full_bound_a_cpu_pod_gets_the_graded_preferences() -> None:
+    nearly_full = dataclasses.replace(SETTINGS.steering, cpu_pods_nearly_full_mib=8192)
+    _, pod = convert(cpu_pod(), settings=dataclasses.replace(SETTINGS, steering=nearly_full))
+    assert preferred_terms(pod) == steering.cpu_pod_preferences(CONTRACT, 8192)
+    below = {"key": CONTRACT.label_free_units, "operator": "Lt", "values": ["32"]}  # 8 GiB of 256 MiB units
+    assert [t["weight"] for t in preferred_terms(pod) if below in t["preference"]["matchExpressions"]] == [
+        steering.WEIGHTS.cpu_pod_nearly_full
+    ]
+
+
 def test_a_cpu_pod_keeps_its_own_required_node_affinity() -> None:
     zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
     required = {"nodeSelectorTerms": [{"matchExpressions": [zone]}]}

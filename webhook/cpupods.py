@@ -28,7 +28,9 @@ def patch(pod: Mapping[str, Any], settings: config.Config, *, pacer_absent: str)
     if not (settings.steering.enabled and settings.steering.cpu_pods) or not asks_for_no_device(pod, contract):
         return []
     affinity = patches.merge_node_affinity(
-        (pod.get("spec") or {}).get("affinity"), (), steering.cpu_pod_preferences(contract)
+        (pod.get("spec") or {}).get("affinity"),
+        (),
+        steering.cpu_pod_preferences(contract, settings.steering.cpu_pods_nearly_full_mib),
     )
     if affinity is None:
         return []

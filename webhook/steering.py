@@ -101,6 +101,9 @@ class Weights:
     # pods the same way).
     cpu_pod_cpu_node: int = 100
     cpu_pod_no_free_gpu: int = 50
+    # With steering.cpuPodsNearlyFullMiB: before those, the nodes where little GPU memory is left
+    # free at all, whose CPU the GPU pods still to come can use least (docs/steering.md).
+    cpu_pod_nearly_full: int = 70
 
 
 WEIGHTS = Weights()
@@ -281,23 +284,32 @@ def _mig(profile: str, contract: contract_.Contract) -> tuple[list, list]:
     return required, preferred
 
 
-def cpu_pod_preferences(contract: contract_.Contract) -> list[dict[str, Any]]:
+def cpu_pod_preferences(contract: contract_.Contract, nearly_full_mib: int = 0) -> list[dict[str, Any]]:
     """Preferred terms for a pod that asks for no device: a node without gpuslice GPUs (the label
-    is absent), then a node where no GPU is fully free, over a node with whole GPUs free.
+    is absent), then a node where no GPU is fully free, over a node with whole GPUs free; with
+    `nearly_full_mib` (steering.cpuPodsNearlyFullMiB), a node without a fully free GPU and with
+    less GPU memory than that free goes before the other nodes without a fully free GPU.
 
     In the trace replay CPU is what strands GPUs: CPU-only pods spread by LeastAllocated land on
     nodes whose GPUs are still free and take the CPU their future pods need (docs/steering.md).
-    The two terms match disjoint nodes, so a node scores at most one weight. The list is the
+    The terms match disjoint nodes, so a node scores at most one weight. The list is the
     caller's; the terms in it are shared between calls and must not be changed."""
-    return list(_cpu_pod_terms(contract))
+    return list(_cpu_pod_terms(contract, nearly_full_mib))
 
 
 @functools.lru_cache(maxsize=8)
-def _cpu_pod_terms(contract: contract_.Contract) -> list[dict[str, Any]]:
+def _cpu_pod_terms(contract: contract_.Contract, nearly_full_mib: int) -> list[dict[str, Any]]:
     free_gpus = contract.label_free_gpus
+    cpu_node = _term(WEIGHTS.cpu_pod_cpu_node, {"key": free_gpus, "operator": "DoesNotExist"})
+    if nearly_full_mib <= 0:
+        return [cpu_node, _term(WEIGHTS.cpu_pod_no_free_gpu, _lt(free_gpus, 1))]
+    # Fewer free units than hold nearly_full_mib: free x unit < nearly_full_mib.
+    below = -(-nearly_full_mib // contract.unit_mib)
+    free_units = contract.label_free_units
     return [
-        _term(WEIGHTS.cpu_pod_cpu_node, {"key": free_gpus, "operator": "DoesNotExist"}),
-        _term(WEIGHTS.cpu_pod_no_free_gpu, _lt(free_gpus, 1)),
+        cpu_node,
+        _term(WEIGHTS.cpu_pod_nearly_full, _lt(free_gpus, 1), _lt(free_units, below)),
+        _term(WEIGHTS.cpu_pod_no_free_gpu, _lt(free_gpus, 1), _gt(free_units, below - 1)),
     ]
 
 
