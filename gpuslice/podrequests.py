@@ -34,7 +34,6 @@ from typing import Any, TypeVar
 __all__ = ["POD_LEVEL_RESOURCES", "container_total", "new_pod", "on_node"]
 
 N = TypeVar("N", int, Decimal)
-Amounts = dict[str, N]
 # The container's amounts of the names the caller counts (unreadable entries left out or 0).
 ReadContainer = Callable[[Mapping[str, Any]], Mapping[str, N]]
 # One quantity of the named resource, in the caller's units.
