@@ -3,6 +3,8 @@ the plugin's ServiceAccount, through the chart's node-write policy), and the rea
 webhook-mutated pods by them: the required terms keep a pod off a node where no single GPU has room
 (even when the node's total allocatable would), the preferred terms pack shares, and the chart's
 bin-packing profile runs in a real kube-scheduler with the chart's own configuration and identity.
+The CPU headroom the labeller publishes is what the scheduler counts, and the CPU-pod terms place
+a pod that asks for no device where the scheduler is meant to put it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import yaml
 from gpuslice import config as config_
 from gpuslice.deviceplugin import nodefile
 from gpuslice.sim import controlplane
+from gpuslice.webhook import steering
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
@@ -264,3 +267,27 @@ def _report_running(core: kubernetes.client.CoreV1Api, namespace: str, pod_name:
     core.patch_namespaced_pod_status(
         pod_name, namespace, {"status": {"phase": "Running", "containerStatuses": [status]}}
     )
+
+
+def test_a_cpu_pod_goes_to_the_node_with_the_least_gpu_memory_left_with_the_nearly_full_bound(
+    release: Any, core: kubernetes.client.CoreV1Api, nodes: list[str], namespace: str
+) -> None:
+    """steering.cpuPodsNearlyFullMiB's terms, scored by the real scheduler: of three nodes alike in
+    CPU, a pod that asks for no device goes to the one whose GPUs have less than 8 GiB left free,
+    not to one with shares still open, nor to one with whole GPUs free."""
+    node = nodefile.load(DEMO_NODE)
+    layouts = {
+        "whole-free": {},
+        "shares-open": {H100_A: 318, H100_B: 100},  # 218 units (54.5 GiB) free
+        "nearly-full": {H100_A: 318, H100_B: 300},  # 18 units (4.5 GiB) free
+    }
+    for suffix, allocated in layouts.items():
+        name = f"{namespace}-{suffix}"
+        core.create_node(k8skit.gpu_node_object(name, node, allocated=allocated, extra_labels={GROUP: namespace}))
+        nodes.append(name)
+    terms = steering.cpu_pod_preferences(CONTRACT, 8192)
+    for i in range(3):
+        pod = k8skit.pod_object(f"cpu-{i}", requests={"cpu": "1"}, nodeSelector={GROUP: namespace})
+        pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
+        core.create_namespaced_pod(namespace, pod)
+        assert k8skit.bound_node(core, namespace, f"cpu-{i}") == f"{namespace}-nearly-full"
