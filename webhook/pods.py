@@ -108,7 +108,7 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _read(name: str, value: Any) -> int:
-    """A pod-level request or overhead, in the units of `requests`."""
+    """One CPU or memory quantity (a container's, pod-level, overhead) in the units of `requests`."""
     amount = parsing.request_quantity(value)
     return int(amount * 1000) if name == "cpu" else int(amount / 2**20)
 
@@ -118,4 +118,4 @@ def _read(name: str, value: Any) -> int:
 @functools.lru_cache(maxsize=4096, typed=True)
 def _amounts(cpu: Any, memory: Any) -> tuple[int, int]:
     """(CPU millicores, memory MiB) of one container's CPU and memory requests."""
-    return int(parsing.request_quantity(cpu) * 1000), int(parsing.request_quantity(memory) / 2**20)
+    return _read("cpu", cpu), _read("memory", memory)
