@@ -220,6 +220,7 @@ class _Outcomes:
         self.created: set[str] = set()
         self.written: set[str] = set()  # bound pods whose kubelet status the watch has shown
         self.created_at: dict[str, float] = {}  # when the create was answered (the webhook had it)
+        self.stored: dict[str, int] = {}  # pod key -> resourceVersion of its create: the order it was stored in
         self.first_outcome_at: dict[str, float] = {}  # first bound or marked unschedulable (or denied)
         self.errors: list[str] = []
         self.last_change = time.monotonic()
@@ -290,6 +291,39 @@ def _required_classes(pod: Mapping[str, Any], key: str) -> str:
     return ",".join(sorted(values, key=int)) if all(v.isdigit() for v in values) else ",".join(sorted(values))
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelFeed:
+    """What the paced model is fed of a kube run, per arrival: when its pod was first decided (bound
+    or marked unschedulable) and when the webhook converted it; `order`, the arrivals in the order
+    the scheduler decided them."""
+
+    order: tuple[int, ...]
+    scheduled_at: tuple[float, ...]
+    converted_at: tuple[float, ...]
+
+
+def model_feed(decided_at: Sequence[float], answered_at: Sequence[float], stored: Sequence[int | None]) -> ModelFeed:
+    """The moments of a kube run (seconds from its first create, per arrival) as the paced model
+    takes them.
+
+    Order matters more than the moments: a burst's class choices follow the order the webhook saw
+    its pods in, and ±0.2 s of jitter in that order moves the paced model of the default trace by
+    over a point (docs/steering.md). Creates run CREATE_CONCURRENCY at a time and their answers
+    come back in any order, so the answer times are handed out again in the order the API server
+    stored the pods (`stored`: the resourceVersion of each create; None where it was denied, whose
+    own time stays), which follows the webhook's. The scheduler's order is the order of first
+    decisions (the pacer's, or the scheduling queue's): the model schedules in it."""
+    if not len(decided_at) == len(answered_at) == len(stored):
+        raise ValueError("model_feed: one decision moment, answer moment and version per arrival")
+    stored_pods = sorted((v, i) for i, v in enumerate(stored) if v is not None)
+    times = sorted(answered_at[i] for _, i in stored_pods)
+    converted = list(answered_at)
+    for (_, i), moment in zip(stored_pods, times, strict=True):
+        converted[i] = moment
+    order = tuple(sorted(range(len(decided_at)), key=decided_at.__getitem__))
+    return ModelFeed(order, tuple(decided_at), tuple(converted))
+
+
 def _diagnosis(outcomes: _Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[str, int]]:
     """Where a run lost GPUs: unschedulable pods by the GPU class their affinity pins them to, and
     GPUs left without any pod by class (MiB)."""
@@ -312,8 +346,11 @@ def _diagnosis(outcomes: _Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[s
 async def _create(api: kube_api.Api, manifest: dict[str, Any], outcomes: _Outcomes) -> None:
     key = f"{NAMESPACE}/{manifest['metadata']['name']}"
     try:
-        await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", manifest)
+        created = await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", manifest)
         outcomes.created_at[key] = time.monotonic()
+        version = str((created.get("metadata") or {}).get("resourceVersion") or "")
+        if version.isdigit():
+            outcomes.stored[key] = int(version)
     except kube_api.ApiError as exc:
         outcomes.created_at[key] = time.monotonic()
         if "denied the request" not in exc.message:  # not the webhook's answer: named in the errors
@@ -636,7 +673,7 @@ async def _drive(
     list[str],
     int,
     list[str],
-    tuple[tuple[float, ...], tuple[float, ...]],
+    ModelFeed,
     dict[str, dict[str, int]],
     int,
 ]:
@@ -696,9 +733,10 @@ async def _drive(
             configuration.name, arrivals, outcomes, fleet, capacity, max(0.0, wall), cpu, placements=placements
         )
         end = t0 + wall
-        moments = (
-            tuple(outcomes.first_outcome_at.get(k, end) - t0 for k in keys),
-            tuple(outcomes.created_at.get(k, end) - t0 for k in keys),
+        moments = model_feed(
+            [outcomes.first_outcome_at.get(k, end) - t0 for k in keys],
+            [outcomes.created_at.get(k, end) - t0 for k in keys],
+            [outcomes.stored.get(k) for k in keys],
         )
         diagnosis = _diagnosis(outcomes, fleet)
         return result, setup, created - t0, unaccounted, fleet.label_writes, errors, moments, diagnosis, lost
@@ -744,21 +782,19 @@ def replay_on_kube(
             # Pods' claims from the webhook's templates; as fast as the scheduler binds.
             plane.start_controller_manager(kube_dra.DRA_CONTROLLERS, qps=SCHEDULER_QPS)
         version = plane.version()
-        kube, setup, arrivals_s, unaccounted, writes, errors, (scheduled_at, converted_at), diagnosis, lost = (
-            asyncio.run(
-                _drive(
-                    plane,
-                    nodes,
-                    arrivals,
-                    configuration,
-                    arrival,
-                    gaps,
-                    gpu_memory_mib,
-                    started,
-                    settle_limit,
-                    progress,
-                    placements,
-                )
+        kube, setup, arrivals_s, unaccounted, writes, errors, feed, diagnosis, lost = asyncio.run(
+            _drive(
+                plane,
+                nodes,
+                arrivals,
+                configuration,
+                arrival,
+                gaps,
+                gpu_memory_mib,
+                started,
+                settle_limit,
+                progress,
+                placements,
             )
         )
     finally:
@@ -768,11 +804,16 @@ def replay_on_kube(
     if configuration.sharing and settings.steering.enabled and not settings.dra.enabled and arrivals:
         pace = replay.LabelDelay(
             min_interval_seconds=settings.steering.label_min_interval_seconds,
-            scheduled_at=scheduled_at,
-            converted_at=converted_at,
+            scheduled_at=tuple(feed.scheduled_at[i] for i in feed.order),
+            converted_at=tuple(feed.converted_at[i] for i in feed.order),
         )
         paced = replay.replay(
-            nodes, arrivals, configuration, seed=seed, label_delay=pace, gpu_memory_mib=gpu_memory_mib
+            nodes,
+            [arrivals[i] for i in feed.order],
+            configuration,
+            seed=seed,
+            label_delay=pace,
+            gpu_memory_mib=gpu_memory_mib,
         )
     return KubeResult(
         kube, model, paced, str(arrival), version, setup, arrivals_s, unaccounted, writes, errors, diagnosis, lost
@@ -944,6 +985,7 @@ def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]])
         "run time);",
         "model = labels seen at once; paced = the model with each node's labels written at most once per "
         "steering.labelMinIntervalSeconds, each pod converted and scheduled at the moments the kube run",
-        "showed (its create answered; its first binding or unschedulable mark).",
+        "showed (its create answered; its first binding or unschedulable mark), converted in the order the API "
+        "server stored the pods and scheduled in the order they were decided.",
     ]
     return "\n".join(lines)

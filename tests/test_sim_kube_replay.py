@@ -194,3 +194,23 @@ def test_modes_are_device_plugin_dra_or_both_each_once() -> None:
     for bad in ("", "dra,dra", "dra,x", "both"):
         with pytest.raises(argparse.ArgumentTypeError, match="give device-plugin, dra, or device-plugin,dra"):
             kube_replay.parse_modes(bad)
+
+
+def test_the_paced_model_converts_in_the_order_the_pods_were_stored_and_schedules_in_the_order_decided() -> None:
+    # Creates answered out of order (pod 0 stored first, answered last); pod 3 denied (no version).
+    feed = kube_replay.model_feed(
+        decided_at=[5.0, 4.0, 6.0, 0.3],
+        answered_at=[0.9, 0.1, 0.5, 0.2],
+        stored=[101, 105, 103, None],
+    )
+    # The answer times of the stored pods, 0.1 < 0.5 < 0.9, go to them in storage order 0, 2, 1.
+    assert feed.converted_at == (0.1, 0.9, 0.5, 0.2)
+    assert feed.scheduled_at == (5.0, 4.0, 6.0, 0.3)
+    assert feed.order == (3, 1, 0, 2)
+    # Ties keep the arrival order.
+    assert kube_replay.model_feed([1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1, 2, 3]).order == (2, 0, 1)
+
+
+def test_the_paced_models_feed_needs_one_moment_of_each_kind_per_arrival() -> None:
+    with pytest.raises(ValueError, match="per arrival"):
+        kube_replay.model_feed([1.0], [0.5, 0.6], [1, 2])
