@@ -312,12 +312,13 @@ def model_feed(decided_at: Sequence[float], answered_at: Sequence[float], stored
     takes them.
 
     Order matters more than the moments: a burst's class choices follow the order the webhook saw
-    its pods in, and ±0.2 s of jitter in that order moves the paced model of the default trace by
-    over a point (docs/steering.md). Creates run CREATE_CONCURRENCY at a time and their answers
-    come back in any order, so the answer times are handed out again in the order the API server
-    stored the pods (`stored`: the resourceVersion of each create; None where it was denied, whose
-    own time stays), which follows the webhook's. The scheduler's order is the order of first
-    decisions (the pacer's, or the scheduling queue's): the model schedules in it."""
+    its pods in: moving its conversions by ±5 ms spreads the paced model of the default trace over
+    0.65 points, by ±50 ms over two (docs/steering.md, "The paced model of a burst"). Creates run
+    CREATE_CONCURRENCY at a time and their answers come back in any order, so the answer times are
+    handed out again in the order the API server stored the pods (`stored`: the resourceVersion of
+    each create; None where it was denied, whose own time stays), which follows the webhook's. The
+    scheduler's order is the order of first decisions (the pacer's, or the scheduling queue's): the
+    model schedules in it."""
     if not len(decided_at) == len(answered_at) == len(stored):
         raise ValueError("model_feed: one decision moment, answer moment and version per arrival")
     stored_pods = sorted((v, i) for i, v in enumerate(stored) if v is not None)
@@ -845,9 +846,10 @@ def paced_model(
     The first draw converts at the run's moments. A burst's packing follows the order the webhook
     converted its pods in, below what the run can record: the API server stores creates that were in
     flight together (CREATE_CONCURRENCY) in an order the webhook need not have seen them in, and
-    orders that close apart spread the default trace's paced model over two to three points (docs/steering.md,
-    "Pacing"). So each further draw moves every conversion by up to half such a window (the
-    answers' mean spacing times CREATE_CONCURRENCY / 2) either way, at random."""
+    orders that close apart spread the default trace's paced model over one to two points
+    (docs/steering.md, "The paced model of a burst"). So each further draw moves every conversion by
+    up to half such a window (the answers' mean spacing times CREATE_CONCURRENCY / 2) either way, at
+    random."""
     if draws < 1:
         raise ValueError(f"paced_model: at least one draw, got {draws}")
     ordered = [arrivals[i] for i in feed.order]
