@@ -116,6 +116,8 @@ def test_one_pod_at_a_time_packs_as_the_model_with_the_labellers_rate_limit(tmp_
     result = _run(tmp_path, "sequential", steering=True)
     assert result.label_writes > 0  # the labellers wrote to the real API server
     assert result.model_paced is not None
+    # One by one, each pod is converted right before it is scheduled: one order, one draw.
+    assert result.paced_draws == [result.model_paced.gpu_allocation_ratio]
     gap = 100 * (result.kube.gpu_allocation_ratio - result.model_paced.gpu_allocation_ratio)
     assert abs(gap) <= PACED_TOLERANCE_POINTS, (
         f"kube {result.kube.gpu_allocation_ratio:.2%} vs paced model {result.model_paced.gpu_allocation_ratio:.2%}"
@@ -140,6 +142,10 @@ def test_a_burst_with_steering_accounts_for_every_pod(tmp_path: pathlib.Path) ->
     result = _run(tmp_path, "burst", steering=True)
     assert result.label_writes > 0
     assert result.difference_points <= TOLERANCE_POINTS
+    # Created ahead of the scheduler: the paced model is the median of its draws of the order.
+    assert result.model_paced is not None
+    assert len(result.paced_draws) == kube_replay.PACED_DRAWS
+    assert result.model_paced.gpu_allocation_ratio == sorted(result.paced_draws)[kube_replay.PACED_DRAWS // 2]
 
 
 def test_dra_mode_places_every_share_on_one_device_within_its_memory_and_refuses_none(tmp_path: pathlib.Path) -> None:
