@@ -739,13 +739,13 @@ async def _drive(
             configuration.name, arrivals, outcomes, fleet, capacity, max(0.0, wall), cpu, placements=placements
         )
         end = t0 + wall
-        moments = model_feed(
+        feed = model_feed(
             [outcomes.first_outcome_at.get(k, end) - t0 for k in keys],
             [outcomes.created_at.get(k, end) - t0 for k in keys],
             [outcomes.stored.get(k) for k in keys],
         )
         diagnosis = _diagnosis(outcomes, fleet)
-        return result, setup, created - t0, unaccounted, fleet.label_writes, errors, moments, diagnosis, lost
+        return result, setup, created - t0, unaccounted, fleet.label_writes, errors, feed, diagnosis, lost
 
 
 def replay_on_kube(
