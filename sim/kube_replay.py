@@ -922,10 +922,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 f"in --kube-bin or ${controlplane.BIN_ENV} (`make e2e` builds them)"
             )
         settings = config.from_args(args, environ)
-        needs_dir = not (args.pods and args.nodes)
-        trace_dir = trace.find_trace_dir(args.trace_dir, environ, provenance.SOURCE) if needs_dir else None
-        nodes_file = pathlib.Path(args.nodes) if args.nodes else trace_dir / trace.DEFAULT_NODE_FILE  # type: ignore[operator]
-        pods_file = pathlib.Path(args.pods) if args.pods else trace_dir / trace.DEFAULT_POD_FILE  # type: ignore[operator]
+        nodes_file, pods_file = trace.trace_files(args.nodes, args.pods, args.trace_dir, environ, provenance.SOURCE)
         nodes = sample_nodes(trace.load_nodes(nodes_file), args.node_sample)
         pods = trace.load_pods(pods_file)
         gaps = trace_gaps(pods_file) if arrival.mode == "compressed" else [1.0]

@@ -483,10 +483,7 @@ def _write_placements(
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """Load the trace, replay every chosen configuration for every seed; returns the JSON document."""
     settings = config.from_args(args, environ)
-    needs_dir = not (args.pods and args.nodes)
-    trace_dir = trace.find_trace_dir(args.trace_dir, environ, provenance.SOURCE) if needs_dir else None
-    nodes_file = pathlib.Path(args.nodes) if args.nodes else trace_dir / trace.DEFAULT_NODE_FILE  # type: ignore[operator]
-    pods_file = pathlib.Path(args.pods) if args.pods else trace_dir / trace.DEFAULT_POD_FILE  # type: ignore[operator]
+    nodes_file, pods_file = trace.trace_files(args.nodes, args.pods, args.trace_dir, environ, provenance.SOURCE)
     nodes = trace.load_nodes(nodes_file)
     pods = trace.load_pods(pods_file)
     capacity = replay.gpu_capacity_milli(nodes)

@@ -7,7 +7,8 @@ and the random choice among equal top scores. Formulas and weights: kube-schedul
 
 Speed: state lives in numpy arrays over nodes (allocatable and requested per resource, label values
 as category codes and integers), so one pod is a handful of vector operations; Python objects are
-touched only for the chosen node. Imports numpy and kubernetes' quantity parser; no gpuslice module.
+touched only for the chosen node. Imports numpy, kubernetes' quantity parser and gpuslice.podrequests
+(the one rule for what a pod requests).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 import numpy as np
 from kubernetes.utils import quantity
+
+from gpuslice import podrequests
 
 __all__ = [
     "MAX_NODE_SCORE",
@@ -127,6 +130,10 @@ def _term(term: Mapping[str, Any], where: str) -> tuple[Requirement, ...]:
     )
 
 
+def _keys(amounts: Any) -> set[str]:
+    return {str(k) for k in amounts} if isinstance(amounts, Mapping) else set()
+
+
 def _is_int(text: str) -> bool:
     try:
         int(text)
@@ -136,30 +143,44 @@ def _is_int(text: str) -> bool:
 
 
 def read_pod(pod: Mapping[str, Any]) -> PodRequest:
-    """What kube-scheduler reads from a pod manifest (requests, node selector, node affinity)."""
+    """What kube-scheduler reads from a pod manifest (requests, node selector, node affinity).
+
+    Requests are counted by gpuslice.podrequests, the rule the webhook, labeller and pacer share
+    (sidecars, pod-level requests, overhead); for scoring, a container's missing CPU or memory
+    request counts as kube's non-zero default, before pod-level requests replace the sum."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     name = metadata.get("name", "?")
-    totals: dict[str, int] = {}
-    nonzero_cpu = nonzero_memory = 0
+    init_names = {c.get("name") for c in spec.get("initContainers") or () if isinstance(c, Mapping)}
+    by_name: dict[str, dict[str, int]] = {}  # the API server keeps container names unique in a pod
+
+    def parsed(container: Mapping[str, Any]) -> dict[str, int]:
+        key = container.get("name")
+        if isinstance(key, str) and key in by_name:
+            return by_name[key]
+        kind = "init container" if key in init_names else "container"
+        amounts = _container_requests(container, f"pod {name} {kind} {key}")
+        if isinstance(key, str):
+            by_name[key] = amounts
+        return amounts
+
+    def nonzero(container: Mapping[str, Any]) -> dict[str, int]:
+        amounts = parsed(container)
+        return {CPU: amounts.get(CPU, DEFAULT_MILLI_CPU_REQUEST), MEMORY: amounts.get(MEMORY, DEFAULT_MEMORY_REQUEST)}
+
+    def read(resource: str, value: Any) -> int:
+        return _amount(resource, value, f"pod {name} pod-level requests or overhead")
+
+    pod_level = spec.get("resources")
+    pod_level_requests = pod_level.get("requests") if isinstance(pod_level, Mapping) else None
+    names = _keys(pod_level_requests) | _keys(spec.get("overhead"))
+    totals = podrequests.new_pod(spec, parsed, read, names)
+    nonzero_totals = podrequests.new_pod(spec, nonzero, read, names)
     devices = []
     for container in spec.get("containers") or ():
-        where = f"pod {name} container {container.get('name')}"
-        requests = _container_requests(container, where)
-        for resource, amount in requests.items():
-            totals[resource] = totals.get(resource, 0) + amount
-        nonzero_cpu += requests.get(CPU, DEFAULT_MILLI_CPU_REQUEST)
-        nonzero_memory += requests.get(MEMORY, DEFAULT_MEMORY_REQUEST)
-        extended = {r: n for r, n in requests.items() if r not in (CPU, MEMORY, "ephemeral-storage") and n > 0}
+        extended = {r: n for r, n in parsed(container).items() if r not in (CPU, MEMORY, "ephemeral-storage") and n > 0}
         if extended:
             devices.append((str(container.get("name")), extended))
-    for container in spec.get("initContainers") or ():
-        where = f"pod {name} init container {container.get('name')}"
-        requests = _container_requests(container, where)
-        for resource, amount in requests.items():
-            totals[resource] = max(totals.get(resource, 0), amount)
-        nonzero_cpu = max(nonzero_cpu, requests.get(CPU, DEFAULT_MILLI_CPU_REQUEST))
-        nonzero_memory = max(nonzero_memory, requests.get(MEMORY, DEFAULT_MEMORY_REQUEST))
 
     affinity = ((spec.get("affinity") or {}).get("nodeAffinity")) or {}
     required_terms = None
@@ -176,8 +197,8 @@ def read_pod(pod: Mapping[str, Any]) -> PodRequest:
     return PodRequest(
         name=name,
         requests={r: n for r, n in totals.items() if n > 0},
-        nonzero_cpu=nonzero_cpu,
-        nonzero_memory=nonzero_memory,
+        nonzero_cpu=nonzero_totals[CPU],
+        nonzero_memory=nonzero_totals[MEMORY],
         node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
         required_terms=required_terms,
         preferred_terms=tuple(preferred),

@@ -30,6 +30,7 @@ __all__ = [
     "load_nodes",
     "load_pods",
     "node_inventory",
+    "trace_files",
     "user_pod",
 ]
 
@@ -104,6 +105,20 @@ def find_trace_dir(
             f"(default: {default})"
         )
     return path
+
+
+def trace_files(
+    nodes: str | None, pods: str | None, trace_dir: str | None, environ: Mapping[str, str], repo: pathlib.Path
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """(node file, pod file): --nodes and --pods as given, the trace directory's defaults for the
+    one not given (the directory is looked for only then)."""
+    if nodes and pods:
+        return pathlib.Path(nodes), pathlib.Path(pods)
+    found = find_trace_dir(trace_dir, environ, repo)
+    return (
+        pathlib.Path(nodes) if nodes else found / DEFAULT_NODE_FILE,
+        pathlib.Path(pods) if pods else found / DEFAULT_POD_FILE,
+    )
 
 
 def _rows(path: pathlib.Path, required: Sequence[str]) -> list[dict[str, str]]:

@@ -78,6 +78,34 @@ def test_the_pod_request_is_the_larger_of_the_app_containers_sum_and_the_largest
     assert pod.nonzero_memory == GIB + 200 * 1024 * 1024
 
 
+def test_a_sidecar_adds_to_the_running_containers_and_an_init_container_runs_beside_earlier_sidecars() -> None:
+    sidecar = {"name": "s", "restartPolicy": "Always", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}
+    setup = {"name": "i", "resources": {"requests": {"cpu": "2500m"}}}
+    pod = scheduler.read_pod(_pod(cpu="1", init=[sidecar, setup]))
+    # Running: 1 + 2 CPUs; the init container's peak: 2.5 beside the 2 of the sidecar before it.
+    assert pod.requests["cpu"] == 4500
+    assert pod.requests["memory"] == 2 * GIB
+    # Scoring: the init container's missing memory counts 200 MiB, beside the sidecar's 1 GiB.
+    assert pod.nonzero_memory == 2 * GIB
+
+
+def test_pod_level_requests_replace_the_containers_and_the_overhead_is_added() -> None:
+    manifest = _pod(cpu="1", memory=None, gpu_units=20)
+    manifest["spec"]["resources"] = {"requests": {"cpu": "3", "memory": "2Gi"}}
+    manifest["spec"]["overhead"] = {"cpu": "250m", "memory": "64Mi"}
+    pod = scheduler.read_pod(manifest)
+    assert pod.requests == {"cpu": 3250, "memory": 2 * GIB + 64 * 2**20, GPU_MEMORY: 20}
+    # Pod-level memory replaces the container's non-zero default for scoring too.
+    assert (pod.nonzero_cpu, pod.nonzero_memory) == (3250, 2 * GIB + 64 * 2**20)
+
+
+def test_a_bad_pod_level_quantity_is_refused_naming_it() -> None:
+    manifest = _pod()
+    manifest["spec"]["resources"] = {"requests": {"cpu": "lots"}}
+    with pytest.raises(scheduler.PodSpecError, match=r"pod p pod-level requests or overhead: cpu quantity 'lots'"):
+        scheduler.read_pod(manifest)
+
+
 def test_a_bad_quantity_is_refused_naming_the_pod_container_and_value() -> None:
     with pytest.raises(scheduler.PodSpecError, match=r"pod p container c: cpu quantity 'lots'"):
         scheduler.read_pod(_pod(cpu="lots"))

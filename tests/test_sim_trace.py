@@ -79,6 +79,24 @@ def test_the_trace_directory_comes_from_the_flag_before_the_environment(tmp_path
     assert trace.find_trace_dir(None, {"GPUSLICE_TRACE_DIR": str(laid_out)}, tmp_path) == laid_out
 
 
+def test_trace_files_look_for_the_directory_only_for_a_file_not_given(tmp_path: pathlib.Path) -> None:
+    laid_out = tmp_path / "trace"
+    laid_out.mkdir()
+    (laid_out / trace.DEFAULT_NODE_FILE).write_text((TINY / "tiny_nodes.csv").read_text())
+    given = str(TINY / "tiny_pods.csv")
+    # Both given: no trace directory anywhere, and none needed.
+    assert trace.trace_files("n.csv", given, None, {}, tmp_path / "repo") == (
+        pathlib.Path("n.csv"),
+        TINY / "tiny_pods.csv",
+    )
+    assert trace.trace_files(None, given, str(laid_out), {}, tmp_path) == (
+        laid_out / trace.DEFAULT_NODE_FILE,
+        TINY / "tiny_pods.csv",
+    )
+    with pytest.raises(trace.TraceError, match="--trace-dir"):
+        trace.trace_files(None, given, None, {}, tmp_path / "repo")
+
+
 def test_trace_nodes_become_inventories_with_the_assumed_memory_and_stable_uuids() -> None:
     node = trace.load_nodes(TINY / "tiny_nodes.csv")[0]
     first, again = trace.node_inventory(node), trace.node_inventory(node)

@@ -67,6 +67,7 @@ CONTAINER_RESOURCES = st.fixed_dictionaries(
         "requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITIES),
     },
 )
+POD_LEVEL_REQUESTS = st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITIES, min_size=1)
 PRODUCTS = st.sampled_from([kit.H100_PRODUCT, kit.H200_PRODUCT, "Tesla-T4"])
 SETTINGS = st.builds(
     lambda whole, steering, cpu_pods, dra, scheduler: dataclasses.replace(
@@ -113,8 +114,10 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         ]
         if draw(st.booleans()):  # a sidecar: counted with the containers (gpuslice.podrequests)
             pod["spec"]["initContainers"][0]["restartPolicy"] = "Always"
-    if draw(st.booleans()):  # a RuntimeClass's overhead (pod-level requests: not in the schema the patches meet)
+    if draw(st.booleans()):  # a RuntimeClass's overhead
         pod["spec"]["overhead"] = {"cpu": draw(QUANTITIES), "memory": "64Mi"}
+    if draw(st.booleans()):  # pod-level requests (PodLevelResources): replace the containers' CPU and memory
+        pod["spec"]["resources"] = {"requests": draw(POD_LEVEL_REQUESTS)}
     return pod
 
 
@@ -154,8 +157,10 @@ def test_every_pod_gets_a_valid_patch_or_a_denial_with_a_message(
     if "patch" not in response:
         return
     patched = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(response["patch"])))
-    # DRA mode needs Kubernetes 1.34+ (the flattened PodResourceClaim); device-plugin mode runs on all.
-    for version in VERSIONS[-1:] if settings_.dra.enabled else VERSIONS:
+    # DRA mode needs Kubernetes 1.34+ (the flattened PodResourceClaim), and pod-level requests a schema
+    # that has them; device-plugin mode runs on all.
+    newest_only = settings_.dra.enabled or "resources" in pod["spec"]
+    for version in VERSIONS[-1:] if newest_only else VERSIONS:
         errors = sorted(pod_validator(version).iter_errors(patched), key=str)
         assert not errors, f"Kubernetes {version}: {errors[0].message}"
     kit.check_extended_resources(patched)
