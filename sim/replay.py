@@ -454,7 +454,7 @@ def _pod_for(
         return manifest, "", None
     promised = None
     if promise:
-        view.promise_conversion(outcome.decision)
+        view.promise_conversion(outcome.decision, outcome.cpu_milli)
         promised = outcome.decision
     # The manifest is ours and fresh: patch it in place (a deep copy per pod costs more than the rest).
     patched: dict[str, Any] = jsonpatch.apply_patch(manifest, outcome.patch, in_place=True)

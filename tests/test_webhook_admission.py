@@ -245,3 +245,56 @@ def test_promised_units_leave_when_the_labels_show_them_or_when_they_expire() ->
     view_.update_node("demo", node_labels.node_labels(demo, SETTINGS.contract, allocated={demo.gpus[0].uuid: 159}))
     assert view_.promised_units(81559, now=2.0) == 159
     assert view_.promised_units(81559, now=1.0 + cluster.PROMISE_SECONDS) == 0
+
+
+def cpu_bound_view(h200_cpu_milli: int | None, h100_cpu_milli: int | None = 200_000) -> cluster.ClusterView:
+    """As `two_class_view`, each node publishing the CPU its pods have not requested (None: not published)."""
+    from gpuslice.deviceplugin import labels as node_labels
+    from gpuslice.deviceplugin import nodefile
+
+    examples = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
+    built = view()
+    for name, file, cpu in (("demo", "demo-node.yaml", h100_cpu_milli), ("h200", "h200x8-node.yaml", h200_cpu_milli)):
+        headroom = None if cpu is None else (cpu, 1_000_000)
+        built.update_node(
+            name, node_labels.node_labels(nodefile.load(examples / file), SETTINGS.contract, headroom=headroom)
+        )
+    return built
+
+
+def half_gpu_pod(cpu: str) -> dict[str, Any]:
+    body = pod({"gpu-fraction": "0.5"})
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu}
+    return body
+
+
+def test_promised_pods_hold_the_cpu_beside_their_units_so_a_class_short_of_cpu_gets_no_more() -> None:
+    # The H200 node has the most GPU memory free (16 halves) but CPU for three pods of 8 cores; the
+    # H100 node has CPU for many. Labels do not move during the burst: once pods are promised CPU
+    # there, the H200 class counts the room its CPU leaves, the H100 class its four halves.
+    burst = classes_of_a_burst(cpu_bound_view(h200_cpu_milli=24_000), 7, object=half_gpu_pod("8"))
+    assert burst.count(81559) == 4 and burst.count(143771) == 3, burst
+    # Pods that ask for no CPU are bounded by GPU memory alone: the H200s take most of them.
+    assert classes_of_a_burst(cpu_bound_view(h200_cpu_milli=24_000), 7).count(143771) >= 5
+
+
+def rule_of_next(view_: cluster.ClusterView, obj: dict[str, Any]) -> str:
+    result = admission.review(json.dumps(review(obj)).encode(), settings=SETTINGS, cluster=view_)
+    assert result.outcome is not None and result.outcome.decision is not None
+    return str(result.outcome.decision["rule"])
+
+
+def test_cpu_given_back_with_a_promise_makes_room_again() -> None:
+    view_ = cpu_bound_view(h200_cpu_milli=24_000)
+    burst = classes_of_a_burst(view_, 7, object=half_gpu_pod("8"))
+    # The same burst, nothing given back: no class has room for an eighth pod.
+    full = cpu_bound_view(h200_cpu_milli=24_000)
+    assert classes_of_a_burst(full, 7, object=half_gpu_pod("8")) == burst
+    assert rule_of_next(full, half_gpu_pod("8")).endswith("(no node has room now)")
+    # The scheduler found no node for the last H200 pod (webhook/waiting.py): its units and CPU return.
+    view_.release_conversion({"classMemoryMiB": 143771, "units": 280})
+    assert rule_of_next(view_, half_gpu_pod("8")) == "largest free share on nodes where the pod fits now"
+
+
+def test_a_node_that_publishes_no_cpu_headroom_does_not_bound_its_class_by_cpu() -> None:
+    assert classes_of_a_burst(cpu_bound_view(h200_cpu_milli=None), 6, object=half_gpu_pod("8")).count(143771) >= 5

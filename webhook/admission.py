@@ -142,4 +142,4 @@ def promise(result: Result, cluster: cluster_.ClusterView) -> None:
     """A pod converted (not a dry run) and pinned to one class takes its units there before any
     label shows it: the next pods of a burst choose their class knowing it (cluster.py, promises)."""
     if result.result == RESULT_MUTATED and not result.dry_run and result.outcome is not None:
-        cluster.promise_conversion(result.outcome.decision)
+        cluster.promise_conversion(result.outcome.decision, result.outcome.cpu_milli)

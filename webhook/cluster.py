@@ -12,8 +12,10 @@ nodes change at the pace of watch events, admissions far more often.
 Pods converted but not yet in any node's labels are promised capacity (`promise`): a burst is
 converted faster than pods are bound and labels move, and without this every pod of the burst
 would see the same free shares and be pinned to the same class, which then fills while the others
-stay idle. A promise lasts until the class's labelled free units drop by as much (the pod was
-allocated) or `PROMISE_SECONDS` pass (the pod was deleted, or went elsewhere).
+stay idle. A promise holds the pod's units and the CPU it asks beside them: a class whose nodes'
+CPU the promised pods will take has no room for the next pod however many units it has free. A
+promise lasts until the class's labelled free units drop by as much (the pod was allocated) or
+`PROMISE_SECONDS` pass (the pod was deleted, or went elsewhere).
 
 Node labels are untrusted input: `nodelabels` reads and checks them, and a node whose labels cannot
 be believed is left out (`untrusted` names it and says why; the node watch logs it and the metrics
@@ -118,9 +120,11 @@ class ClusterView:
         self._rows: dict[str, int] = {}
         self._spare_rows: list[int] = []
         self._table = np.zeros((64, len(_COLUMNS)), dtype=np.int64)
-        # Class memory MiB -> promises not yet seen in labels, oldest first: [deadline, units].
+        # Class memory MiB -> promises not yet seen in labels, oldest first:
+        # [deadline, units, CPU millicores per unit].
         self._promised: dict[int, collections.deque[list[float]]] = {}
         self._promised_total: Counter[int] = Counter()  # their units per class, kept as they change
+        self._promised_cpu: dict[int, float] = collections.defaultdict(float)  # their CPU per class
         # Pacing: "" while a pacer renews its Lease (webhook/pacerlease.py), else why none is alive,
         # in the words a pod's decision carries. No cluster, no pacer: nothing is gated.
         self.pacer_absent = "no pacer Lease read (the webhook watches no cluster)"
@@ -175,23 +179,28 @@ class ClusterView:
         self._table[:] = 0
         self._promised.clear()
         self._promised_total.clear()
+        self._promised_cpu.clear()
 
-    def promise(self, memory_mib: int, units: int, *, now: float | None = None) -> None:
-        """A pod was just converted to `units` on a GPU of class `memory_mib`: count them as taken
-        until the class's labels show them (or PROMISE_SECONDS pass)."""
+    def promise(self, memory_mib: int, units: int, *, cpu_milli: int = 0, now: float | None = None) -> None:
+        """A pod was just converted to `units` on a GPU of class `memory_mib`, asking `cpu_milli`
+        beside them: count both as taken until the class's labels show the units (or
+        PROMISE_SECONDS pass)."""
         if units > 0:
             deadline = (self.clock() if now is None else now) + PROMISE_SECONDS
-            self._promised.setdefault(memory_mib, collections.deque()).append([deadline, units])
+            per_unit = max(0, cpu_milli) / units
+            self._promised.setdefault(memory_mib, collections.deque()).append([deadline, units, per_unit])
             self._promised_total[memory_mib] += units
+            self._promised_cpu[memory_mib] += units * per_unit
 
-    def promise_conversion(self, decision: Mapping[str, Any] | None) -> None:
+    def promise_conversion(self, decision: Mapping[str, Any] | None, cpu_milli: int = 0) -> None:
         """`promise` the units of a conversion pinned to one class (its decision annotation says
-        which: `classMemoryMiB` and `units`; MIG and unpinned conversions promise nothing)."""
+        which: `classMemoryMiB` and `units`; MIG and unpinned conversions promise nothing), with the
+        pod's CPU request."""
         if not decision or decision.get("migProfile"):
             return
         memory, units = decision.get("classMemoryMiB"), decision.get("units")
         if isinstance(memory, int) and isinstance(units, int):
-            self.promise(memory, units)
+            self.promise(memory, units, cpu_milli=cpu_milli)
 
     def release_conversion(self, decision: Mapping[str, Any] | None) -> None:
         """The pod of this conversion will not take its units soon (the scheduler found no node for
@@ -204,10 +213,7 @@ class ClusterView:
             return
         queue = self._promised.get(memory)
         while queue and units > 0:
-            taken = min(units, int(queue[-1][1]))
-            queue[-1][1] -= taken
-            self._promised_total[memory] -= taken
-            units -= taken
+            units -= self._take(memory, queue[-1], units)
             if queue[-1][1] <= 0:
                 queue.pop()
 
@@ -218,18 +224,25 @@ class ClusterView:
             return 0
         now = self.clock() if now is None else now
         while queue and queue[0][0] <= now:
-            self._promised_total[memory_mib] -= int(queue.popleft()[1])
+            self._take(memory_mib, queue.popleft(), None)
         return self._promised_total[memory_mib]
+
+    def _take(self, memory_mib: int, entry: list[float], units: int | None) -> int:
+        """Take `units` (all when None) off one promise, with their CPU; the units taken."""
+        taken = int(entry[1]) if units is None else min(units, int(entry[1]))
+        entry[1] -= taken
+        self._promised_total[memory_mib] -= taken
+        self._promised_cpu[memory_mib] -= taken * entry[2]
+        if not self._promised_total[memory_mib]:
+            self._promised_cpu[memory_mib] = 0.0  # no float residue once nothing is promised
+        return taken
 
     def _seen(self, memory_mib: int, decrease: int) -> None:
         """The class's labelled free units dropped by `decrease`: that many promised units are
         now in the labels (oldest promises first)."""
         queue = self._promised.get(memory_mib)
         while queue and decrease > 0:
-            taken = min(decrease, int(queue[0][1]))
-            queue[0][1] -= taken
-            self._promised_total[memory_mib] -= taken
-            decrease -= taken
+            decrease -= self._take(memory_mib, queue[0], decrease)
             if queue[0][1] <= 0:
                 queue.popleft()
 
@@ -291,14 +304,27 @@ class ClusterView:
         headroom, the pod's requests fit too. Capacity stranded behind a node's exhausted CPU does
         not count: a class full of such GPUs must not attract more pods. One pass over the table
         for every class: the admission path calls this for every converted pod. Units promised to
-        pods converted since the labels were written (`promise`) are not free, so a decision
-        drawn from this answer must be reached through `noted`."""
+        pods converted since the labels were written (`promise`) are not free, nor is the CPU they
+        asked for: for a share of one GPU, a class with promised CPU counts at most the units that
+        the CPU left on those nodes, once the promised pods have theirs, gives pods like this one
+        (where every such node publishes its CPU headroom). A decision drawn from this answer must
+        be reached through `noted`."""
         query = self.derived(_Query, lambda: _Query(self._table))
-        usable = query.usable(tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib)
+        demand = (tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib)
+        free = dict(query.usable(*demand))
         if self._promised:
             now = self.clock()  # once for every class: this runs for every converted pod
-            return {m: max(0, n - self.promised_units(m, now=now)) for m, n in usable.items()}
-        return dict(usable)
+            free = {m: max(0, n - self.promised_units(m, now=now)) for m, n in free.items()}
+        # Only where pods were promised CPU: with none in flight the labels count all there is, and
+        # bounding a class by its nodes' summed CPU alone packed worse one pod at a time (the model,
+        # docs/steering.md).
+        if cpu_milli > 0 and not whole_gpus and any(self._promised_cpu.get(m, 0.0) > 0 for m in free):
+            for memory, room in query.cpu_room(*demand).items():
+                promised = self._promised_cpu.get(memory, 0.0)
+                if room is not None and promised > 0:
+                    pods = max(0.0, room - promised) / cpu_milli
+                    free[memory] = min(free[memory], int(pods * max(1, needs[memory])))
+        return free
 
     @property
     def shape_generation(self) -> int:
@@ -436,9 +462,11 @@ class _Query:
         # A node that does not publish its CPU or memory headroom (-1) is not ruled out by it:
         # read as if it had all, so a request is one comparison.
         unbounded = np.iinfo(np.int64).max
-        self.cpu = np.where(rows[:, _FREE_CPU] < 0, unbounded, rows[:, _FREE_CPU])
+        self.cpu_published = rows[:, _FREE_CPU] >= 0
+        self.cpu = np.where(self.cpu_published, rows[:, _FREE_CPU], unbounded)
         self.mem = np.where(rows[:, _FREE_MEM] < 0, unbounded, rows[:, _FREE_MEM])
         self.answers: dict[tuple[Any, ...], dict[int, int]] = {}
+        self.rooms: dict[tuple[Any, ...], dict[int, int | None]] = {}
         self.weights: dict[tuple[Any, ...], np.ndarray] = {}
 
     def usable(
@@ -452,6 +480,24 @@ class _Query:
             if len(self.answers) >= self._MAX_ANSWERS:
                 self.answers.clear()
             answer = self.answers[key] = self._compute(needs, whole_gpus, cpu_milli, memory_mib)
+        return answer
+
+    def cpu_room(
+        self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int
+    ) -> dict[int, int | None]:
+        """Free CPU millicores per class on the nodes where the demand fits (as `usable`); None
+        for a class where such a node does not publish its CPU headroom."""
+        key = ("cpu", needs, whole_gpus, cpu_milli, memory_mib)
+        answer = self.rooms.get(key)
+        if answer is None:
+            if len(self.rooms) >= self._MAX_ANSWERS:
+                self.rooms.clear()
+            fitting = (self._weights(needs, whole_gpus) > 0) & ((self.cpu >= cpu_milli) & (self.mem >= memory_mib))
+            sums = fitting @ np.where(self.cpu_published, self.cpu, 0)
+            unknown = fitting @ ~self.cpu_published
+            answer = self.rooms[key] = {
+                m: None if m not in self.index or unknown[self.index[m]] else int(sums[self.index[m]]) for m, _ in needs
+            }
         return answer
 
     def _compute(

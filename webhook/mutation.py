@@ -42,6 +42,7 @@ class Outcome:
     kind: str = ""  # conversion kind for metrics ("" when nothing was converted; conversions.KIND_*)
     # DRA mode: objects the webhook creates before answering (the pod's ResourceClaimTemplate).
     objects: tuple[dict[str, Any], ...] = ()
+    cpu_milli: int = 0  # the CPU the converted pod asks, promised beside its units (cluster.promise_conversion)
 
 
 _UNCHANGED = Outcome(allowed=True)
@@ -72,12 +73,14 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
         patch = claims.patch + toleration_ops + patches.dra_affinity(pod, conversion, settings)
         return Outcome(True, patch, "", claims.decision, claims.warnings, conversion.kind, (claims.template,))
     patch, warnings = patches.build(pod, conversion, settings, pacer_absent=cluster.pacer_absent)
+    request = conversion.steering_request
     return Outcome(
         allowed=True,
         patch=patch + toleration_ops,
         decision=conversion.decision,
         warnings=tuple(warnings),
         kind=conversion.kind,
+        cpu_milli=max(0, request.cpu_milli) if request is not None else 0,
     )
 
 

@@ -51,7 +51,7 @@ from typing import Any
 import orjson
 
 from gpuslice import config
-from gpuslice.webhook import admission, cpupods, decoding, mutation
+from gpuslice.webhook import admission, cpupods, decoding
 from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["RepeatAnswers"]
@@ -339,7 +339,7 @@ def _kept(result: admission.Result) -> admission.Result:
     outcome = result.outcome
     if outcome is None or not outcome.patch:
         return result
-    kept = mutation.Outcome(outcome.allowed, [], outcome.message, outcome.decision, outcome.warnings, outcome.kind)
+    kept = dataclasses.replace(outcome, patch=[], objects=())
     return admission.Result(result.response, result.result, kept, result.dry_run)
 
 
