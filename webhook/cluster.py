@@ -463,11 +463,16 @@ class _Query:
         # read as if it had all, so a request is one comparison.
         unbounded = np.iinfo(np.int64).max
         self.cpu_published = rows[:, _FREE_CPU] >= 0
+        self.all_published = bool(self.cpu_published.all())
+        self.cpu_known = np.where(self.cpu_published, rows[:, _FREE_CPU], 0)
         self.cpu = np.where(self.cpu_published, rows[:, _FREE_CPU], unbounded)
         self.mem = np.where(rows[:, _FREE_MEM] < 0, unbounded, rows[:, _FREE_MEM])
         self.answers: dict[tuple[Any, ...], dict[int, int]] = {}
         self.rooms: dict[tuple[Any, ...], dict[int, int | None]] = {}
+        self._fit_key: tuple[int, int] | None = None
+        self._fit = np.ones(len(self.cpu), dtype=bool)
         self.weights: dict[tuple[Any, ...], np.ndarray] = {}
+        self.masks: dict[tuple[Any, ...], np.ndarray] = {}
 
     def usable(
         self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int
@@ -492,20 +497,38 @@ class _Query:
         if answer is None:
             if len(self.rooms) >= self._MAX_ANSWERS:
                 self.rooms.clear()
-            fitting = (self._weights(needs, whole_gpus) > 0) & ((self.cpu >= cpu_milli) & (self.mem >= memory_mib))
-            sums = fitting @ np.where(self.cpu_published, self.cpu, 0)
-            unknown = fitting @ ~self.cpu_published
+            fits = self._fits(cpu_milli, memory_mib)
+            mask = self._mask(needs, whole_gpus)
+            sums = (mask @ (fits * self.cpu_known)).tolist()
+            unknown = [False] * len(sums) if self.all_published else (mask @ (fits & ~self.cpu_published)).tolist()
+            index = self.index
             answer = self.rooms[key] = {
-                m: None if m not in self.index or unknown[self.index[m]] else int(sums[self.index[m]]) for m, _ in needs
+                m: None if m not in index or unknown[index[m]] else sums[index[m]] for m, _ in needs
             }
         return answer
+
+    def _mask(self, needs: tuple[tuple[int, int], ...], whole_gpus: bool) -> np.ndarray:
+        """Classes x nodes: 1 where the pod's GPU need fits on the node (`_weights` > 0), kept alike."""
+        key = (needs, whole_gpus)
+        mask = self.masks.get(key)
+        if mask is None:
+            if len(self.masks) >= self._MAX_WEIGHTS:
+                self.masks.clear()
+            mask = self.masks[key] = (self._weights(needs, whole_gpus) > 0).astype(np.int64)
+        return mask
+
+    def _fits(self, cpu_milli: int, memory_mib: int) -> np.ndarray:
+        """Nodes where the requests fit; the last answer kept (`usable` and `cpu_room` ask in turn)."""
+        if self._fit_key != (cpu_milli, memory_mib):
+            self._fit_key, self._fit = (cpu_milli, memory_mib), (self.cpu >= cpu_milli) & (self.mem >= memory_mib)
+        return self._fit
 
     def _compute(
         self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int
     ) -> dict[int, int]:
         weights = self._weights(needs, whole_gpus)
         if cpu_milli > 0 or memory_mib > 0:
-            sums = weights @ ((self.cpu >= cpu_milli) & (self.mem >= memory_mib))
+            sums = weights @ self._fits(cpu_milli, memory_mib)
         else:
             sums = weights.sum(axis=1)
         return {m: int(sums[self.index[m]]) if m in self.index else 0 for m, _ in needs}
