@@ -492,7 +492,7 @@ class _Query:
     ) -> dict[int, int | None]:
         """Free CPU millicores per class on the nodes where the demand fits (as `usable`); None
         for a class where such a node does not publish its CPU headroom."""
-        key = ("cpu", needs, whole_gpus, cpu_milli, memory_mib)
+        key = (needs, whole_gpus, cpu_milli, memory_mib)
         answer = self.rooms.get(key)
         if answer is None:
             if len(self.rooms) >= self._MAX_ANSWERS:
