@@ -292,7 +292,7 @@ def _split_kind(kind: str, count: int, timed: Any) -> None:
         "shape.check_pod": timed(shape.check_pod, pods),
     }
     if kind == "cpu-only":
-        steps["cpupods.patch"] = timed(lambda p: cpupods.patch(p, settings, pacer_absent=""), pods)
+        steps["cpupods.patch"] = timed(lambda p: cpupods.patch(p, settings, view), pods)
     else:
         contract = settings.contract
         read = [annotations_.read(p["spec"], p["metadata"]["annotations"], contract) for p in pods]

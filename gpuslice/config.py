@@ -122,8 +122,12 @@ class SteeringConfig:
     cpu_pods: bool = True
     # Webhook, with cpu_pods: among nodes without a fully free GPU, pods that ask for no device
     # prefer those with less GPU memory than this free (MiB), whose CPU the pods still to come can
-    # use least (docs/steering.md, "Pods without a GPU"). 0: off.
-    cpu_pods_nearly_full_mib: int = 0
+    # use least (docs/steering.md, "Nodes with little GPU memory left first"). 0: off.
+    cpu_pods_nearly_full_mib: int = 8192
+    # ... while pods that ask for no device ask more than this percentage of the CPU of the pods
+    # the webhook admits (webhook/cpudemand.py): where they ask less, the band costs more than it
+    # gains. 0: always.
+    cpu_pods_nearly_full_cpu_percent: int = 25
     # CPU (millicores) one GPU's pods are expected to ask for. The plugin publishes each node's CPU
     # beyond that per free GPU (or short of it), and the webhook prefers for a GPU pod the nodes
     # whose CPU left after it still matches their free GPUs (docs/steering.md, "CPU beside the
@@ -308,6 +312,10 @@ def _nearly_full(value: Any) -> str | None:
 MAX_NEARLY_FULL_MIB = 2**30  # 1 PiB
 
 
+def _percent(value: Any) -> str | None:
+    return None if 0 <= value <= 100 else "must be 0 to 100"
+
+
 def _reserved_domain(prefix: str) -> str | None:
     """The Kubernetes domain `prefix` falls in, if any. Kubelet reads any resource name containing
     "kubernetes.io/" as native and refuses to advertise it (so "examplekubernetes.io" too), and
@@ -476,6 +484,14 @@ FIELDS: tuple[Field, ...] = (
         int,
         _nearly_full,
         "with cpuPods: prefer, among nodes without a fully free GPU, those with less free GPU memory (MiB; 0: off)",
+    ),
+    Field(
+        "steering.cpuPodsNearlyFullCpuPercent",
+        "steering.cpu_pods_nearly_full_cpu_percent",
+        int,
+        _percent,
+        "with cpuPodsNearlyFullMiB: only while pods asking for no device ask more than this % of the CPU"
+        " admitted (0: always)",
     ),
     Field(
         "steering.cpuPerGpuMilli",

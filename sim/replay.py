@@ -31,7 +31,7 @@ from gpuslice.deviceplugin import labels as node_labels_
 from gpuslice.sim import node as node_
 from gpuslice.sim import scheduler, trace
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import mutation
+from gpuslice.webhook import conversions, mutation
 
 __all__ = [
     "CONFIGURATION_NAMES",
@@ -452,6 +452,8 @@ def _pod_for(
         return None, f"webhook: {outcome.message}", None
     if not outcome.patch:
         return manifest, "", None
+    # Mutated, as admission.promise counts it in the webhook.
+    view.cpu_demand.note(outcome.pod_cpu_milli, device=outcome.kind != conversions.KIND_CPU_POD)
     promised = None
     if promise:
         view.promise_conversion(outcome.decision, outcome.cpu_milli)

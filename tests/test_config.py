@@ -212,7 +212,7 @@ def test_cpu_per_gpu_is_bounded_with_the_range_said():
 def test_the_nearly_full_bound_of_cpu_pods_is_bounded_with_the_range_said():
     loaded = config.load(environ={"GPUSLICE_STEERING_CPU_PODS_NEARLY_FULL_MIB": "8192"})
     assert loaded.steering.cpu_pods_nearly_full_mib == 8192
-    assert config.Config().steering.cpu_pods_nearly_full_mib == 0  # off unless asked for
+    assert config.Config().steering.cpu_pods_nearly_full_mib == 8192
     for bad in (-1, config.MAX_NEARLY_FULL_MIB + 1):
         with pytest.raises(
             config.ConfigError, match=f"steering.cpuPodsNearlyFullMiB: must be 0 to {config.MAX_NEARLY_FULL_MIB}"

@@ -18,7 +18,7 @@ import yaml
 from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
 from gpuslice.deviceplugin import nodefile
-from gpuslice.webhook import cluster, conversions, mutation, patches, pods, steering
+from gpuslice.webhook import cluster, conversions, cpudemand, mutation, patches, pods, steering
 from gpuslice.webhook import decision as decision_
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -556,13 +556,35 @@ def test_a_pod_that_asks_for_no_device_prefers_nodes_without_a_free_whole_gpu() 
 
 
 def test_with_a_nearly_full_bound_a_cpu_pod_gets_the_graded_preferences() -> None:
-    nearly_full = dataclasses.replace(SETTINGS.steering, cpu_pods_nearly_full_mib=8192)
-    _, pod = convert(cpu_pod(), settings=dataclasses.replace(SETTINGS, steering=nearly_full))
+    always = dataclasses.replace(SETTINGS.steering, cpu_pods_nearly_full_cpu_percent=0)
+    _, pod = convert(cpu_pod(), settings=dataclasses.replace(SETTINGS, steering=always))
     assert preferred_terms(pod) == steering.cpu_pod_preferences(CONTRACT, 8192)
     below = {"key": CONTRACT.label_free_units, "operator": "Lt", "values": ["32"]}  # 8 GiB of 256 MiB units
     assert [t["weight"] for t in preferred_terms(pod) if below in t["preference"]["matchExpressions"]] == [
         steering.WEIGHTS.cpu_pod_nearly_full
     ]
+
+
+def test_the_nearly_full_band_is_given_while_cpu_pods_ask_more_than_the_share_of_cpu_set() -> None:
+    """Shipped: 8192 MiB while CPU-only pods ask more than 25 % of the CPU admitted."""
+    view = make_view()
+    graded, plain = steering.cpu_pod_preferences(CONTRACT, 8192), steering.cpu_pod_preferences(CONTRACT)
+    assert preferred_terms(convert(cpu_pod(), view=view)[1]) == plain  # nothing counted yet
+    for _ in range(cpudemand.MIN_PODS):  # 20 % of the CPU to CPU-only pods: 1 of 5 pods alike
+        view.cpu_demand.note(8000, device=view.cpu_demand.pods % 5 != 0)
+    assert preferred_terms(convert(cpu_pod(), view=view)[1]) == plain
+    for _ in range(200):
+        view.cpu_demand.note(8000, device=False)  # now about 40 %
+    assert preferred_terms(convert(cpu_pod(), view=view)[1]) == graded
+    off = dataclasses.replace(SETTINGS, steering=dataclasses.replace(SETTINGS.steering, cpu_pods_nearly_full_mib=0))
+    assert preferred_terms(convert(cpu_pod(), settings=off, view=view)[1]) == plain
+
+
+def test_a_steered_or_converted_pod_carries_the_cpu_it_asks() -> None:
+    outcome, _ = convert(cpu_pod())
+    assert outcome.pod_cpu_milli == 8000
+    gpu = deployment_pod({"gpu-fraction": "0.5"}, containers=[container(requests={"cpu": "1500m"})])
+    assert convert(gpu)[0].pod_cpu_milli == 1500
 
 
 def test_a_cpu_pod_keeps_its_own_required_node_affinity() -> None:

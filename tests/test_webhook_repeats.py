@@ -19,7 +19,7 @@ from gpuslice import config
 from gpuslice.deviceplugin import labels as node_labels
 from gpuslice.deviceplugin import nodefile
 from gpuslice.sim import trace
-from gpuslice.webhook import admission, cluster, repeats
+from gpuslice.webhook import admission, cluster, cpudemand, repeats, steering
 
 SETTINGS = config.Config()
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
@@ -339,6 +339,24 @@ def test_pods_without_a_device_share_answers_whatever_their_amounts_and_gpu_pods
     assert answers.by_fields == 4  # no GPU pod took another's answer
 
 
+def test_a_cpu_pod_answer_remembered_before_the_nearly_full_band_is_not_given_after() -> None:
+    """The band (steering.cpuPodsNearlyFullMiB) turns on once CPU-only pods ask enough of the CPU
+    admitted: a CPU pod's answer remembered without it is then not given again."""
+    answers, view = repeats.RepeatAnswers(), one_class_view()
+    raw = [variant(f"c-{i}", i, {}, resources={"requests": {"cpu": "4"}}) for i in range(4)]
+    for b in raw[:3]:
+        answers.review(b, settings=SETTINGS, cluster=view)
+    cpu, total = view.cpu_demand.asked
+    assert answers.by_fields == 1 and cpu == total == pytest.approx(12000, rel=1e-3)  # three pods of 4 cores
+    for _ in range(cpudemand.MIN_PODS):
+        view.cpu_demand.note(4000, device=False)
+    result, _ = answers.review(raw[3], settings=SETTINGS, cluster=view)
+    assert answers.by_fields == 1  # answered in full
+    patch = orjson.loads(base64.b64decode(result.response["response"]["patch"]))
+    terms = patch[0]["value"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == steering.cpu_pod_preferences(SETTINGS.contract, SETTINGS.steering.cpu_pods_nearly_full_mib)
+
+
 # Few variants of each, so that field sets repeat within one sequence and are answered from memory.
 _SKIPPED = st.tuples(st.integers(0, 3), st.sampled_from(["", "x" * 50]))  # name/labels/env variant, padding
 _READ = st.tuples(
@@ -386,3 +404,4 @@ def test_any_sequence_of_pods_gets_the_answers_and_promises_of_full_reviews(
         assert encoded == orjson.dumps(admission.review(raw, settings=SETTINGS, cluster=full_view).response), i
         for memory in (H100, H200):
             assert view.promised_units(memory) == full_view.promised_units(memory)
+        assert view.cpu_demand.asked == full_view.cpu_demand.asked  # each pod's own CPU, remembered or not

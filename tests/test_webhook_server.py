@@ -17,7 +17,7 @@ import reviewkit
 import trustme
 
 from gpuslice import config
-from gpuslice.webhook import certs, cluster, server
+from gpuslice.webhook import certs, cluster, cpudemand, server
 from gpuslice.webhook import metrics as metrics_
 
 SERVICE_DNS = "gpuslice-webhook.gpuslice.svc"
@@ -65,6 +65,7 @@ class Running:
         self.metrics = metrics
         self.reloader = reloader
         self.port = runner.addresses[0][1]
+        self.view: cluster.ClusterView | None = None
 
     def url(self, path: str) -> str:
         return f"https://127.0.0.1:{self.port}{path}"
@@ -89,7 +90,9 @@ async def _start(tls: Tls, reload_interval: float = 3600.0) -> Running:
     view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
     app = server.make_app(SETTINGS, view, metrics=metrics, reloader=reloader)
     runner = await server.start(app, context, host="127.0.0.1", port=0)
-    return Running(runner, metrics, reloader)
+    running = Running(runner, metrics, reloader)
+    running.view = view
+    return running
 
 
 @pytest.fixture
@@ -240,6 +243,20 @@ async def test_probes_answer_and_metrics_count_results_and_conversions(
     assert 'gpuslice_webhook_conversions_total{kind="gpu-memory"} 1.0' in text  # the dry run is not counted
     assert 'gpuslice_webhook_conversions_total{kind="cpu-pod"} 1.0' in text
     assert "gpuslice_webhook_admission_duration_seconds_count 5.0" in text
+    assert "gpuslice_webhook_cpu_pod_cpu_share NaN" in text  # two pods counted: too few to say
+
+
+async def test_metrics_say_what_share_of_the_cpu_cpu_only_pods_ask(
+    webhook: Running, session: aiohttp.ClientSession
+) -> None:
+    assert webhook.view is not None
+    for _ in range(cpudemand.MIN_PODS):
+        webhook.view.cpu_demand.note(3000, device=False)
+        webhook.view.cpu_demand.note(1000, device=True)
+    async with session.get(webhook.url("/metrics"), server_hostname=SERVICE_DNS) as response:
+        text = await response.text()
+    share = next(line for line in text.splitlines() if line.startswith("gpuslice_webhook_cpu_pod_cpu_share "))
+    assert float(share.split()[1]) == pytest.approx(0.75, abs=1e-3)
 
 
 # --- certificate rotation ------------------------------------------------------------------

@@ -20,7 +20,7 @@ import orjson
 
 from gpuslice import config
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import decoding, mutation, shape
+from gpuslice.webhook import conversions, decoding, mutation, shape
 
 __all__ = ["MalformedReview", "Result", "promise", "review", "review_document"]
 
@@ -138,8 +138,12 @@ def review_document(
     return result
 
 
-def promise(result: Result, cluster: cluster_.ClusterView) -> None:
+def promise(result: Result, cluster: cluster_.ClusterView, *, pod_cpu_milli: int | None = None) -> None:
     """A pod converted (not a dry run) and pinned to one class takes its units there before any
-    label shows it: the next pods of a burst choose their class knowing it (cluster.py, promises)."""
-    if result.result == RESULT_MUTATED and not result.dry_run and result.outcome is not None:
-        cluster.promise_conversion(result.outcome.decision, result.outcome.cpu_milli)
+    label shows it: the next pods of a burst choose their class knowing it (cluster.py, promises).
+    Every pod mutated counts its CPU (`pod_cpu_milli`, else the outcome's) in the CPU demand."""
+    outcome = result.outcome
+    if result.result == RESULT_MUTATED and not result.dry_run and outcome is not None:
+        cluster.promise_conversion(outcome.decision, outcome.cpu_milli)
+        cpu = outcome.pod_cpu_milli if pod_cpu_milli is None else pod_cpu_milli
+        cluster.cpu_demand.note(cpu, device=outcome.kind != conversions.KIND_CPU_POD)

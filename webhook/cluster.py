@@ -22,7 +22,7 @@ be believed is left out (`untrusted` names it and says why; the node watch logs 
 count it).
 
 No I/O (promises read a monotonic clock). May import numpy, gpuslice.contract and
-webhook.nodelabels (never gpuslice.deviceplugin).
+webhook.{cpudemand,nodelabels} (never gpuslice.deviceplugin).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from gpuslice import contract as contract_
-from gpuslice.webhook import nodelabels
+from gpuslice.webhook import cpudemand, nodelabels
 
 __all__ = ["PROMISE_SECONDS", "ClusterView", "GpuClass"]
 
@@ -128,6 +128,8 @@ class ClusterView:
         # Pacing: "" while a pacer renews its Lease (webhook/pacerlease.py), else why none is alive,
         # in the words a pod's decision carries. No cluster, no pacer: nothing is gated.
         self.pacer_absent = "no pacer Lease read (the webhook watches no cluster)"
+        # The CPU asked by the pods admitted, CPU-only pods apart (turns the CPU pods' band on).
+        self.cpu_demand = cpudemand.CpuDemand()
 
     # --- updates -------------------------------------------------------------------------
     def update_node(self, name: str, labels: Mapping[str, str], *, status: Mapping[str, Any] | None = None) -> None:

@@ -2,7 +2,7 @@
 nodes without a fully free GPU (webhook/steering.py's terms), so its CPU and memory stay off the
 nodes that whole-GPU pods will need. It is never refused and gets nothing else. Pure.
 
-May import gpuslice.{config,contract} and the webhook's decoding, patches, pods and steering modules.
+May import gpuslice.{config,contract} and the webhook's cluster, decoding, patches, pods and steering modules.
 """
 
 from __future__ import annotations
@@ -12,32 +12,51 @@ from typing import Any
 
 from gpuslice import config
 from gpuslice import contract as contract_
+from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import decoding, patches, pods, steering
 
-__all__ = ["asks_for_no_device", "key_rules", "patch"]
+__all__ = ["asks_for_no_device", "cpu_asked", "key_rules", "nearly_full_mib", "patch"]
 
 # What a pod may ask for and still count as asking for no device (hugepages-<size> too).
 _PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 
 
-def patch(pod: Mapping[str, Any], settings: config.Config, *, pacer_absent: str) -> list[dict[str, Any]]:
+def patch(pod: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView) -> list[dict[str, Any]]:
     """The pod's patch: its affinity with the preferences added (and the pacer's gate, with pacing
-    on while a pacer is alive: `pacer_absent` ""); empty when steering is off, the pod is not one
-    to steer, or it already has them."""
+    on while a pacer is alive); empty when steering is off, the pod is not one to steer, or it
+    already has them."""
     contract = settings.contract
     if not (settings.steering.enabled and settings.steering.cpu_pods) or not asks_for_no_device(pod, contract):
         return []
     affinity = patches.merge_node_affinity(
         (pod.get("spec") or {}).get("affinity"),
         (),
-        steering.cpu_pod_preferences(contract, settings.steering.cpu_pods_nearly_full_mib),
+        steering.cpu_pod_preferences(contract, nearly_full_mib(settings, cluster)),
     )
     if affinity is None:
         return []
     # Gated too, with pacing, so that it keeps its place among the GPU pods the pacer releases in
     # arrival order: let through at once, it would take the CPU beside GPUs that pods before it need.
-    gate = patches.gate_ops(pod.get("spec") or {}, settings, pacer_absent=pacer_absent)
+    gate = patches.gate_ops(pod.get("spec") or {}, settings, pacer_absent=cluster.pacer_absent)
     return [{"op": "add", "path": "/spec/affinity", "value": affinity}, *gate]
+
+
+def nearly_full_mib(settings: config.Config, cluster: cluster_.ClusterView) -> int:
+    """`steering.cpuPodsNearlyFullMiB` while CPU-only pods ask more than
+    `steering.cpuPodsNearlyFullCpuPercent` of the CPU admitted (webhook/cpudemand.py), else 0 (no
+    band). Noted: a remembered answer holds only while the band is as it was."""
+    bound, percent = settings.steering.cpu_pods_nearly_full_mib, settings.steering.cpu_pods_nearly_full_cpu_percent
+    if bound <= 0 or percent <= 0:
+        return bound
+    demand = cluster.cpu_demand
+    return bound if cluster.noted(lambda: demand.above(percent)) else 0
+
+
+def cpu_asked(decoded: decoding.Decoded) -> int:
+    """The CPU the decoded pod asks: a steered CPU pod's answer is found by a key without its
+    amounts, so its CPU may differ from that of the pod first answered."""
+    document, _ = decoded.document()
+    return pods.requests(document["request"]["object"].get("spec") or {})[0]
 
 
 def key_rules(contract: contract_.Contract) -> decoding.KeyRules:

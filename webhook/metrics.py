@@ -61,6 +61,13 @@ class Metrics:
             "1 while a pacer renews its Lease (with pacing.enabled pods are gated only then), else 0",
             registry=self.registry,
         )
+        self.cpu_pod_cpu_share = prometheus_client.Gauge(
+            "gpuslice_webhook_cpu_pod_cpu_share",
+            "Share (0-1) of the CPU asked by the pods this replica admitted that pods asking for no device"
+            " asked, over about the last 5,000 (NaN before 500); above steering.cpuPodsNearlyFullCpuPercent"
+            " they prefer nodes with little GPU memory left",
+            registry=self.registry,
+        )
         self._untrusted_nodes = _UntrustedNodes()
         self.registry.register(self._untrusted_nodes)
         self._repeats = _Repeats()
@@ -96,6 +103,10 @@ class Metrics:
     def track_pacer(self, alive: Callable[[], bool]) -> None:
         """Export whether a pacer is alive (the cluster view's word), read at each scrape."""
         self.pacer_alive.set_function(lambda: float(alive()))
+
+    def track_cpu_pod_share(self, share: Callable[[], float | None]) -> None:
+        """Export the CPU-only pods' share of the CPU admitted (webhook/cpudemand.py), read at each scrape."""
+        self.cpu_pod_cpu_share.set_function(lambda: _nan_if_none(share()))
 
     def track_repeats(self, count: Callable[[], int]) -> None:
         """Export how many admissions were answered from memory (webhook/repeats.py), read at each
@@ -135,3 +146,7 @@ class _Repeats(registry.Collector):
             "for the uid, the cluster view unchanged (replicas of one controller, pods of one template)",
             value=self.source(),
         )
+
+
+def _nan_if_none(value: float | None) -> float:
+    return float("nan") if value is None else value

@@ -25,7 +25,7 @@ from typing import Any
 from gpuslice import config
 from gpuslice.webhook import annotations as annotations_
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import conversions, cpupods, dra_claims, parsing, patches, shares, tolerations, wholegpus
+from gpuslice.webhook import conversions, cpupods, dra_claims, parsing, patches, pods, shares, tolerations, wholegpus
 
 __all__ = ["Outcome", "mutate"]
 
@@ -43,6 +43,8 @@ class Outcome:
     # DRA mode: objects the webhook creates before answering (the pod's ResourceClaimTemplate).
     objects: tuple[dict[str, Any], ...] = ()
     cpu_milli: int = 0  # the CPU the converted pod asks, promised beside its units (cluster.promise_conversion)
+    # The CPU the pod asks (converted and steered CPU pods): counted in cluster.cpu_demand.
+    pod_cpu_milli: int = 0
 
 
 _UNCHANGED = Outcome(allowed=True)
@@ -71,16 +73,27 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
         need = dra_claims.need_from_conversion(conversion, settings.contract, pod)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
         patch = claims.patch + toleration_ops + patches.dra_affinity(pod, conversion, settings)
-        return Outcome(True, patch, "", claims.decision, claims.warnings, conversion.kind, (claims.template,))
+        return Outcome(
+            True,
+            patch,
+            "",
+            claims.decision,
+            claims.warnings,
+            conversion.kind,
+            (claims.template,),
+            pod_cpu_milli=pods.requests(spec)[0],
+        )
     patch, warnings = patches.build(pod, conversion, settings, pacer_absent=cluster.pacer_absent)
     request = conversion.steering_request
+    read = request.cpu_milli if request is not None else -1  # read for the steering terms, or -1
     return Outcome(
         allowed=True,
         patch=patch + toleration_ops,
         decision=conversion.decision,
         warnings=tuple(warnings),
         kind=conversion.kind,
-        cpu_milli=max(0, request.cpu_milli) if request is not None else 0,
+        cpu_milli=max(0, read),
+        pod_cpu_milli=read if read >= 0 else pods.requests(spec)[0],
     )
 
 
@@ -101,5 +114,8 @@ def _convert(
 
 
 def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
-    patch = cpupods.patch(pod, settings, pacer_absent=cluster.pacer_absent)
-    return Outcome(allowed=True, patch=patch, kind=conversions.KIND_CPU_POD) if patch else _UNCHANGED
+    patch = cpupods.patch(pod, settings, cluster)
+    if not patch:
+        return _UNCHANGED
+    cpu_milli = pods.requests(pod.get("spec") or {})[0]
+    return Outcome(allowed=True, patch=patch, kind=conversions.KIND_CPU_POD, pod_cpu_milli=cpu_milli)

@@ -37,7 +37,8 @@ bytes are compared in full (`startswith`, `endswith`: no copy) before an answer 
 so two bodies with one fingerprint only cost time: the second is remembered at its first
 sighting, in place of the first.
 
-May import orjson, gpuslice.config and the webhook's admission, cluster and mutation modules.
+May import orjson, gpuslice.config and the webhook's admission, cluster, conversions, cpupods and
+decoding modules.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any
 import orjson
 
 from gpuslice import config
-from gpuslice.webhook import admission, cpupods, decoding
+from gpuslice.webhook import admission, conversions, cpupods, decoding
 from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["RepeatAnswers"]
@@ -229,7 +230,9 @@ class RepeatAnswers:
                 self.by_fields += 1
                 if print_ is not None and span is not None:
                     self._keep_body(print_, body, span, uid, keyed, decided, answer)
-                return self._again(answer, uid, cluster)
+                outcome = answer.result.outcome
+                steered = outcome is not None and outcome.kind == conversions.KIND_CPU_POD
+                return self._again(answer, uid, cluster, cpupods.cpu_asked(decoded) if steered else None)
         document = decoded.document()
         generation = cluster.shape_generation
         reads = cluster.start_recording()
@@ -249,10 +252,13 @@ class RepeatAnswers:
                 self._keep_body(print_, body, span, uid, keyed, decided, answer)
         return result, encoded
 
-    def _again(self, answer: _Answer, uid: str, cluster: cluster_.ClusterView) -> tuple[admission.Result, bytes]:
-        """A remembered answer given for request `uid`: it promises its units like the first did."""
+    def _again(
+        self, answer: _Answer, uid: str, cluster: cluster_.ClusterView, pod_cpu_milli: int | None = None
+    ) -> tuple[admission.Result, bytes]:
+        """A remembered answer given for request `uid`: it promises its units like the first did
+        (and counts the pod's CPU, `pod_cpu_milli` where it may differ from the first's)."""
         self.repeats += 1
-        admission.promise(answer.result, cluster)
+        admission.promise(answer.result, cluster, pod_cpu_milli=pod_cpu_milli)
         return _for_uid(answer.result, uid), answer.head + uid.encode() + answer.tail
 
     def _keep_body(

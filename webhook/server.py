@@ -168,6 +168,7 @@ def make_app(
     app[METRICS] = metrics or metrics_.Metrics()
     app[METRICS].track_untrusted_nodes(lambda: cluster.untrusted)
     app[METRICS].track_pacer(lambda: cluster.pacer_alive)
+    app[METRICS].track_cpu_pod_share(lambda: cluster.cpu_demand.share)
     app[WATCHER] = watcher
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
