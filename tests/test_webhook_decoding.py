@@ -229,6 +229,17 @@ def test_what_the_scheduler_counts_is_read_and_keyed_sidecars_pod_level_requests
     assert pods.requests(sized_spec) == (6100, 0) and sized_key not in (key, plain_key)
 
 
+@fuzz.FUZZ
+@given(pod=fuzz.pods())
+def test_what_a_pod_requests_reads_the_same_without_the_document(pod: dict[str, Any]) -> None:
+    """A CPU pod answered by its key counts its CPU from the decoded fields (webhook/cpudemand.py)."""
+    result = decoding.fields(json.dumps(fuzz.review_of(pod)).encode())
+    if result is None:
+        return
+    spec = result.document()[0]["request"]["object"].get("spec") or {}
+    assert pods.requests(result.requests_spec()) == pods.requests(spec)
+
+
 def test_a_body_deeper_than_orjson_reads_goes_to_the_whole_decode_with_a_raised_recursion_limit() -> None:
     deep = b'{"a":' + b"[" * 1100 + b"]" * 1100 + b"}"
     limit = sys.getrecursionlimit()

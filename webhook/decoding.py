@@ -144,6 +144,35 @@ class Decoded:
         spec = (document["request"]["object"] or {}).get("spec") if isinstance(pod, _Pod) else None
         return document, shape.parts_kept_whole_pass(spec)
 
+    def requests_spec(self) -> dict[str, Any]:
+        """What of the pod's spec says what it requests (webhook/pods.requests reads it): each
+        container's resources and restart policy, the pod-level resources and the overhead, as
+        decoded, without the document (an answer found by its key needs no more)."""
+        request = self._review.request
+        pod = request.object if isinstance(request, _Request) else None
+        spec = pod.spec if isinstance(pod, _Pod) else None
+        if not isinstance(spec, _Spec):
+            return {}
+        kept: dict[str, Any] = {}
+        for field in ("containers", "initContainers"):
+            entries = getattr(spec, field)
+            if entries:
+                kept[field] = [_requests_of(container) for container in entries if container is not None]
+        for field in ("resources", "overhead"):
+            value = getattr(spec, field)
+            if value is not _UNSET:
+                kept[field] = value
+        return kept
+
+
+def _requests_of(container: _Container) -> dict[str, Any]:
+    kept = {}
+    if container.resources is not _UNSET:
+        kept["resources"] = container.resources
+    if container.restartPolicy is not _UNSET:
+        kept["restartPolicy"] = container.restartPolicy
+    return kept
+
 
 def fields(body: bytes, *, rules: KeyRules = KeyRules()) -> Decoded | None:
     """The fields of the AdmissionReview `body` the webhook reads, or None: decode it whole."""
