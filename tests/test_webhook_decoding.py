@@ -15,7 +15,7 @@ import test_webhook_mutation as kit
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuslice import config
+from gpuslice import config, podrequests
 from gpuslice.webhook import admission, cpupods, decoding, pods
 
 
@@ -238,6 +238,9 @@ def test_what_a_pod_requests_reads_the_same_without_the_document(pod: dict[str, 
         return
     spec = result.document()[0]["request"]["object"].get("spec") or {}
     assert pods.requests(result.requests_spec()) == pods.requests(spec)
+    # ... and the containers-only shortcut of pods.requests counts as the full rule does.
+    counted = podrequests.new_pod(spec, pods._container_requests, pods._read, {"cpu", "memory"})
+    assert pods.requests(spec) == (counted.get("cpu", 0), counted.get("memory", 0))
 
 
 def test_a_body_deeper_than_orjson_reads_goes_to_the_whole_decode_with_a_raised_recursion_limit() -> None:
