@@ -241,6 +241,7 @@ def test_what_a_pod_requests_reads_the_same_without_the_document(pod: dict[str, 
     # ... and the containers-only shortcut of pods.requests counts as the full rule does.
     counted = podrequests.new_pod(spec, pods._container_requests, pods._read, {"cpu", "memory"})
     assert pods.requests(spec) == (counted.get("cpu", 0), counted.get("memory", 0))
+    assert pods.cpu_requested(spec) == counted.get("cpu", 0)  # ... and the memo-less count of the CPU
 
 
 def test_a_body_deeper_than_orjson_reads_goes_to_the_whole_decode_with_a_raised_recursion_limit() -> None:

@@ -43,3 +43,16 @@ def test_a_plain_quantity_reads_as_the_client_parser_reads_it(digits: str, suffi
 )
 def test_request_values(value: object, expected: decimal.Decimal) -> None:
     assert parsing.request_quantity(value) == expected
+
+
+@given(
+    value=st.builds(lambda d, s: d + s, st.text("0123456789", min_size=1, max_size=20), st.sampled_from(SUFFIXES))
+    | st.sampled_from(["1.5", "1e3", "0.0001", "4 ", "１２", "", "-1"])
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.booleans()
+    | st.none()
+)
+def test_cpu_millicores_read_without_decimal_are_those_of_the_quantity(value: object) -> None:
+    """The CPU count of pods of any size (webhook/cpudemand.py) agrees with the class choice's reading."""
+    assert parsing.cpu_milli(value) == int(parsing.request_quantity(value) * 1000)

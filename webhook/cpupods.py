@@ -55,7 +55,7 @@ def nearly_full_mib(settings: config.Config, cluster: cluster_.ClusterView) -> i
 def cpu_asked(decoded: decoding.Decoded) -> int:
     """The CPU the decoded pod asks: a steered CPU pod's answer is found by a key without its
     amounts, so its CPU may differ from that of the pod first answered."""
-    return pods.requests(decoded.requests_spec())[0]
+    return pods.cpu_requested(decoded.requests_spec())
 
 
 def key_rules(contract: contract_.Contract) -> decoding.KeyRules:

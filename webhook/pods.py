@@ -16,6 +16,7 @@ from gpuslice.webhook import parsing
 
 __all__ = [
     "containers",
+    "cpu_requested",
     "gpu_count",
     "has_gpuslice_resource",
     "nvidia_gpus",
@@ -103,6 +104,25 @@ def requests(spec: Mapping[str, Any]) -> tuple[int, int]:
 
 
 _COUNTED = frozenset({"cpu", "memory"})
+
+
+def cpu_requested(spec: Mapping[str, Any]) -> int:
+    """The CPU millicores of `requests`, without the memo: for pods whose amounts never repeat."""
+    if not (spec.get("initContainers") or spec.get("resources") or spec.get("overhead")):
+        return sum(_container_cpu(c)["cpu"] for c in spec.get("containers") or () if isinstance(c, Mapping))
+    return podrequests.new_pod(spec, _container_cpu, _read_cpu, _CPU).get("cpu", 0)
+
+
+_CPU = frozenset({"cpu"})
+
+
+def _container_cpu(container: Mapping[str, Any]) -> dict[str, int]:
+    amounts = (container.get("resources") or {}).get("requests") or {}
+    return {"cpu": parsing.cpu_milli(amounts.get("cpu", 0))}
+
+
+def _read_cpu(name: str, value: Any) -> int:
+    return parsing.cpu_milli(value)
 
 
 def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
