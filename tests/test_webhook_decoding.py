@@ -238,6 +238,7 @@ def test_what_a_pod_requests_reads_the_same_without_the_document(pod: dict[str, 
         return
     spec = result.document()[0]["request"]["object"].get("spec") or {}
     assert pods.requests(result.requests_spec()) == pods.requests(spec)
+    assert cpupods.cpu_asked(result) == pods.requests(spec)[0]  # by the containers alone where they say it all
     # ... and the containers-only shortcut of pods.requests counts as the full rule does.
     counted = podrequests.new_pod(spec, pods._container_requests, pods._read, {"cpu", "memory"})
     assert pods.requests(spec) == (counted.get("cpu", 0), counted.get("memory", 0))

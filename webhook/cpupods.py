@@ -2,7 +2,8 @@
 nodes without a fully free GPU (webhook/steering.py's terms), so its CPU and memory stay off the
 nodes that whole-GPU pods will need. It is never refused and gets nothing else. Pure.
 
-May import gpuslice.{config,contract} and the webhook's cluster, decoding, patches, pods and steering modules.
+May import gpuslice.{config,contract} and the webhook's cluster, decoding, parsing, patches, pods and steering
+modules.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import decoding, patches, pods, steering
+from gpuslice.webhook import decoding, parsing, patches, pods, steering
 
 __all__ = ["asks_for_no_device", "cpu_asked", "key_rules", "nearly_full_mib", "patch"]
 
@@ -55,7 +56,10 @@ def nearly_full_mib(settings: config.Config, cluster: cluster_.ClusterView) -> i
 def cpu_asked(decoded: decoding.Decoded) -> int:
     """The CPU the decoded pod asks: a steered CPU pod's answer is found by a key without its
     amounts, so its CPU may differ from that of the pod first answered."""
-    return pods.cpu_requested(decoded.requests_spec())
+    plain = decoded.plain_requests()
+    if plain is None:
+        return pods.cpu_requested(decoded.requests_spec())
+    return sum(parsing.cpu_milli(amounts.get("cpu", 0)) for amounts in plain if isinstance(amounts, dict))
 
 
 def key_rules(contract: contract_.Contract) -> decoding.KeyRules:

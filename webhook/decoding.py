@@ -144,6 +144,20 @@ class Decoded:
         spec = (document["request"]["object"] or {}).get("spec") if isinstance(pod, _Pod) else None
         return document, shape.parts_kept_whole_pass(spec)
 
+    def plain_requests(self) -> list[Any] | None:
+        """Each container's `resources.requests` as decoded, where the containers alone say what
+        the pod requests (no init containers, pod-level resources or overhead: most pods); else None."""
+        request = self._review.request
+        pod = request.object if isinstance(request, _Request) else None
+        spec = pod.spec if isinstance(pod, _Pod) else None
+        if not isinstance(spec, _Spec) or spec.initContainers or spec.resources or spec.overhead:
+            return None
+        return [
+            c.resources.get("requests")
+            for c in spec.containers or ()
+            if c is not None and isinstance(c.resources, dict)
+        ]
+
     def requests_spec(self) -> dict[str, Any]:
         """What of the pod's spec says what it requests (webhook/pods.requests reads it): each
         container's resources and restart policy, the pod-level resources and the overhead, as
