@@ -81,7 +81,7 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
             claims.warnings,
             conversion.kind,
             (claims.template,),
-            pod_cpu_milli=pods.requests(spec)[0],
+            pod_cpu_milli=pods.cpu_requested(spec),
         )
     patch, warnings = patches.build(pod, conversion, settings, pacer_absent=cluster.pacer_absent)
     request = conversion.steering_request
@@ -93,7 +93,7 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
         warnings=tuple(warnings),
         kind=conversion.kind,
         cpu_milli=max(0, read),
-        pod_cpu_milli=read if read >= 0 else pods.requests(spec)[0],
+        pod_cpu_milli=read if read >= 0 else pods.cpu_requested(spec),
     )
 
 
@@ -117,5 +117,5 @@ def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config, cluster: clu
     patch = cpupods.patch(pod, settings, cluster)
     if not patch:
         return _UNCHANGED
-    cpu_milli = pods.requests(pod.get("spec") or {})[0]
+    cpu_milli = pods.cpu_requested(pod.get("spec") or {})
     return Outcome(allowed=True, patch=patch, kind=conversions.KIND_CPU_POD, pod_cpu_milli=cpu_milli)
