@@ -490,8 +490,8 @@ FIELDS: tuple[Field, ...] = (
         "steering.cpu_pods_nearly_full_cpu_percent",
         int,
         _percent,
-        "with cpuPodsNearlyFullMiB: only while pods asking for no device ask more than this % of the CPU"
-        " admitted (0: always)",
+        "with cpuPodsNearlyFullMiB: only while pods asking for no device ask more than this percentage of"
+        " the CPU admitted (0: always)",
     ),
     Field(
         "steering.cpuPerGpuMilli",

@@ -218,3 +218,12 @@ def test_the_nearly_full_bound_of_cpu_pods_is_bounded_with_the_range_said():
             config.ConfigError, match=f"steering.cpuPodsNearlyFullMiB: must be 0 to {config.MAX_NEARLY_FULL_MIB}"
         ):
             config.load(overrides={"steering.cpuPodsNearlyFullMiB": bad}, environ={})
+
+
+@pytest.mark.parametrize("component", [None, *config.COMPONENTS])
+def test_every_component_s_help_renders(component):
+    """argparse formats help texts with %: a bare one in a field's description breaks --help."""
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, component)
+    text = parser.format_help()
+    assert all(field.flag in text for field in config.FIELDS if config.reads(component, field))
