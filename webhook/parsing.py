@@ -156,26 +156,30 @@ def cpu_milli(value: Any) -> int:
     """A CPU request in millicores, as `request_quantity` reads it, with integer arithmetic alone
     for the plain forms: pods of any size are counted (webhook/cpudemand.py), where a memo misses."""
     if isinstance(value, str):
-        plain = _PLAIN_QUANTITY_RE.fullmatch(value)
-        if plain is not None:
-            digits, suffix = plain.groups()
-            if suffix == "m":
-                return int(digits)
-            whole = int(digits) * _PLAIN_SCALE[suffix]
-            return whole * 1000 if whole <= 2**63 else 0
+        milli = _plain_milli(value)
+        if milli is not None:
+            return milli
     return int(request_quantity(value) * 1000)
+
+
+def _plain_milli(text: str) -> int | None:
+    """Thousandths of a plain quantity (0 above 2**63), or None when `text` is not plain."""
+    plain = _PLAIN_QUANTITY_RE.fullmatch(text)
+    if plain is None:
+        return None
+    digits, suffix = plain.groups()
+    if suffix == "m":
+        return int(digits)
+    whole = int(digits) * _PLAIN_SCALE[suffix]
+    return whole * 1000 if whole <= 2**63 else 0
 
 
 # Pods repeat a handful of request values ("4", "16Gi"); parsing one is most of a class choice's cost.
 @functools.lru_cache(maxsize=4096)
 def _request_quantity(text: str) -> decimal.Decimal:
-    plain = _PLAIN_QUANTITY_RE.fullmatch(text)
-    if plain is not None:
-        digits, suffix = plain.groups()
-        if suffix == "m":
-            return decimal.Decimal(int(digits)) / _MILLI
-        whole = int(digits) * _PLAIN_SCALE[suffix]
-        return decimal.Decimal(whole) if whole <= 2**63 else decimal.Decimal(0)
+    milli = _plain_milli(text)
+    if milli is not None:
+        return decimal.Decimal(milli) / _MILLI
     if len(text) > _MAX_VALUE_CHARS or not _QUANTITY_RE.fullmatch(text):
         return decimal.Decimal(0)
     try:

@@ -91,7 +91,7 @@ def requests(spec: Mapping[str, Any]) -> tuple[int, int]:
     """(CPU millicores, memory MiB) the scheduler counts for the pod (gpuslice.podrequests: sidecars,
     pod-level requests, overhead). Unreadable quantities count as 0: the API server validates them,
     and class choice is only a preference."""
-    if not (spec.get("initContainers") or spec.get("resources") or spec.get("overhead")):
+    if _containers_only(spec):
         # Containers alone (most pods): their sum, as podrequests adds them, at a third of the cost.
         cpu = memory = 0
         for container in spec.get("containers") or ():
@@ -106,9 +106,14 @@ def requests(spec: Mapping[str, Any]) -> tuple[int, int]:
 _COUNTED = frozenset({"cpu", "memory"})
 
 
+def _containers_only(spec: Mapping[str, Any]) -> bool:
+    """No init containers, pod-level requests or overhead: the containers' sum is the whole rule."""
+    return not (spec.get("initContainers") or spec.get("resources") or spec.get("overhead"))
+
+
 def cpu_requested(spec: Mapping[str, Any]) -> int:
     """The CPU millicores of `requests`, without the memo: for pods whose amounts never repeat."""
-    if not (spec.get("initContainers") or spec.get("resources") or spec.get("overhead")):
+    if _containers_only(spec):
         return sum(_container_cpu(c)["cpu"] for c in spec.get("containers") or () if isinstance(c, Mapping))
     return podrequests.new_pod(spec, _container_cpu, _read_cpu, _CPU).get("cpu", 0)
 
