@@ -36,7 +36,6 @@ from gpuslice.deviceplugin import (
     labeller,
     manager,
     metrics,
-    migstrategy,
     monitor,
     nodeconfig,
     nvml_source,
@@ -141,7 +140,7 @@ async def run(
     """
     # What is served under migStrategy; health alone watches the real GPUs (it maps NVML's MIG
     # instance IDs to MIG devices, and reports the MIG devices or GPUs the view is made of).
-    physical, node = node, _served(node, settings)
+    physical, node = node, startup.served_node(node, settings)
     startup.check_device_list(node, settings.contract)  # before the device IDs are built
     resources = manager.build_resources(node, settings)
     await _check_held_units(settings, options, node, resources)
@@ -237,30 +236,6 @@ async def run(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return 0
-
-
-def _served(node: inventory.NodeInventory, settings: config_.Config) -> inventory.NodeInventory:
-    """The node as `settings.mig_strategy` serves it; StartupError when the layout does not fit."""
-    strategy = settings.mig_strategy
-    if strategy == "single" and settings.mps.enabled:
-        # NVIDIA's plugin has no MPS on MIG either; the chart's MPS daemon skips MIG-mode GPUs.
-        raise startup.StartupError(
-            "mps.enabled cannot be used with migStrategy single: MPS limits are per GPU, "
-            "not per MIG device; turn one of them off"
-        )
-    try:
-        served = migstrategy.advertised(node, strategy)
-    except migstrategy.MigStrategyError as exc:
-        raise startup.StartupError(str(exc)) from None
-    skipped = migstrategy.left_out(node, strategy)
-    if skipped:
-        log.warning(
-            "migStrategy none: not advertising %d GPU(s) in MIG mode (%s): their memory belongs to their MIG "
-            "devices; use migStrategy mixed or single to serve them",
-            len(skipped),
-            ", ".join(g.uuid for g in skipped),
-        )
-    return served
 
 
 async def _check_held_units(

@@ -17,8 +17,11 @@ Refusing rather than accounting: a plugin that does not register leaves the reso
 allocatable, so nothing new is admitted while the operator deletes the old pods, and the
 allocation code keeps a single unit size (docs/deviceplugin.md, "Changing the unit size").
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin.{inventory,podresources} and the
-generated v1beta1 messages.
+The node served under `migStrategy` (`served_node`, for this plugin and the DRA plugin alike): a
+layout the strategy cannot serve is refused the same way.
+
+May import gpuslice.{config,contract}, gpuslice.deviceplugin.{inventory,migstrategy,podresources}
+and the generated v1beta1 messages.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ import logging
 import os
 from collections.abc import Collection, Iterable
 
+from gpuslice import config as config_
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import inventory, podresources
+from gpuslice.deviceplugin import inventory, migstrategy, podresources
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "foreign_held_units",
     "list_and_watch_bytes",
     "read_held_units",
+    "served_node",
 ]
 
 log = logging.getLogger(__name__)
@@ -195,3 +200,28 @@ def check_device_list(node: inventory.NodeInventory, names: contract_.Contract) 
         f"the smallest memoryUnitMiB for this node is {low} (at {names.unit_mib} MiB a node may have at most "
         f"{most_mib:,} MiB of GPU memory)"
     )
+
+
+def served_node(node: inventory.NodeInventory, settings: config_.Config) -> inventory.NodeInventory:
+    """The node as `settings.mig_strategy` serves it (deviceplugin/migstrategy.py); StartupError
+    when the layout does not fit the strategy, or with MPS under `single`."""
+    strategy = settings.mig_strategy
+    if strategy == "single" and settings.mps.enabled:
+        # NVIDIA's plugin has no MPS on MIG either; the chart's MPS daemon skips MIG-mode GPUs.
+        raise StartupError(
+            "mps.enabled cannot be used with migStrategy single: MPS limits are per GPU, "
+            "not per MIG device; turn one of them off"
+        )
+    try:
+        served = migstrategy.advertised(node, strategy)
+    except migstrategy.MigStrategyError as exc:
+        raise StartupError(str(exc)) from None
+    skipped = migstrategy.left_out(node, strategy)
+    if skipped:
+        log.warning(
+            "migStrategy none: not advertising %d GPU(s) in MIG mode (%s): their memory belongs to their MIG "
+            "devices; use migStrategy mixed or single to serve them",
+            len(skipped),
+            ", ".join(g.uuid for g in skipped),
+        )
+    return served

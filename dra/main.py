@@ -142,8 +142,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[config_.Config, Optio
 
 
 def resource_slices_yaml(node: inventory.NodeInventory, settings: config_.Config, node_name: str) -> str:
-    """What --print-resource-slices prints: the slices as published (generation 1, no owner)."""
-    objects = slices.build_slices(node, settings.contract, node_name or EXAMPLE_NODE_NAME)
+    """What --print-resource-slices prints: the slices as published (generation 1, no owner);
+    StartupError when `migStrategy` cannot serve the node."""
+    served = startup.served_node(node, settings)
+    objects = slices.build_slices(served, settings.contract, node_name or EXAMPLE_NODE_NAME)
     return yaml.safe_dump_all(objects, sort_keys=False)
 
 
@@ -162,6 +164,9 @@ async def run(
     `api` replaces the Kubernetes client (tests pass a fake with the same methods); `node_api` the
     steering labeller's.
     """
+    # What is published under migStrategy, as the device plugin serves it; health alone watches
+    # the real GPUs (it reports the MIG devices and GPUs the published devices are made of).
+    physical, node = node, startup.served_node(node, settings)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -222,7 +227,7 @@ async def run(
         if isinstance(api, kube.KubernetesApi)
         else None
     )
-    monitor = health.HealthMonitor(nvml, node, settings.health, health_state) if nvml is not None else None
+    monitor = health.HealthMonitor(nvml, physical, settings.health, health_state) if nvml is not None else None
     grpc_server = server.DraServer(
         claims, driver=driver, plugin_dir=options.plugin_dir(driver), registry_dir=options.registry_dir, counter=calls
     )

@@ -7,7 +7,10 @@ Pure: no I/O, no clock (timestamps are passed in).
   A request without a capacity therefore takes the whole GPU; `capacity.requests.memory: 2000Mi`
   takes 2048Mi with 256 MiB units. The scheduler sums the shares per GPU, so no GPU is given
   more than it has and no share spans GPUs.
-* One device per MIG device (static: as the node is partitioned now), allocated whole.
+* One device per MIG device (static: as the node is partitioned now), allocated whole. Under
+  `migStrategy` single each MIG device is shared by memory like a GPU instead (the node comes
+  from deviceplugin/migstrategy.py's view), with its GPU's UUID as parentUUID; under none GPUs in
+  MIG mode are left out.
 * Attributes (names in gpuslice.contract): type, uuid, product (label form), productName,
   memoryMiB, index, minor, pciBusID, numaNode, nvlinkPeers, nvlinkDomain; MIG devices add
   migProfile, parentUUID, parentIndex.
@@ -166,6 +169,8 @@ def gpu_device(
         attributes[contract_.DRA_ATTR_MINOR] = {"int": gpu.minor_number}
     if gpu.pci_bus_id:
         attributes[contract_.DRA_ATTR_PCI_BUS_ID] = _string(gpu.pci_bus_id)
+    if gpu.parent_uuid:  # a MIG device shared by memory (migStrategy single)
+        attributes[contract_.DRA_ATTR_PARENT_UUID] = _string(gpu.parent_uuid)
     return {
         "name": device_name(gpu),
         "allowMultipleAllocations": True,
@@ -207,14 +212,14 @@ def devices(
     """Every device of the node, GPUs in index order, each GPU's MIG devices after it.
 
     `taints` maps a GPU or MIG UUID (or "*" for the whole node) to its Taint; a GPU's taint also
-    covers its MIG devices.
+    covers its MIG devices, shared or not.
     """
     taints = taints or {}
     everything = taints.get("*")
     domains = _nvlink_domains(node)
     result: list[dict[str, Any]] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
-        gpu_taint = everything or taints.get(gpu.uuid)
+        gpu_taint = everything or taints.get(gpu.uuid) or (taints.get(gpu.parent_uuid) if gpu.parent_uuid else None)
         if gpu.mig_enabled:
             for position, mig in enumerate(gpu.mig):
                 result.append(mig_device(mig, gpu, position, contract, gpu_taint or taints.get(mig.uuid)))

@@ -968,8 +968,6 @@ _WEBHOOK_KEYS = (
 )
 # Read by the pacer alone (neither the webhook nor the node plugins).
 _PACER_ONLY_KEYS = ("pacing.maxInFlight", "pacing.bindTimeoutSeconds", "pacing.lagTimeoutSeconds")
-# Node keys the DRA plugin does not read (it publishes every MIG device as its own device).
-_DEVICE_PLUGIN_KEYS = ("migStrategy",)
 # The pacer reads the names (prefix, unit size) and its own section.
 _PACER_KEYS = ("resourcePrefix", "memoryUnitMiB", "pacing.")
 COMPONENTS = ("webhook", "device-plugin", "dra-plugin", "pacer")
@@ -991,8 +989,6 @@ def reads(component: str | None, field: Field) -> bool:
     if component == "webhook":
         return not node_only
     if component == "device-plugin" and field.path.startswith("dra."):
-        return False
-    if component == "dra-plugin" and field.path.startswith(_DEVICE_PLUGIN_KEYS):
         return False
     return not webhook_only
 
