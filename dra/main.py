@@ -13,7 +13,7 @@ registration sockets, publishes the node's ResourceSlices and, with NVML, watche
 serving, remove the sockets, cancel and await every task, and exit 0.
 
 May import gpuslice.config, gpuslice.deviceplugin's discovery, health, metrics and startup
-(its StartupError) modules, and gpuslice.dra.
+(its StartupError and the node served under migStrategy) modules, and gpuslice.dra.
 """
 
 from __future__ import annotations
