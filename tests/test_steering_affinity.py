@@ -16,6 +16,8 @@ from gpuslice.webhook import steering
 
 CONTRACT = contract_.Contract()
 U = 320  # units of one 80 GiB GPU at 256 MiB
+# The nearly-full grades: less than a quarter, a half, the whole of steering.cpuPodsNearlyFullMiB free.
+QUARTER, HALF, WHOLE = steering.WEIGHTS.cpu_pod_nearly_full
 
 
 # --- a tiny nodeSelector evaluator (Kubernetes semantics) ---------------------------------
@@ -308,7 +310,8 @@ def test_weight_grades_keep_their_order_whatever_the_placement_score():
     assert fit_grades == sorted(fit_grades, reverse=True)
     smallest_step = min(a - b for a, b in zip(fit_grades, fit_grades[1:], strict=False))
     assert w.score_high < smallest_step and w.score_mid < w.score_high
-    assert all(1 <= getattr(w, f.name) <= 100 for f in dataclasses.fields(w))
+    weights = [getattr(w, f.name) for f in dataclasses.fields(w)]
+    assert all(1 <= weight <= 100 for value in weights for weight in (value if isinstance(value, tuple) else [value]))
 
 
 # --- pods that ask for no device --------------------------------------------------------------
@@ -334,21 +337,50 @@ def test_a_cpu_pod_prefers_cpu_nodes_then_nodes_whose_gpus_are_no_longer_whole(n
     ("node_labels", "weight"),
     [
         ({"kubernetes.io/hostname": "cpu-only"}, steering.WEIGHTS.cpu_pod_cpu_node),
-        (labelled(U, U), steering.WEIGHTS.cpu_pod_nearly_full),  # nothing free
-        (labelled(U, U - 31), steering.WEIGHTS.cpu_pod_nearly_full),  # 31 units = 7.75 GiB free
+        (labelled(U, U), QUARTER),  # nothing free
+        (labelled(U, U - 7), QUARTER),  # 7 units = 1.75 GiB free: below a quarter of 8 GiB
+        (labelled(U, U - 8), HALF),  # 2 GiB
+        (labelled(U, U - 15), HALF),
+        (labelled(U, U - 16), WHOLE),  # 4 GiB
+        (labelled(U, U - 31), WHOLE),  # 31 units = 7.75 GiB free
         (labelled(U, U - 32), steering.WEIGHTS.cpu_pod_no_free_gpu),  # 8 GiB free: not below it
         (labelled(U, 40), steering.WEIGHTS.cpu_pod_no_free_gpu),
         (labelled(U, 0), 0),  # one whole GPU still free
     ],
-    ids=["cpu-node", "full", "below", "at-the-bound", "partly-used", "one-free-gpu"],
+    ids=[
+        "cpu-node",
+        "full",
+        "quarter",
+        "at-a-quarter",
+        "half",
+        "at-a-half",
+        "below",
+        "at-the-bound",
+        "partly-used",
+        "one-free-gpu",
+    ],
 )
-def test_with_a_nearly_full_bound_a_cpu_pod_prefers_nodes_with_little_gpu_memory_left(node_labels, weight):
+def test_with_a_nearly_full_bound_a_cpu_pod_prefers_nodes_with_the_least_gpu_memory_left(node_labels, weight):
+    # The terms match disjoint nodes: a node scores one weight or none.
     assert preference(steering.cpu_pod_preferences(CONTRACT, 8192), node_labels) == weight
+
+
+@pytest.mark.parametrize("nearly_full_mib", [256, 512, 768, 1000, 8192, 1 << 30])
+def test_the_nearly_full_grades_cover_the_band_once_for_any_bound(nearly_full_mib):
+    """Bounds that coincide with few units are taken once; every free count below the bound scores
+    exactly one grade, fewer free units never less than more."""
+    terms = steering.cpu_pod_preferences(CONTRACT, nearly_full_mib)
+    below = -(-nearly_full_mib // CONTRACT.unit_mib)
+    # One full GPU and one with `free` units left (no GPU fully free while free < U).
+    scores = [preference(terms, labelled(U, U - free)) for free in range(min(below + 1, U))]
+    assert all(score in steering.WEIGHTS.cpu_pod_nearly_full for score in scores[:below])
+    assert scores == sorted(scores, reverse=True)
+    assert scores[0] == {1: WHOLE, 2: HALF}.get(below, QUARTER)
 
 
 def test_cpu_pod_grades_keep_cpu_nodes_first_and_free_whole_gpus_last():
     w = steering.WEIGHTS
-    assert w.cpu_pod_cpu_node > w.cpu_pod_nearly_full > w.cpu_pod_no_free_gpu > 0
+    assert w.cpu_pod_cpu_node > QUARTER > HALF > WHOLE > w.cpu_pod_no_free_gpu > 0
 
 
 @pytest.mark.parametrize("version", ["1.29", "1.35"])

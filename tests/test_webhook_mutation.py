@@ -559,10 +559,10 @@ def test_with_a_nearly_full_bound_a_cpu_pod_gets_the_graded_preferences() -> Non
     always = dataclasses.replace(SETTINGS.steering, cpu_pods_nearly_full_cpu_percent=0)
     _, pod = convert(cpu_pod(), settings=dataclasses.replace(SETTINGS, steering=always))
     assert preferred_terms(pod) == steering.cpu_pod_preferences(CONTRACT, 8192)
-    below = {"key": CONTRACT.label_free_units, "operator": "Lt", "values": ["32"]}  # 8 GiB of 256 MiB units
-    assert [t["weight"] for t in preferred_terms(pod) if below in t["preference"]["matchExpressions"]] == [
-        steering.WEIGHTS.cpu_pod_nearly_full
-    ]
+    # Below 8 GiB, 4 GiB and 2 GiB of 256 MiB units, the fewer the better.
+    for units, weight in zip(("32", "16", "8"), reversed(steering.WEIGHTS.cpu_pod_nearly_full), strict=True):
+        below = {"key": CONTRACT.label_free_units, "operator": "Lt", "values": [units]}
+        assert [t["weight"] for t in preferred_terms(pod) if below in t["preference"]["matchExpressions"]] == [weight]
 
 
 def test_the_nearly_full_band_is_given_while_cpu_pods_ask_more_than_the_share_of_cpu_set() -> None:

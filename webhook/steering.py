@@ -101,9 +101,10 @@ class Weights:
     # pods the same way).
     cpu_pod_cpu_node: int = 100
     cpu_pod_no_free_gpu: int = 50
-    # With steering.cpuPodsNearlyFullMiB: before those, the nodes where little GPU memory is left
-    # free at all, whose CPU the GPU pods still to come can use least (docs/steering.md).
-    cpu_pod_nearly_full: int = 70
+    # With steering.cpuPodsNearlyFullMiB (N): before those, the nodes where less than N of GPU
+    # memory is left free, whose CPU the GPU pods still to come can use least; the less left the
+    # better: below N/4, below N/2, below N (docs/steering.md).
+    cpu_pod_nearly_full: tuple[int, int, int] = (90, 80, 70)
 
 
 WEIGHTS = Weights()
@@ -288,7 +289,8 @@ def cpu_pod_preferences(contract: contract_.Contract, nearly_full_mib: int = 0) 
     """Preferred terms for a pod that asks for no device: a node without gpuslice GPUs (the label
     is absent), then a node where no GPU is fully free, over a node with whole GPUs free; with
     `nearly_full_mib` (steering.cpuPodsNearlyFullMiB), a node without a fully free GPU and with
-    less GPU memory than that free goes before the other nodes without a fully free GPU.
+    less GPU memory than that free goes before the other nodes without a fully free GPU, the less
+    it has free the sooner (below a quarter, a half, the whole of `nearly_full_mib`).
 
     In the trace replay CPU is what strands GPUs: CPU-only pods spread by LeastAllocated land on
     nodes whose GPUs are still free and take the CPU their future pods need (docs/steering.md).
@@ -303,14 +305,19 @@ def _cpu_pod_terms(contract: contract_.Contract, nearly_full_mib: int) -> list[d
     cpu_node = _term(WEIGHTS.cpu_pod_cpu_node, {"key": free_gpus, "operator": "DoesNotExist"})
     if nearly_full_mib <= 0:
         return [cpu_node, _term(WEIGHTS.cpu_pod_no_free_gpu, _lt(free_gpus, 1))]
-    # Fewer free units than hold nearly_full_mib: free x unit < nearly_full_mib.
+    # Fewer free units than hold nearly_full_mib: free x unit < nearly_full_mib; graded below a
+    # quarter and a half of that (bounds that coincide with few units are taken once).
     below = -(-nearly_full_mib // contract.unit_mib)
+    bounds = sorted({-(-below // 4), -(-below // 2), below})
+    weights = WEIGHTS.cpu_pod_nearly_full[-len(bounds) :]
     free_units = contract.label_free_units
-    return [
-        cpu_node,
-        _term(WEIGHTS.cpu_pod_nearly_full, _lt(free_gpus, 1), _lt(free_units, below)),
-        _term(WEIGHTS.cpu_pod_no_free_gpu, _lt(free_gpus, 1), _gt(free_units, below - 1)),
-    ]
+    terms, low = [cpu_node], 0
+    for bound, weight in zip(bounds, weights, strict=True):
+        at_least = [_gt(free_units, low - 1)] if low else []
+        terms.append(_term(weight, _lt(free_gpus, 1), *at_least, _lt(free_units, bound)))
+        low = bound
+    terms.append(_term(WEIGHTS.cpu_pod_no_free_gpu, _lt(free_gpus, 1), _gt(free_units, below - 1)))
+    return terms
 
 
 def _score_terms(contract: contract_.Contract) -> list[dict[str, Any]]:

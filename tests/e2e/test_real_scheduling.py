@@ -272,14 +272,16 @@ def _report_running(core: kubernetes.client.CoreV1Api, namespace: str, pod_name:
 def test_a_cpu_pod_goes_to_the_node_with_the_least_gpu_memory_left_with_the_nearly_full_bound(
     release: Any, core: kubernetes.client.CoreV1Api, nodes: list[str], namespace: str
 ) -> None:
-    """steering.cpuPodsNearlyFullMiB's terms, scored by the real scheduler: of three nodes alike in
-    CPU, a pod that asks for no device goes to the one whose GPUs have less than 8 GiB left free,
-    not to one with shares still open, nor to one with whole GPUs free."""
+    """steering.cpuPodsNearlyFullMiB's terms, scored by the real scheduler: of four nodes alike in
+    CPU, a pod that asks for no device goes to the one whose GPUs have the least GPU memory left
+    free (1 GiB: below a quarter of the 8 GiB bound), not to one with 4.5 GiB (below the bound), nor
+    to one with shares still open, nor to one with whole GPUs free."""
     node = nodefile.load(DEMO_NODE)
     layouts = {
         "whole-free": {},
         "shares-open": {H100_A: 318, H100_B: 100},  # 218 units (54.5 GiB) free
         "nearly-full": {H100_A: 318, H100_B: 300},  # 18 units (4.5 GiB) free
+        "almost-full": {H100_A: 318, H100_B: 314},  # 4 units (1 GiB) free
     }
     for suffix, allocated in layouts.items():
         name = f"{namespace}-{suffix}"
@@ -290,4 +292,4 @@ def test_a_cpu_pod_goes_to_the_node_with_the_least_gpu_memory_left_with_the_near
         pod = k8skit.pod_object(f"cpu-{i}", requests={"cpu": "1"}, nodeSelector={GROUP: namespace})
         pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
         core.create_namespaced_pod(namespace, pod)
-        assert k8skit.bound_node(core, namespace, f"cpu-{i}") == f"{namespace}-nearly-full"
+        assert k8skit.bound_node(core, namespace, f"cpu-{i}") == f"{namespace}-almost-full"
