@@ -483,7 +483,8 @@ FIELDS: tuple[Field, ...] = (
         "steering.cpu_pods_nearly_full_mib",
         int,
         _nearly_full,
-        "with cpuPods: prefer, among nodes without a fully free GPU, those with less free GPU memory than this, the least first (MiB; 0: off)",
+        "with cpuPods: prefer, among nodes without a fully free GPU, those with less free GPU memory than this, "
+        "the least first (MiB; 0: off)",
     ),
     Field(
         "steering.cpuPodsNearlyFullCpuPercent",
