@@ -901,8 +901,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=("device-plugin",),
         help="kube: how the gpuslice configurations offer GPUs: extended resources from the device plugin "
         "(device-plugin, the default), ResourceSlices and ResourceClaims (dra, docs/dra.md), or both side by "
-        "side in one run (device-plugin,dra); "
-        "(default), or ResourceSlices and ResourceClaims (DRA mode, docs/dra.md)",
+        "side in one run (device-plugin,dra)",
     )
     group.add_argument(
         "--node-sample", type=int, metavar="N", help="kube: replay on N of the trace's nodes, evenly spaced"
