@@ -17,6 +17,7 @@ import collections
 import csv
 import importlib
 import json
+import multiprocessing
 import os
 import pathlib
 import statistics
@@ -425,6 +426,15 @@ def _replay_one(
     )
 
 
+def _worker_context() -> Any:
+    """Where worker processes come from: a fork server (a fresh interpreter that forks them), or
+    spawned where there is none; never a fork of this process. A fork copies the state of every
+    thread the parent has (gRPC's above all: forked workers crashed or spun in their garbage
+    collector on the gRPC objects of the process that forked them, and the pool then hung)."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
 def _replay_all(
     nodes: Sequence[trace.TraceNode],
     arrivals: Mapping[int, Sequence[trace.TracePod]],
@@ -448,7 +458,7 @@ def _replay_all(
                 for c, seed in tasks
             ]
         else:
-            pool = futures.ProcessPoolExecutor(max_workers=workers)
+            pool = futures.ProcessPoolExecutor(max_workers=workers, mp_context=_worker_context())
             try:
                 pending = [
                     pool.submit(_replay_one, nodes, arrivals[seed], c, seed=seed, label_delay=delay, placements=record)

@@ -196,17 +196,46 @@ def test_the_number_of_jobs_does_not_change_the_results(capsys: pytest.CaptureFi
     assert _without_timings(in_process) == _without_timings(in_workers)
 
 
+def _grpc_threads_winding_down() -> None:
+    """What a test run leaves in the process before a replay starts its workers: gRPC servers and
+    channels, their threads still running, dropped."""
+    from concurrent import futures
+
+    import grpc
+
+    for _ in range(3):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        grpc.channel_ready_future(channel).result(timeout=10)
+        channel.subscribe(lambda state: None, try_to_connect=True)
+        del server, channel
+
+
+def test_worker_processes_do_not_inherit_the_grpc_state_of_the_process_that_starts_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Forked workers crashed (BrokenProcessPool) or spun in their garbage collector on such state.
+    for _ in range(3):
+        _grpc_threads_winding_down()
+        assert sim_main.main([*TINY_ARGS, "--json", "--seeds", "2", "--jobs", "2"]) == 0
+        assert len(json.loads(capsys.readouterr().out)["configurations"]) == 3
+
+
 def _refuse_the_trace(*args: Any, **kwargs: Any) -> replay.Result:
     raise trace.TraceError("tiny_nodes.csv: refused in a worker process")
 
 
 @pytest.mark.skipif(
-    multiprocessing.get_start_method() != "fork", reason="workers see the patched replay only when forked"
+    "fork" not in multiprocessing.get_all_start_methods(), reason="workers see the patched replay only when forked"
 )
 def test_an_error_in_a_worker_process_is_reported_as_usual(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(replay, "replay", _refuse_the_trace)
+    # Forked here, so that the workers see the patch (they fail at once: nothing else runs in them).
+    monkeypatch.setattr(sim_main, "_worker_context", lambda: multiprocessing.get_context("fork"))
     assert sim_main.main([*TINY_ARGS, "--seeds", "2", "--jobs", "2"]) == 2
     assert capsys.readouterr().err == "gpuslice-sim: tiny_nodes.csv: refused in a worker process\n"
 
