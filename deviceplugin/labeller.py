@@ -23,7 +23,7 @@ The node's CPU and memory headroom comes from its allocatable (one GET of the No
 and its pods, which `KubernetesNodeApi.watch_pods` keeps by list + watch with the field selector
 `spec.nodeName=<node>` (deviceplugin/nodepods.py) while the labeller runs.
 
-May import gpuslice.{backoff,config,contract} and gpuslice.deviceplugin.{allocation, health (its
+May import gpuslice.{backoff,config,contract,timeouts} and gpuslice.deviceplugin.{allocation, health (its
 ALL marker), inventory, labels, nodepods, podresources}; the `kubernetes` client is used only by
 `KubernetesNodeApi`, in a thread.
 """
@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import prometheus_client
 from kubernetes.utils import quantity
 
-from gpuslice import backoff, config, kubeclient
+from gpuslice import backoff, config, kubeclient, timeouts
 from gpuslice.deviceplugin import allocation, health, inventory, labels, nodepods, podresources
 
 __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "headroom_from"]
@@ -91,10 +91,7 @@ class KubernetesNodeApi:
         if pods is None:
             raise NodeApiError(f"the pods of node {node_name} are not watched (watch_pods is not running)")
         if pods.listing:  # the first refresh waits for the first list rather than publish nothing
-            try:
-                await asyncio.wait_for(pods.synced.wait(), self._timeout)
-            except TimeoutError:
-                pass
+            await timeouts.wait_at_most(pods.synced.wait(), self._timeout)
         if not pods.synced.is_set():
             raise NodeApiError(f"the pods of node {node_name} are not listed yet")
         allocatable = await asyncio.to_thread(self._allocatable, node_name)
@@ -280,7 +277,8 @@ class NodeLabeller:
                 keys = self._owned_keys | (self.written or {}).keys()
                 try:
                     removal: dict[str, str | None] = dict.fromkeys(sorted(keys))
-                    await asyncio.wait_for(self._api.patch_labels(self._node_name, removal), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._api.patch_labels(self._node_name, removal)
                 except Exception as exc:  # noqa: BLE001 - shutting down: say so, never block the exit
                     log.warning("node %s labels not removed at exit: %s", self._node_name, exc)
                 else:
@@ -413,10 +411,7 @@ class NodeLabeller:
         return True
 
     async def _sleep_or_wake(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, seconds))
-        except TimeoutError:
-            pass
+        await timeouts.wait_at_most(self._wake.wait(), seconds)
         self._wake.clear()
 
 

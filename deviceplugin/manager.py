@@ -11,7 +11,7 @@ which compares the files' identities with what it served and registered with, an
 re-registers the affected plugins. A failed registration (kubelet not up yet) is retried with
 backoff; a slow periodic pass is the safety net for what a watch can miss.
 
-May import gpuslice.{backoff,config}, gpuslice.deviceplugin.{allocation,health,metrics,response,server}
+May import gpuslice.{backoff,config,timeouts}, gpuslice.deviceplugin.{allocation,health,metrics,response,server}
 and watchfiles.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import watchfiles
 
-from gpuslice import backoff
+from gpuslice import backoff, timeouts
 from gpuslice import config as config_
 from gpuslice.deviceplugin import allocation, health, inventory, metrics, response, server
 
@@ -176,10 +176,7 @@ class PluginManager:
                     timeout = retry.next()
                 if events.done():  # the watch failed to start or ended: poll
                     timeout = min(timeout, FALLBACK_POLL_SECONDS)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-                except TimeoutError:
-                    pass
+                await timeouts.wait_at_most(self._wake.wait(), timeout)
                 if self._stopping.is_set():
                     return
                 self._wake.clear()

@@ -7,7 +7,7 @@ confirm it answers; `register()` then calls kubelet's Registration service (neve
 serving: kubelet dials back at once); `stop()` stops gRPC and removes the socket.
 ListAndWatch streams the full device list and re-sends it on every health change.
 
-May import gpuslice.{config,contract}, the generated v1beta1 stubs and
+May import gpuslice.{config,contract,timeouts}, the generated v1beta1 stubs and
 gpuslice.deviceplugin.{allocation,health,metrics}.
 """
 
@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 
 import grpc
 
+from gpuslice import timeouts
 from gpuslice.deviceplugin import allocation, health, metrics
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
@@ -122,9 +123,7 @@ class PluginServer:
         self.identity = self.socket_identity()
         self.snapshot()  # device gauges from the start, not from kubelet's first call
         async with grpc.aio.insecure_channel(f"unix://{self.socket_path}") as channel:
-            try:
-                await asyncio.wait_for(channel.channel_ready(), _DIAL_TIMEOUT_S)
-            except TimeoutError:
+            if not await timeouts.wait_at_most(channel.channel_ready(), _DIAL_TIMEOUT_S):
                 await self.stop()
                 raise RuntimeError(f"{self.resource.name}: own socket {self.socket_path} does not answer") from None
         log.info("%s: serving on %s", self.resource.name, self.socket_path)

@@ -12,7 +12,7 @@ every `dra.sliceResyncSeconds` (repairs slices someone changed), and at most onc
 notifications in between coalesce into one sync of the latest state. A failed sync is retried
 with jittered exponential backoff (gpuslice.backoff, capped at a minute).
 
-May import gpuslice.{backoff,config,contract}, gpuslice.deviceplugin.inventory and gpuslice.dra.slices.
+May import gpuslice.{backoff,config,contract,timeouts}, gpuslice.deviceplugin.inventory and gpuslice.dra.slices.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gpuslice import backoff
+from gpuslice import backoff, timeouts
 from gpuslice import config as config_
 from gpuslice.deviceplugin import inventory
 from gpuslice.dra import slices
@@ -144,9 +144,7 @@ class SlicePublisher:
             except Exception as exc:  # API errors, or a slice the API would refuse: retry later
                 timeout = self._retry.next()
                 log.warning("publishing ResourceSlices failed (retry in %.1fs): %s", timeout, exc)
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
+            if not await timeouts.wait_at_most(self._wake.wait(), timeout):
                 continue
             # Woken: keep at least the minimum interval after the last write, collecting changes.
             pause = last_write + self._min_interval - self._clock()

@@ -13,12 +13,11 @@ The DRA socket serves before the registration socket exists (kubelet dials back 
 on stop the registration socket goes first. Preparing is the Preparer's job; this module only
 decodes, delegates and encodes.
 
-May import the generated dra and pluginregistration stubs and gpuslice.dra.preparer.
+May import the generated dra and pluginregistration stubs, gpuslice.timeouts and gpuslice.dra.preparer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import pathlib
@@ -27,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from gpuslice import timeouts
 from gpuslice.dra import preparer as preparer_
 from gpuslice.proto.dra.v1 import api_pb2 as v1
 from gpuslice.proto.dra.v1 import api_pb2_grpc as v1_grpc
@@ -171,9 +171,7 @@ class DraServer:
         server.add_insecure_port(f"unix://{socket}")
         await server.start()
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-            try:
-                await asyncio.wait_for(channel.channel_ready(), _DIAL_TIMEOUT_S)
-            except TimeoutError:
+            if not await timeouts.wait_at_most(channel.channel_ready(), _DIAL_TIMEOUT_S):
                 await server.stop(None)
                 raise RuntimeError(f"DRA driver {self.driver}: own socket {socket} does not answer") from None
         return server

@@ -11,7 +11,7 @@ events are handed to the subclass on the event loop, so its view is only touched
 Subclasses take the loop's timing as `**options` (`Options`) and pass it on; `PodWatch` is the
 pods a field selector picks out, cluster-wide, from the watch cache, which most of them watch.
 
-May import gpuslice.backoff and the kubernetes client.
+May import gpuslice.{backoff,timeouts} and the kubernetes client.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, TypedDict, Unpack
 
 import kubernetes
 
-from gpuslice import backoff
+from gpuslice import backoff, timeouts
 
 __all__ = ["ListWatch", "Options", "PodWatch"]
 
@@ -137,10 +137,7 @@ class ListWatch:
 
     async def _pause(self, seconds: float) -> None:
         assert self._wakeup is not None
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), seconds)
-        except TimeoutError:
-            pass
+        await timeouts.wait_at_most(self._wakeup.wait(), seconds)
 
     # --- in the thread -------------------------------------------------------------------------
     def _call(self, **kwargs: Any) -> Any:

@@ -16,7 +16,7 @@ together, two of one class do not. A burst
 then runs at the pace of one scheduling round trip and one label write per pod; a pod that asks
 for no device (a CPU pod the webhook gated to keep its place in line) goes as soon as it is first.
 
-May import gpuslice.{backoff,config,contract,listwatch}, the pacer's own modules, prometheus_client
+May import gpuslice.{backoff,config,contract,listwatch,timeouts}, the pacer's own modules, prometheus_client
 and the kubernetes client.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 import kubernetes
 import prometheus_client
 
-from gpuslice import config, listwatch
+from gpuslice import config, listwatch, timeouts
 from gpuslice.pacer import heartbeat as heartbeat_
 from gpuslice.pacer import ledger as ledger_
 from gpuslice.pacer import release, selection
@@ -253,10 +253,7 @@ class Pacer:
                 ]
                 timeout = min((m for m in moments if m > now), default=now + 1.0) - loop.time()
                 if not self.changed.is_set():
-                    try:
-                        await asyncio.wait_for(self.changed.wait(), max(0.01, timeout))
-                    except TimeoutError:
-                        pass
+                    await timeouts.wait_at_most(self.changed.wait(), max(0.01, timeout))
         finally:
             self.pods.stop()
             self.nodes.stop()

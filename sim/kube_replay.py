@@ -15,7 +15,7 @@ with a url), then the arrivals created through the API server in one of three mo
 The same seed's arrivals also go through the Python model (sim/replay.py) and both sets of figures
 are reported side by side.
 
-May import aiohttp (through sim.kube_api), PyYAML, numpy, tqdm (a run's bar), gpuslice.config and the other
+May import aiohttp (through sim.kube_api), PyYAML, numpy, tqdm (a run's bar), gpuslice.{config,timeouts} and the other
 gpuslice.sim modules; the webhook runs as `python -m gpuslice.webhook.main`.
 """
 
@@ -44,7 +44,7 @@ import numpy as np
 import tqdm
 import yaml
 
-from gpuslice import config
+from gpuslice import config, timeouts
 from gpuslice.dra import slices
 from gpuslice.sim import controlplane, kube_api, kube_dra, kube_nodes, provenance, replay, scheduler, trace
 from gpuslice.sim import placements as placements_
@@ -378,9 +378,7 @@ async def _arrive(
             key = f"{NAMESPACE}/{manifest['metadata']['name']}"
             waiter = outcomes.waiter(key)
             await _create(api, manifest, outcomes)
-            try:
-                await asyncio.wait_for(waiter, POD_TIMEOUT)
-            except TimeoutError:
+            if not await timeouts.wait_at_most(waiter, POD_TIMEOUT):
                 outcomes.errors.append(f"{key}: no outcome after {POD_TIMEOUT:.0f} s")
         return
     gate = asyncio.Semaphore(CREATE_CONCURRENCY)

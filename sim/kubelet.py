@@ -182,7 +182,8 @@ class Kubelet:
             async with self._changed:
                 await self._changed.wait_for(predicate)
 
-        await asyncio.wait_for(wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await wait()
 
     async def wait_for_resource(self, resource: str, devices: int | None = None, timeout: float = 10.0) -> None:
         """Wait until `resource` is registered and (optionally) has `devices` healthy devices."""
@@ -212,7 +213,8 @@ class Kubelet:
         channel = grpc.aio.insecure_channel(f"unix://{socket}")
         endpoint = _Endpoint(request.resource_name, socket, channel)
         try:
-            await asyncio.wait_for(channel.channel_ready(), _DIAL_TIMEOUT_S)
+            async with asyncio.timeout(_DIAL_TIMEOUT_S):
+                await channel.channel_ready()
             endpoint.options = await endpoint.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=_DIAL_TIMEOUT_S)
         except (TimeoutError, grpc.aio.AioRpcError) as exc:
             await channel.close()

@@ -454,6 +454,25 @@ async def test_nothing_is_written_until_kubelet_answers_then_labels_appear(demo_
         )
 
 
+async def test_a_cancel_that_meets_a_notification_still_stops_the_labeller(demo_node, kubelet_socket, api_server):
+    # asyncio.wait_for on Python 3.11 lost a cancellation that came as the event it waited on was
+    # set: the labeller then ran on, and whoever awaited it (the plugin's shutdown) waited forever.
+    fake, api = api_server
+    instance = make(demo_node, kubelet_socket, api)
+    task = asyncio.create_task(instance.run(), name="test-node-labeller")
+    try:
+        await eventually(lambda: CONTRACT.label_free_gpus in fake.labels, "labels")
+        await asyncio.sleep(0.2)  # back in its wait for the next change
+        instance.notify()
+        await asyncio.sleep(0)  # the wait it was in has just ended ...
+        task.cancel()  # ... when it is cancelled
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(10):
+                await task
+    finally:
+        task.cancel()
+
+
 async def test_a_placement_score_that_goes_away_is_removed_from_the_node(demo_node, kubelet_socket, api_server):
     fake, api = api_server
     scores = iter([80, 80, None])
