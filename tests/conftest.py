@@ -1,9 +1,11 @@
-"""Shared fixtures: the example node files and paths to ../shared data."""
+"""Shared fixtures: the example node files, paths to ../shared data, a check for leftover asyncio tasks."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -39,3 +41,17 @@ def trace_dir() -> pathlib.Path:
             "set GPUSLICE_TRACE_DIR or put shared/data beside the checkout"
         )
     return TRACE_DIR
+
+
+@pytest.fixture
+async def no_leftover_tasks() -> AsyncIterator[None]:
+    """Fails a test that leaves asyncio tasks running (plugins, streams, health loops)."""
+    before = asyncio.all_tasks()
+    yield
+    # Cancelled tasks (and gRPC's own, for calls a stopped server ended) take a few turns of the
+    # loop to finish, more on a loaded machine: a leak is a task still running a second later.
+    left = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
+    if left:
+        await asyncio.wait(left, timeout=1.0)
+    running = [t for t in left if not t.done()]
+    assert not running, f"tasks left running: {sorted(f'{t.get_name()} ({t.get_coro()!r})' for t in running)}"

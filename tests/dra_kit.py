@@ -14,7 +14,7 @@ import copy
 import pathlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -158,15 +158,6 @@ def dirs_fixture() -> Iterator[dict[str, pathlib.Path]]:
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(name="no_leftover_tasks")
-async def no_leftover_tasks_fixture() -> AsyncIterator[None]:
-    before = asyncio.all_tasks()
-    yield
-    await asyncio.sleep(0)
-    left = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
-    assert not left, f"tasks left running: {sorted(t.get_name() for t in left)}"
 
 
 async def register_like_kubelet(registry_dir: pathlib.Path, accept: bool = True) -> registration.PluginInfo:

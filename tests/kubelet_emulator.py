@@ -5,7 +5,6 @@ emulator, and the device plugins of a node served against it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import pathlib
 import shutil
@@ -59,13 +58,3 @@ async def plugins(
         yield plugin_manager
     finally:
         await plugin_manager.stop()
-
-
-@pytest.fixture(name="no_leftover_tasks", autouse=False)
-async def no_leftover_tasks_fixture() -> AsyncIterator[None]:
-    """Fails a test that leaves asyncio tasks running (plugins, streams, health loops)."""
-    before = asyncio.all_tasks()
-    yield
-    await asyncio.sleep(0)  # let cancelled tasks finish
-    left = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
-    assert not left, f"tasks left running: {sorted(t.get_name() for t in left)}"

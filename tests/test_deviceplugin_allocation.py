@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from kubelet_emulator import AdmissionError, kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
+from kubelet_emulator import AdmissionError, kubelet_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config, contract
 from gpuslice.deviceplugin import allocation, nodefile, response

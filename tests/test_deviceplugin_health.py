@@ -7,7 +7,7 @@ import types
 import fake_nvml
 import grpc
 import pytest
-from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
+from kubelet_emulator import kubelet_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config
 from gpuslice.deviceplugin import health

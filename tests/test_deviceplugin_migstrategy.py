@@ -7,7 +7,7 @@ import asyncio
 import pathlib
 
 import pytest
-from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, socket_dir_fixture  # noqa: F401 - fixtures
+from kubelet_emulator import kubelet_fixture, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config, contract
 from gpuslice.deviceplugin import health, inventory, main, manager, migstrategy, nodefile

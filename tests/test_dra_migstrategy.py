@@ -17,7 +17,6 @@ from gpuslice.deviceplugin import nodefile, startup
 from gpuslice.dra import checkpoint, main, preparer, slices
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
-no_leftover_tasks = dra_kit.no_leftover_tasks_fixture
 
 DEMO = chartkit.REPO / "gpuslice" / "examples" / "demo-node.yaml"
 PROFILE_MIB = 40192

@@ -19,7 +19,6 @@ from gpuslice import config
 from gpuslice.dra import cdi, checkpoint, preparer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
-no_leftover_tasks = dra_kit.no_leftover_tasks_fixture
 
 
 class Crash(BaseException):

@@ -14,7 +14,6 @@ from gpuslice.deviceplugin import inventory
 from gpuslice.dra import publisher
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
-no_leftover_tasks = dra_kit.no_leftover_tasks_fixture
 
 
 def make(node, api, unhealthy=None, **overrides) -> publisher.SlicePublisher:

@@ -20,7 +20,6 @@ from gpuslice.proto.dra.v1beta1 import api_pb2 as v1beta1
 from gpuslice.proto.pluginregistration.v1 import api_pb2 as registration
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
-no_leftover_tasks = dra_kit.no_leftover_tasks_fixture
 
 SHARE_ID = "eeeeeeee-2222-4333-8444-555555555555"
 

@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 import pytest
-from kubelet_emulator import AdmissionError, kubelet_fixture, no_leftover_tasks_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
+from kubelet_emulator import AdmissionError, kubelet_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpuslice.proto.podresources.v1 import api_pb2 as pr_pb2

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from fake_nvml import FakeNvml
 from fake_proc import FakeProc
-from kubelet_emulator import kubelet_fixture, no_leftover_tasks_fixture, socket_dir_fixture  # noqa: F401 - fixtures
+from kubelet_emulator import kubelet_fixture, socket_dir_fixture  # noqa: F401 - fixtures
 from prometheus_client.parser import text_string_to_metric_families
 from test_deviceplugin_lifecycle import free_port
 from test_monitor import api_server_fixture, pod_json  # noqa: F401 - fixture

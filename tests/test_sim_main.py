@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import pathlib
 import statistics
+import subprocess
 import sys
 import types
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuslice.sim import main as sim_main
-from gpuslice.sim import progress, provenance, replay, trace
+from gpuslice.sim import progress, provenance, replay
 
 TINY = pathlib.Path(__file__).parent / "data" / "trace"
 TINY_ARGS = ["--nodes", str(TINY / "tiny_nodes.csv"), "--pods", str(TINY / "tiny_pods.csv")]
@@ -223,21 +224,34 @@ def test_worker_processes_do_not_inherit_the_grpc_state_of_the_process_that_star
         assert len(json.loads(capsys.readouterr().out)["configurations"]) == 3
 
 
-def _refuse_the_trace(*args: Any, **kwargs: Any) -> replay.Result:
+# Run in a fresh interpreter: the workers must see the patched replay, so they are forked, and a
+# fork of this test process would copy the gRPC threads earlier tests left (the very thing
+# _worker_context avoids), which crashed the pool now and then.
+_REFUSED_IN_A_WORKER = """
+import multiprocessing, sys
+from gpuslice.sim import main as sim_main, replay, trace
+
+def refuse_the_trace(*args, **kwargs):
     raise trace.TraceError("tiny_nodes.csv: refused in a worker process")
+
+replay.replay = refuse_the_trace
+sim_main._worker_context = lambda: multiprocessing.get_context("fork")
+sys.exit(sim_main.main(sys.argv[1:]))
+"""
 
 
 @pytest.mark.skipif(
     "fork" not in multiprocessing.get_all_start_methods(), reason="workers see the patched replay only when forked"
 )
-def test_an_error_in_a_worker_process_is_reported_as_usual(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(replay, "replay", _refuse_the_trace)
-    # Forked here, so that the workers see the patch (they fail at once: nothing else runs in them).
-    monkeypatch.setattr(sim_main, "_worker_context", lambda: multiprocessing.get_context("fork"))
-    assert sim_main.main([*TINY_ARGS, "--seeds", "2", "--jobs", "2"]) == 2
-    assert capsys.readouterr().err == "gpuslice-sim: tiny_nodes.csv: refused in a worker process\n"
+def test_an_error_in_a_worker_process_is_reported_as_usual() -> None:
+    finished = subprocess.run(
+        [sys.executable, "-c", _REFUSED_IN_A_WORKER, *TINY_ARGS, "--seeds", "2", "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (finished.returncode, finished.stderr) == (2, "gpuslice-sim: tiny_nodes.csv: refused in a worker process\n")
 
 
 def test_the_text_report_of_several_seeds_names_the_mean_and_range(capsys: pytest.CaptureFixture[str]) -> None:
