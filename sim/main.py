@@ -426,7 +426,7 @@ def _replay_one(
     )
 
 
-def _worker_context() -> Any:
+def _worker_context() -> multiprocessing.context.BaseContext:
     """Where worker processes come from: a fork server (a fresh interpreter that forks them), or
     spawned where there is none; never a fork of this process. A fork copies the state of every
     thread the parent has (gRPC's above all: forked workers crashed or spun in their garbage
