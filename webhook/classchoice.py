@@ -148,7 +148,7 @@ def for_memory(
 def _pinned(
     classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, contract: contract_.Contract, demand: Demand
 ) -> Choice:
-    memory, rule = cluster.noted(lambda: _best(classes, contract, cluster, demand))
+    memory, rule = cluster.noted(_Best(classes, contract, cluster, demand))
     best = next(c for c in classes if c.memory_mib == memory)
     pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
     notes = {"classMemoryMiB": best.memory_mib, "products": sorted(best.products), "rule": rule}
@@ -189,39 +189,68 @@ def _negated(key: tuple[float, int, int]) -> tuple[float, int, int]:
     return (-key[0], -key[1], -key[2])
 
 
-def _best(
-    classes: Sequence[cluster_.GpuClass],
-    contract: contract_.Contract,
-    cluster: cluster_.ClusterView,
-    demand: Demand,
-) -> tuple[int, str]:
-    """(memory MiB, rule) of the class with the largest free share on nodes where the pod fits now (its units on one
-    GPU, its CPU and memory beside them); when no node has room, the largest free share overall
-    (the pod then waits for room in that class)."""
-    if len(classes) == 1:
-        return classes[0].memory_mib, "only class"
-    memories = tuple(c.memory_mib for c in classes)
-    # What does not change until a node does, by GPU need: the units the pod needs in each class,
-    # and per class its capacity and tie-break key (re-taken for every repeat of a remembered
-    # answer). At most _MAX_DEMANDS per version of the view, then afresh. Keyed by the fields,
-    # not the frozen dataclasses (hashing one costs a Python call per admission), and without the
-    # CPU and memory requests, which pods of one GPU need vary.
-    known: dict[Any, _Rows] = cluster.derived(("best", contract.prefix, contract.unit_mib), dict)
-    need = (memories, demand.fraction, demand.whole_gpus)
-    rows = known.get(need)
-    if rows is None:
-        if len(known) >= _MAX_DEMANDS:
-            known.clear()
-        facts = _facts(cluster, contract)
-        rows = known[need] = (
-            {m: demand.units(facts[m].units_per_gpu) for m in memories},
-            [(m, facts[m].capacity, _negated(facts[m].free_share_key)) for m in memories],
+class _Best:
+    """(memory MiB, rule) of the class with the largest free share on nodes where the pod fits now
+    (its units on one GPU, its CPU and memory beside them); when no node has room, the largest free
+    share overall (the pod then waits for room in that class). Called once per full review and
+    again for every repeat of its remembered answer (webhook/repeats.py): what does not change
+    until a node does is looked up once per version of the view, so a repeat reads only the
+    promises."""
+
+    __slots__ = ("_classes", "_contract", "_cluster", "_demand", "_generation", "_free", "_per_class")
+
+    def __init__(
+        self,
+        classes: Sequence[cluster_.GpuClass],
+        contract: contract_.Contract,
+        cluster: cluster_.ClusterView,
+        demand: Demand,
+    ) -> None:
+        self._classes, self._contract, self._cluster, self._demand = classes, contract, cluster, demand
+        self._generation = -1
+        self._free: cluster_.FreeUnits | None = None
+        self._per_class: list[tuple[int, int, tuple[float, int, int]]] = []
+
+    def __call__(self) -> tuple[int, str]:
+        classes = self._classes
+        if len(classes) == 1:
+            return classes[0].memory_mib, "only class"
+        cluster = self._cluster
+        if cluster.generation != self._generation or self._free is None:
+            self._look_up()
+            self._generation = cluster.generation
+        assert self._free is not None
+        units = self._free.now()
+        top: tuple[float, tuple[float, int, int], int] | None = None
+        for memory, capacity, key in self._per_class:  # a loop, not max(): this runs for every repeat
+            candidate = (units[memory] / capacity if capacity else 0.0, key, memory)
+            if top is None or candidate > top:
+                top = candidate
+        assert top is not None
+        share, _, best = top
+        if share > 0:
+            return best, "largest free share on nodes where the pod fits now"
+        return best, "largest free share (no node has room now)"
+
+    def _look_up(self) -> None:
+        """The units the pod needs in each class, and per class its capacity and tie-break key: per
+        version of the view and GPU need, at most _MAX_DEMANDS of them, then afresh. Keyed by the
+        fields, not the frozen dataclasses (hashing one costs a Python call per admission), and
+        without the CPU and memory requests, which pods of one GPU need vary."""
+        cluster, contract, demand = self._cluster, self._contract, self._demand
+        memories = tuple(c.memory_mib for c in self._classes)
+        known: dict[Any, _Rows] = cluster.derived(("best", contract.prefix, contract.unit_mib), dict)
+        need = (memories, demand.fraction, demand.whole_gpus)
+        rows = known.get(need)
+        if rows is None:
+            if len(known) >= _MAX_DEMANDS:
+                known.clear()
+            facts = _facts(cluster, contract)
+            rows = known[need] = (
+                {m: demand.units(facts[m].units_per_gpu) for m in memories},
+                [(m, facts[m].capacity, _negated(facts[m].free_share_key)) for m in memories],
+            )
+        needs, self._per_class = rows
+        self._free = cluster.free_units(
+            needs, whole_gpus=bool(demand.whole_gpus), cpu_milli=demand.cpu_milli, memory_request_mib=demand.memory_mib
         )
-    needs, per_class = rows
-    units = cluster.usable_free_units(
-        needs, whole_gpus=bool(demand.whole_gpus), cpu_milli=demand.cpu_milli, memory_request_mib=demand.memory_mib
-    )
-    share, _, best = max((units[m] / capacity if capacity else 0.0, key, m) for m, capacity, key in per_class)
-    if share > 0:
-        return best, "largest free share on nodes where the pod fits now"
-    return best, "largest free share (no node has room now)"

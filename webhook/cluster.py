@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
@@ -40,7 +41,7 @@ import numpy as np
 from gpuslice import contract as contract_
 from gpuslice.webhook import cpudemand, nodelabels
 
-__all__ = ["PROMISE_SECONDS", "ClusterView", "GpuClass"]
+__all__ = ["PROMISE_SECONDS", "ClusterView", "FreeUnits", "GpuClass"]
 
 T = TypeVar("T")
 
@@ -125,6 +126,7 @@ class ClusterView:
         self._promised: dict[int, collections.deque[list[float]]] = {}
         self._promised_total: Counter[int] = Counter()  # their units per class, kept as they change
         self._promised_cpu: dict[int, float] = collections.defaultdict(float)  # their CPU per class
+        self._next_deadline = math.inf  # no promise expires before this (`promises`)
         # Pacing: "" while a pacer renews its Lease (webhook/pacerlease.py), else why none is alive,
         # in the words a pod's decision carries. No cluster, no pacer: nothing is gated.
         self.pacer_absent = "no pacer Lease read (the webhook watches no cluster)"
@@ -182,6 +184,7 @@ class ClusterView:
         self._promised.clear()
         self._promised_total.clear()
         self._promised_cpu.clear()
+        self._next_deadline = math.inf
 
     def promise(self, memory_mib: int, units: int, *, cpu_milli: int = 0, now: float | None = None) -> None:
         """A pod was just converted to `units` on a GPU of class `memory_mib`, asking `cpu_milli`
@@ -189,8 +192,13 @@ class ClusterView:
         PROMISE_SECONDS pass)."""
         if units > 0:
             deadline = (self.clock() if now is None else now) + PROMISE_SECONDS
-            per_unit = max(0, cpu_milli) / units
-            self._promised.setdefault(memory_mib, collections.deque()).append([deadline, units, per_unit])
+            if deadline < self._next_deadline:
+                self._next_deadline = deadline
+            per_unit = (cpu_milli if cpu_milli > 0 else 0) / units
+            queue = self._promised.get(memory_mib)
+            if queue is None:  # not setdefault: it would build a deque for every promise
+                queue = self._promised[memory_mib] = collections.deque()
+            queue.append([deadline, units, per_unit])
             self._promised_total[memory_mib] += units
             self._promised_cpu[memory_mib] += units * per_unit
 
@@ -310,23 +318,34 @@ class ClusterView:
         asked for: for a share of one GPU, a class with promised CPU counts at most the units that
         the CPU left on those nodes, once the promised pods have theirs, gives pods like this one
         (where every such node publishes its CPU headroom). A decision drawn from this answer must
-        be reached through `noted`."""
-        query = self.derived(_Query, lambda: _Query(self._table))
-        demand = (tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib)
-        free = dict(query.usable(*demand))
+        be reached through `noted`. To ask for one demand again and again: `free_units`."""
+        return self.free_units(
+            needs, whole_gpus=whole_gpus, cpu_milli=cpu_milli, memory_request_mib=memory_request_mib
+        ).now()
+
+    def free_units(
+        self,
+        needs: Mapping[int, int],
+        *,
+        whole_gpus: bool = False,
+        cpu_milli: int = 0,
+        memory_request_mib: int = 0,
+    ) -> FreeUnits:
+        """`usable_free_units` for one demand, kept to be asked again (`FreeUnits.now`)."""
+        return FreeUnits(self, (tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib))
+
+    def promises(self) -> tuple[Mapping[int, int], Mapping[int, float]]:
+        """(units, CPU millicores) promised per class and not yet seen in labels, expired promises
+        dropped: the view's own mappings, not to be changed. Cheap while none expires: every
+        admission of a converted pod reads it, remembered or not."""
         if self._promised:
-            now = self.clock()  # once for every class: this runs for every converted pod
-            free = {m: max(0, n - self.promised_units(m, now=now)) for m, n in free.items()}
-        # Only where pods were promised CPU: with none in flight the labels count all there is, and
-        # bounding a class by its nodes' summed CPU alone packed worse one pod at a time (the model,
-        # docs/steering.md).
-        if cpu_milli > 0 and not whole_gpus and any(self._promised_cpu.get(m, 0.0) > 0 for m in free):
-            for memory, room in query.cpu_room(*demand).items():
-                promised = self._promised_cpu.get(memory, 0.0)
-                if room is not None and promised > 0:
-                    pods = max(0.0, room - promised) / cpu_milli
-                    free[memory] = min(free[memory], int(pods * max(1, needs[memory])))
-        return free
+            now = self.clock()
+            if now >= self._next_deadline:
+                for memory in self._promised:
+                    self.promised_units(memory, now=now)
+                deadlines = [queue[0][0] for queue in self._promised.values() if queue]
+                self._next_deadline = min(deadlines, default=math.inf)
+        return self._promised_total, self._promised_cpu
 
     @property
     def shape_generation(self) -> int:
@@ -442,6 +461,64 @@ class ClusterView:
             self._mig[entry] += sign
             if self._mig[entry] <= 0:
                 del self._mig[entry]
+
+
+class FreeUnits:
+    """`ClusterView.usable_free_units` for one demand, to ask again and again: the class choice of
+    a remembered answer is taken again for every repeat (webhook/repeats.py). What the nodes alone
+    give is looked up once per version of the view, so asking again reads only the promises."""
+
+    __slots__ = ("_view", "_demand", "_generation", "_query", "_labelled", "_rows")
+
+    def __init__(self, view: ClusterView, demand: tuple[tuple[tuple[int, int], ...], bool, int, int]) -> None:
+        self._view = view
+        self._demand = demand  # (needs, whole_gpus, cpu_milli, memory_mib), as _Query reads it
+        self._generation = -1
+        self._query: _Query | None = None
+        self._labelled: dict[int, int] = {}
+        # Per class: (memory, free CPU where the pod fits, units it needs there): built when first
+        # needed in a version (where CPU is promised).
+        self._rows: list[tuple[int, int | None, int]] | None = None
+
+    def now(self) -> dict[int, int]:
+        """Free units per class, as `usable_free_units` gives them now. Written for the retake of
+        every remembered answer: conditionals, not min() and max() (a call each in Python 3.11)."""
+        view = self._view
+        if view.generation != self._generation:
+            table = view._table
+            self._query = query = view.derived(_Query, lambda: _Query(table))
+            self._labelled = query.usable(*self._demand)
+            self._rows = None
+            self._generation = view.generation
+        units, cpu = view.promises()
+        _, whole_gpus, cpu_milli, _ = self._demand
+        free = {}
+        bounded = False
+        for memory, labelled in self._labelled.items():
+            left = labelled - units.get(memory, 0)
+            free[memory] = left if left > 0 else 0
+            bounded = bounded or cpu.get(memory, 0.0) > 0
+        # Only where pods were promised CPU: with none in flight the labels count all there is, and
+        # bounding a class by its nodes' summed CPU alone packed worse one pod at a time (the model,
+        # docs/steering.md).
+        if cpu_milli <= 0 or whole_gpus or not bounded:
+            return free
+        if self._rows is None:
+            self._rows = self._cpu_rows()
+        for memory, room, need in self._rows:
+            promised = cpu.get(memory, 0.0)
+            if room is not None and promised > 0:
+                spare = room - promised
+                pods = int((spare if spare > 0 else 0.0) / cpu_milli * need)
+                if pods < free[memory]:
+                    free[memory] = pods
+        return free
+
+    def _cpu_rows(self) -> list[tuple[int, int | None, int]]:
+        """Per class: (memory, free CPU on the nodes where the pod fits or None, units needed, at least 1)."""
+        assert self._query is not None
+        rooms = self._query.cpu_room(*self._demand)
+        return [(memory, rooms[memory], need if need > 1 else 1) for memory, need in self._demand[0]]
 
 
 class _Query:

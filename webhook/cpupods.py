@@ -71,6 +71,7 @@ def key_rules(contract: contract_.Contract) -> decoding.KeyRules:
         labels_read=(contract.label_pod_cpu_steering,),
         device_annotations=(*contract_.KAI_ANNOTATIONS, contract.isolation_annotation),
         plain=_plain_resource,
+        plain_names=_PLAIN_RESOURCES,
     )
 
 

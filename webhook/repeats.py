@@ -99,7 +99,10 @@ class _Remembered:
         """What the decisions come to now; None when the view's shape has changed since."""
         if self.generation != cluster.shape_generation:
             return None
-        return tuple([again() for again in self.decide])
+        decide = self.decide
+        if len(decide) <= 1:  # most answers: none, or the GPU class (a comprehension costs more)
+            return (decide[0](),) if decide else ()
+        return tuple([again() for again in decide])
 
     def answer(self, cluster: cluster_.ClusterView) -> _Answer | None:
         decided = self.decisions(cluster)
@@ -130,17 +133,20 @@ _WINDOW = 128
 def _fingerprint(body: bytes, start: int, end: int) -> int:
     """A hash of the body but for the bytes in [start, end) (the uid): of it whole when small, else
     of its length, the bytes before the uid, two windows after it (the request's fields, the
-    pod's names), three spread over the rest, and the last."""
+    pod's names), two at a third and two thirds of the rest, and the last. Written out, not
+    built in a loop: this runs for every admission (a comprehension cost it a microsecond more)."""
     if len(body) <= _WHOLE_BYTES:
         return hash((body[:start], body[end:]))
     rest = len(body) - end
-    spread = [end + rest * part // 4 for part in (1, 2, 3)]
+    third = end + rest // 3
+    two_thirds = third + rest // 3
     return hash(
         (
             rest,
             body[:start],
             body[end : end + 2 * _WINDOW],
-            *[body[at : at + _WINDOW] for at in spread],
+            body[third : third + _WINDOW],
+            body[two_thirds : two_thirds + _WINDOW],
             body[-_WINDOW:],
         )
     )
@@ -179,8 +185,11 @@ class RepeatAnswers:
         # Field keys are a few hundred bytes, bodies 5-20 KB: a quarter holds thousands of keys.
         self._fields = _Memory(max_total_bytes // 4)  # by decoding.Decoded.key
         self._bodies = _Memory(max_total_bytes - self._fields.max_bytes)  # by fingerprint
-        self._seen_once: dict[int, None] = {}  # fingerprints of bodies answered once, oldest first
-        self._keys_seen_once: dict[int, None] = {}  # ... hashes of field keys
+        # Fingerprints of bodies answered once, oldest first; and hashes of field keys. Ordered
+        # dicts: a plain dict whose oldest key is deleted again and again makes finding the next
+        # oldest a scan past the deleted slots (some µs per admission once full).
+        self._seen_once: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._keys_seen_once: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._key_rules: decoding.KeyRules | None = None
         self.repeats = 0  # answers given from memory (the metrics read it)
         self.by_fields = 0  # ... of them, those found by the decoded fields (the body was new)
@@ -299,14 +308,14 @@ class RepeatAnswers:
         return True
 
 
-def _first_sighting(seen: dict[int, None], print_: int) -> bool:
+def _first_sighting(seen: collections.OrderedDict[int, None], print_: int) -> bool:
     """True the first time `print_` comes (the last MAX_SEEN_ONCE are kept in `seen`)."""
     if print_ in seen:
         del seen[print_]
         return False
     seen[print_] = None
     if len(seen) > MAX_SEEN_ONCE:
-        del seen[next(iter(seen))]
+        seen.popitem(last=False)
     return True
 
 

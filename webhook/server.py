@@ -68,7 +68,7 @@ async def _mutate(request: web.Request) -> web.Response:
     try:
         answer, encoded = app[REPEATS].review(body, settings=app[SETTINGS], cluster=app[CLUSTER])
     except admission.MalformedReview as exc:
-        metrics.result("malformed").inc()
+        metrics.count("malformed")
         return web.Response(status=400, text=f"malformed AdmissionReview: {exc}\n")
     if answer.outcome is not None and answer.outcome.objects and not answer.dry_run:
         try:  # DRA mode: the claim template the pod references must exist before it is admitted
@@ -76,15 +76,14 @@ async def _mutate(request: web.Request) -> web.Response:
                 namespace = obj["metadata"].get("namespace") or _request_namespace(body)
                 await app[TEMPLATES].ensure(namespace, obj)
         except claim_templates.TemplateError as exc:
-            metrics.result(admission.RESULT_DENIED).inc()
+            metrics.count(admission.RESULT_DENIED)
             return web.Response(
                 body=orjson.dumps(claim_templates.denial(answer.response, str(exc))), content_type=_JSON
             )
-    metrics.result(answer.result).inc()
-    if answer.outcome is not None and answer.outcome.kind and not answer.dry_run:
-        metrics.conversion(answer.outcome.kind).inc()
+    outcome = answer.outcome
+    metrics.count(answer.result, outcome.kind if outcome is not None and not answer.dry_run else "")
     response = web.Response(body=encoded, content_type=_JSON)
-    metrics.latency.observe(time.perf_counter() - started)
+    metrics.observe(time.perf_counter() - started)
     return response
 
 
