@@ -117,22 +117,18 @@ class _Admissions(registry.Collector):
         self.seconds = 0.0
 
     def collect(self) -> Iterator[core.Metric]:
-        results = core.CounterMetricFamily(
+        yield self._counter(
             "gpuslice_webhook_admissions",
             "AdmissionReviews answered, by result (mutated, unchanged, denied, ignored, malformed)",
-            labels=["result"],
+            "result",
+            self.results,
         )
-        for result, count in sorted(self.results.items()):
-            results.add_metric([result], count, created=self.created)
-        yield results
-        kinds = core.CounterMetricFamily(
+        yield self._counter(
             "gpuslice_webhook_conversions",
             "Pods mutated, by kind (gpu-memory, gpu-fraction, mig, whole-gpus, cpu-pod); dry runs not counted",
-            labels=["kind"],
+            "kind",
+            self.kinds,
         )
-        for kind, count in sorted(self.kinds.items()):
-            kinds.add_metric([kind], count, created=self.created)
-        yield kinds
         latency = core.HistogramMetricFamily(
             "gpuslice_webhook_admission_duration_seconds",
             "Time to answer one AdmissionReview, from body read to response built",
@@ -143,6 +139,12 @@ class _Admissions(registry.Collector):
             cumulative.append((bound, total))
         latency.add_metric([], cumulative, self.seconds)
         yield latency
+
+    def _counter(self, name: str, documentation: str, label: str, counts: dict[str, int]) -> core.Metric:
+        family = core.CounterMetricFamily(name, documentation, labels=[label])
+        for value, count in sorted(counts.items()):
+            family.add_metric([value], count, created=self.created)
+        return family
 
 
 class _UntrustedNodes(registry.Collector):
