@@ -216,7 +216,7 @@ class _Best:
         if len(classes) == 1:
             return classes[0].memory_mib, "only class"
         cluster = self._cluster
-        if cluster.generation != self._generation or self._free is None:
+        if cluster.generation != self._generation:  # -1 at first: no view has that generation
             self._look_up()
             self._generation = cluster.generation
         assert self._free is not None

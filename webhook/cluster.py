@@ -409,6 +409,10 @@ class ClusterView:
         return profiles
 
     # --- internals -----------------------------------------------------------------------
+    def _query(self) -> _Query:
+        """The node table of this version, as `FreeUnits` reads it."""
+        return self.derived(_Query, lambda: _Query(self._table))
+
     def _changed(self) -> None:
         self._derived.clear()
         self.generation = next(_GENERATIONS)
@@ -485,8 +489,7 @@ class FreeUnits:
         every remembered answer: conditionals, not min() and max() (a call each in Python 3.11)."""
         view = self._view
         if view.generation != self._generation:
-            table = view._table
-            self._query = query = view.derived(_Query, lambda: _Query(table))
+            self._query = query = view._query()
             self._labelled = query.usable(*self._demand)
             self._rows = None
             self._generation = view.generation

@@ -156,7 +156,7 @@ def cpu_milli(value: Any) -> int:
     """A CPU request in millicores, as `request_quantity` reads it, with integer arithmetic alone
     for the plain forms: pods of any size are counted (webhook/cpudemand.py), where a memo misses."""
     if isinstance(value, str):
-        milli = _plain_cpu_milli(value)
+        milli = _plain_milli(value)
         if milli is not None:
             return milli
     return int(request_quantity(value) * 1000)
@@ -165,10 +165,6 @@ def cpu_milli(value: Any) -> int:
 # A CPU pod answered from memory still has its CPU read (webhook/cpudemand.py); pods repeat a
 # handful of values ("4", "500m"), and a memo hit costs a fifth of the regex.
 @functools.lru_cache(maxsize=4096)
-def _plain_cpu_milli(text: str) -> int | None:
-    return _plain_milli(text)
-
-
 def _plain_milli(text: str) -> int | None:
     """Thousandths of a plain quantity (0 above 2**63), or None when `text` is not plain."""
     plain = _PLAIN_QUANTITY_RE.fullmatch(text)
