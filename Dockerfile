@@ -4,7 +4,9 @@
 #   gpuslice-mps-control-daemon (DaemonSet with config.mps.enabled: NVIDIA's MPS control daemon)
 #   gpuslice-dra-plugin     (DaemonSet with mode dra or both: the kubelet DRA plugin)
 #   gpuslice-pacer          (Deployment with config.pacing.enabled, non-root: releases gated pods)
-# Build: make image IMAGE=<registry>/gpuslice:0.1.0   (docker or podman; or `docker build -t ... .`)
+# Build: make image IMAGE=<registry>/gpuslice:0.1.0   (docker, podman or buildah; or `docker build -t ... .`)
+# Where no registry is reachable, e2e/image/build.sh builds it with buildah on a Python base made from
+# Debian packages (`make image BASE_IMAGE=localhost/python:3.11-slim-bookworm`) and writes a tar for ctr.
 # Without a container engine, `make image-check` runs the same build steps in a throwaway venv.
 #
 # Everything that goes in is pinned: the base image by digest (a multi-arch index; to move it, take

@@ -77,6 +77,8 @@ class UsageReader:
         self._wall_clock = wall_clock
         self._first_window = first_window_seconds
         self._last_seen_us: dict[str, int] = {}
+        # Handles are looked up once (nvml_source.device_handles says why not by UUID every time).
+        self._handles: dict[str, Any] = {}
 
     def read(self) -> list[DeviceSample]:
         return [self._read_one(uuid, gpu) for uuid, gpu in self._devices]
@@ -84,7 +86,7 @@ class UsageReader:
     def _read_one(self, uuid: str, gpu_uuid: str) -> DeviceSample:
         nvml = self._nvml
         try:
-            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            handle = self._handle(uuid)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             processes = self._processes(handle)
         except nvml.NVMLError as exc:
@@ -98,6 +100,21 @@ class UsageReader:
             processes=processes,
             process_utilization=self._process_utilization(uuid, handle),
         )
+
+    def _handle(self, uuid: str) -> Any:
+        handle = self._handles.get(uuid)
+        if handle is not None:
+            return handle
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+        except self._nvml.NVMLError:
+            # Another GPU may be the lost one: look every device up by index instead.
+            self._handles.update(nvml_source.device_handles(self._nvml))
+            if uuid not in self._handles:
+                raise
+            return self._handles[uuid]
+        self._handles[uuid] = handle
+        return handle
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
         """Compute, graphics and MPS-client processes merged by PID (a process with both a

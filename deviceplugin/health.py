@@ -108,6 +108,8 @@ class HealthMonitor:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml-health")
         self._last_xid: dict[str, float] = {}  # uuid -> clock() of its last critical XID
         self._mig_ids: dict[str, dict[tuple[int, int], str]] = {}
+        # GPU handles from registration; probes use these (nvml_source.device_handles says why).
+        self._handles: dict[str, Any] = {}
         self._uuid_of_handle: dict[int, str] = {}  # a lost GPU may not tell its UUID any more
         self._event_set: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -152,6 +154,7 @@ class HealthMonitor:
         self._event_set = nvml.nvmlEventSetCreate()
         for gpu in self.node.gpus:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            self._handles[gpu.uuid] = handle
             self._uuid_of_handle[_handle_key(handle)] = gpu.uuid
             try:
                 supported = nvml.nvmlDeviceGetSupportedEventTypes(handle)
@@ -171,7 +174,11 @@ class HealthMonitor:
             try:
                 event = await self._call(self._wait_one)
             except Exception as exc:  # noqa: BLE001 - NVMLError or a broken driver: fail safe, keep watching
-                self.state.mark_unhealthy(ALL, f"NVML event wait failed: {exc}")
+                # One lost GPU fails the whole event set's wait: mark the GPUs that no longer answer,
+                # or every device when each of them still does (the failure is not theirs to name).
+                silent = await self._call(self._silent_gpus)
+                for uuid in silent or [ALL]:
+                    self.state.mark_unhealthy(uuid, f"NVML event wait failed: {exc}")
                 await asyncio.sleep(self.settings.recovery_interval_seconds)
                 continue
             if event is not None:
@@ -234,12 +241,18 @@ class HealthMonitor:
                 recovered.append(uuid)
         return recovered
 
+    def _silent_gpus(self) -> list[str]:
+        """GPUs that do not answer a query through their handle now."""
+        return [g.uuid for g in self.node.gpus if not self._answers(g.uuid)]
+
     def _answers(self, uuid: str) -> bool:
         nvml = self.nvml
         uuids: Iterable[str] = [g.uuid for g in self.node.gpus] if uuid == ALL else [uuid]
         try:
             for each in uuids:
-                handle = nvml.nvmlDeviceGetHandleByUUID(each)
+                handle = self._handles.get(each) or nvml_source.device_handles(nvml).get(each)
+                if handle is None:
+                    return False
                 if nvml.nvmlDeviceGetUUID(handle) != each:
                     return False
                 nvml.nvmlDeviceGetMemoryInfo(handle)

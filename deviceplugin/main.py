@@ -56,10 +56,11 @@ DEFAULT_HTTP_PORT = 9400
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Where this plugin runs (the command line's non-schema flags)."""
+    """Where this plugin runs (the command line's non-schema flags). kubelet's paths have no default
+    here (only the command line defaults them to kubelet's), so no test can reach a real kubelet's."""
 
-    kubelet_dir: str = DEFAULT_KUBELET_DIR
-    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    kubelet_dir: str
+    pod_resources_socket: str
     node_name: str = ""
     node_file: str | None = None
     http_port: int = DEFAULT_HTTP_PORT

@@ -25,6 +25,7 @@ from gpuslice.deviceplugin import inventory, nodefile
 __all__ = [
     "DiscoveryFailed",
     "Nvml",
+    "device_handles",
     "NvmlUnavailable",
     "discover",
     "load_node",
@@ -155,6 +156,27 @@ def read_usage(nvml: Nvml, uuid: str) -> tuple[int, int, int | None]:
     return int(memory.used) // _MIB, int(memory.total) // _MIB, util
 
 
+def device_handles(nvml: Nvml) -> dict[str, Any]:
+    """UUID -> handle of every GPU and MIG device that answers, found by index.
+
+    nvmlDeviceGetHandleByUUID fails with GPU_IS_LOST for every UUID once any GPU of the node has
+    fallen off the bus (nvml.h); by index, one lost GPU leaves the others' handles."""
+    handles: dict[str, Any] = {}
+    for index in range(nvml.nvmlDeviceGetCount()):
+        try:
+            gpu = nvml.nvmlDeviceGetHandleByIndex(index)
+            handles[nvml.nvmlDeviceGetUUID(gpu)] = gpu
+            migs = _mig_handles(nvml, gpu) if _mig_enabled(nvml, gpu) else []
+        except nvml.NVMLError:
+            continue
+        for mig in migs:
+            try:
+                handles[nvml.nvmlDeviceGetUUID(mig)] = mig
+            except nvml.NVMLError:
+                continue
+    return handles
+
+
 def mig_profile_name(
     gpu_slices: int, compute_slices: int, memory_mib: int, parent_total_bytes: int, suffix: str = ""
 ) -> str:
@@ -164,7 +186,8 @@ def mig_profile_name(
     so an A100 80GB's 9728 MiB instance is "10gb" and its 40192 MiB instance "40gb".
     """
     eighths = math.ceil(memory_mib * _MIB / parent_total_bytes * 8)
-    gb = round(eighths / 8 * math.ceil(parent_total_bytes / _GIB))
+    # Halves round away from zero (Go's math.Round), not to even: an H200's 4/8 of 141 GiB is 3g.71gb.
+    gb = math.floor(eighths / 8 * math.ceil(parent_total_bytes / _GIB) + 0.5)
     base = f"{gpu_slices}g.{gb}gb" if compute_slices == gpu_slices else f"{compute_slices}c.{gpu_slices}g.{gb}gb"
     return base + suffix
 

@@ -50,13 +50,14 @@ EXAMPLE_NODE_NAME = "example-node"  # the pool of --print-resource-slices withou
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Where this plugin runs (the command line's non-schema flags)."""
+    """Where this plugin runs (the command line's non-schema flags). kubelet's and CDI's paths have no
+    default here (only the command line defaults them to the host's), so no test can reach the host's."""
 
+    plugins_dir: str
+    registry_dir: str
+    cdi_dir: str
     node_name: str = ""
     node_file: str | None = None
-    plugins_dir: str = DEFAULT_PLUGINS_DIR
-    registry_dir: str = DEFAULT_REGISTRY_DIR
-    cdi_dir: str = DEFAULT_CDI_DIR
     state_dir: str = ""  # default: <plugins_dir>/<driver>
     http_port: int = DEFAULT_HTTP_PORT
     print_resource_slices: bool = False

@@ -47,6 +47,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = [
     "BINARIES",
+    "KUBERNETES_SERVICE_IP",
     "Binaries",
     "ControlPlane",
     "ControlPlaneError",
@@ -57,7 +58,8 @@ __all__ = [
 
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "dmharness", "draharness")
 BIN_ENV = "GPUSLICE_K8S_BIN"
-SERVICE_CIDR = "10.0.0.0/24"  # the API server needs one; nothing is ever routed to it
+SERVICE_CIDR = "10.0.0.0/24"  # the API server needs one; nothing is routed to it but, on a real node, the next
+KUBERNETES_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service's ClusterIP: the first address of SERVICE_CIDR
 # The workload controllers a user's manifests rely on, quota status, namespace deletion and garbage
 # collection. Not the node lifecycle, pod GC, service or route controllers: there are no kubelets.
 CONTROLLERS = (
@@ -250,8 +252,12 @@ _DIAL = re.compile(r"dial(?:ing)? (?:tcp|udp)4?6? \[?([0-9a-fA-F:.]+?)\]?:\d+")
 class ControlPlane:
     """etcd + kube-apiserver (+ kube-scheduler) on 127.0.0.1, in `workdir`."""
 
-    def __init__(self, binaries: Binaries, workdir: str | os.PathLike[str]) -> None:
+    def __init__(self, binaries: Binaries, workdir: str | os.PathLike[str], *, pod_access: bool = False) -> None:
+        """`pod_access`: pods of a real kubelet will call this API server (tests/e2e/node): its serving
+        certificate also names the kubernetes Service's address (`KUBERNETES_SERVICE_IP`, which the
+        node forwards to the loopback port), and ServiceAccount admission stays on, so pods get tokens."""
         self.binaries = binaries
+        self.pod_access = pod_access
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.pki = Pki()
@@ -334,7 +340,9 @@ class ControlPlane:
 
     def _write_pki(self) -> None:
         api_cert, api_key = self.pki.issue(
-            "kube-apiserver", ips=("127.0.0.1",), dns=("localhost", "kubernetes", "kubernetes.default.svc")
+            "kube-apiserver",
+            ips=("127.0.0.1", KUBERNETES_SERVICE_IP) if self.pod_access else ("127.0.0.1",),
+            dns=("localhost", "kubernetes", "kubernetes.default.svc"),
         )
         sa_key = ec.generate_private_key(ec.SECP256R1())
         files = {
@@ -403,8 +411,9 @@ class ControlPlane:
                 f"--service-account-signing-key-file={w / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
-                # No controller-manager: no default ServiceAccount, and nothing would lift the not-ready taint.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # Without a kubelet no pod needs a token, and nothing would lift the not-ready taint.
+                "--disable-admission-plugins="
+                + ("TaintNodesByCondition" if self.pod_access else "ServiceAccount,TaintNodesByCondition"),
                 # A webhook or APIService that names a Service is resolved through its Endpoints (none
                 # here), never by dialling the Service's ClusterIP.
                 "--enable-aggregator-routing=true",
@@ -530,8 +539,10 @@ class ControlPlane:
             raise ControlPlaneError(f"GET /version answered {status}")
         return str(json.loads(body)["gitVersion"])
 
-    def foreign_dials(self) -> list[str]:
-        """Log lines of our processes that show a dial to an address outside 127.0.0.0/8 and ::1."""
+    def foreign_dials(self, allowed: Sequence[str] = ()) -> list[str]:
+        """Log lines of our processes that show a dial to an address outside 127.0.0.0/8, ::1 and the
+        `allowed` networks (a real node's pod CIDR: kubelet probes its pods)."""
+        networks = [ipaddress.ip_network(n) for n in allowed]
         found = []
         for process in self.workdir.glob("*.log"):
             for line in process.read_text(errors="replace").splitlines():
@@ -540,6 +551,6 @@ class ControlPlane:
                         address = ipaddress.ip_address(match.group(1))
                     except ValueError:
                         continue
-                    if not address.is_loopback:
+                    if not address.is_loopback and not any(address in n for n in networks):
                         found.append(f"{process.name}: {line.strip()[:300]}")
         return found

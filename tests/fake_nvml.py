@@ -10,10 +10,17 @@ raise, as a driver in trouble does. Return shapes follow nvidia-ml-py: struct-li
 with the same field names, bytes for c_char fields (pci busId, profile name), NVMLError
 subclasses named as pynvml names them. Thread-safe where the plugin calls it from a worker
 thread (event waits).
+
+Where it can, it answers as real NVML did on an H200 (docs/gpu-check/h200-2026-11-28.json) or as
+nvml.h documents; e2e/nvml builds a loadable NVML from NVIDIA's go-nvml mock that
+tests/test_nvml_mock.py runs through pynvml's real ctypes path. One known difference is kept:
+nvml.h says nvmlDeviceGetHandleByUUID fails with GPU_IS_LOST if ANY GPU is lost; here only the
+lost GPU's own lookups fail.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import re
 import threading
@@ -74,6 +81,16 @@ _GI_PROFILES = (
     ("NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME", 0xF, 1, 21, "+me.all"),
 )
 _PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb([+-].*)?$")
+# nvmlDeviceGetSupportedEventTypes of the measured H200 (driver 580.159.04)
+_SUPPORTED_EVENTS = 0xFF9F
+
+
+def _nvidia_profile_name(slices: int, memory_mib: int, parent_mib: int, suffix: str) -> str:
+    """The name NVML gives a GPU-instance profile ("MIG 1g.18gb"): go-nvlib's rule, with the half
+    rounded away from zero as Go's math.Round does."""
+    eighths = math.ceil(memory_mib / parent_mib * 8)
+    gb = math.floor(eighths / 8 * math.ceil(parent_mib / 1024) + 0.5)
+    return f"MIG {slices}g.{gb}gb{suffix}"
 
 
 class _Gpu:
@@ -127,7 +144,7 @@ class FakeNvml:
     NVML_DEVICE_MIG_DISABLE = 0
     NVML_FEATURE_ENABLED = 1
     NVML_FEATURE_DISABLED = 0
-    NVML_NVLINK_MAX_LINKS = 18
+    NVML_NVLINK_MAX_LINKS = 36  # nvidia-ml-py 13.x (the measured H200's pynvml said 36 too)
     NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
     nvmlEventTypeSingleBitEccError = 0x1
     nvmlEventTypeDoubleBitEccError = 0x2
@@ -151,7 +168,7 @@ class FakeNvml:
             for peer, count in sorted(fake.info.nvlinks.items()):
                 fake.links.extend([by_uuid[peer].bus_id] * count)
         # a node file may list more point-to-point links than a real GPU has (NVSwitch nodes)
-        self.NVML_NVLINK_MAX_LINKS = max(18, *(len(g.links) for g in self.gpus)) if self.gpus else 18
+        self.NVML_NVLINK_MAX_LINKS = max(36, *(len(g.links) for g in self.gpus)) if self.gpus else 36
         self._by_uuid: dict[str, Any] = {**by_uuid, **{m.uuid: m for g in self.gpus for m in g.migs}}
         self.event_sets: list[_EventSet] = []
 
@@ -224,6 +241,13 @@ class FakeNvml:
             raise NVMLError_InvalidArgument()
         return handle
 
+    def _mig(self, handle: Any) -> _Mig:
+        """A MIG device handle; NotSupported for a GPU's (nvml.h: these queries take MIG handles)."""
+        handle = self._check(handle)
+        if not isinstance(handle, _Mig):
+            raise NVMLError_NotSupported()
+        return handle
+
     # --- lifecycle / enumeration --------------------------------------------------------
 
     def nvmlInit(self) -> None:
@@ -241,6 +265,9 @@ class FakeNvml:
         return self._gpu(self.gpus[index])
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        # nvml.h: GPU_IS_LOST "if any GPU has fallen off the bus", not only the one asked for.
+        if self.initialised and any(g.lost for g in self.gpus):
+            raise NVMLError_GpuIsLost()
         handle = self._by_uuid.get(uuid)
         if handle is None:
             raise NVMLError_NotFound()
@@ -284,7 +311,7 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         handle = self._check(handle)
-        if isinstance(handle, _Mig):
+        if isinstance(handle, _Mig) or handle.info.mig_enabled:  # nvml.h: not on MIG-enabled GPUs
             raise NVMLError_NotSupported()
         return types.SimpleNamespace(gpu=handle.utilization, memory=0)
 
@@ -317,7 +344,7 @@ class FakeNvml:
 
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timestamp: int) -> list[Any]:
         handle = self._check(handle)
-        if isinstance(handle, _Mig):
+        if isinstance(handle, _Mig) or handle.info.mig_enabled:  # nvml.h: not on MIG-enabled GPUs
             raise NVMLError_NotSupported()
         if handle.process_error is not None:
             raise handle.process_error()
@@ -348,13 +375,13 @@ class FakeNvml:
         return gpu.migs[index]
 
     def nvmlDeviceGetGpuInstanceId(self, mig: Any) -> int:
-        return self._check(mig).gi
+        return self._mig(mig).gi
 
     def nvmlDeviceGetComputeInstanceId(self, mig: Any) -> int:
-        return self._check(mig).ci
+        return self._mig(mig).ci
 
     def nvmlDeviceGetAttributes(self, mig: Any) -> Any:
-        mig = self._check(mig)
+        mig = self._mig(mig)
         return types.SimpleNamespace(
             gpuInstanceSliceCount=mig.gpu_slices,
             computeInstanceSliceCount=mig.compute_slices,
@@ -372,11 +399,12 @@ class FakeNvml:
         gpu = self._gpu(handle)
         for _name, constant, slices, profile_id, suffix in _GI_PROFILES:
             if constant == profile:
+                memory_mib = self._profile_memory(gpu, slices, suffix)
                 return types.SimpleNamespace(
                     id=profile_id,
                     sliceCount=slices,
-                    memorySizeMB=self._profile_memory(gpu, slices, suffix),
-                    name=f"MIG {slices}g".encode(),
+                    memorySizeMB=memory_mib,
+                    name=_nvidia_profile_name(slices, memory_mib, gpu.info.memory_mib, suffix).encode(),
                 )
         raise NVMLError_NotSupported()
 
@@ -394,17 +422,22 @@ class FakeNvml:
 
     # --- NVLink -------------------------------------------------------------------------
 
-    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+    def _link(self, handle: Any, link: int) -> str:
+        """The remote bus id of `link`: NotSupported on a GPU without NVLink (as measured),
+        InvalidArgument past the links of one with NVLink (nvml.h: "link is invalid")."""
         gpu = self._gpu(handle)
-        if link >= len(gpu.links):
+        if not gpu.links:
             raise NVMLError_NotSupported()
+        if link >= len(gpu.links):
+            raise NVMLError_InvalidArgument()
+        return gpu.links[link]
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        self._link(handle, link)
         return self.NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> Any:
-        gpu = self._gpu(handle)
-        if link >= len(gpu.links):
-            raise NVMLError_NotSupported()
-        return types.SimpleNamespace(busId=gpu.links[link].encode())
+        return types.SimpleNamespace(busId=self._link(handle, link).encode())
 
     # --- events -------------------------------------------------------------------------
 
@@ -415,11 +448,7 @@ class FakeNvml:
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         self._gpu(handle)
-        return (
-            self.nvmlEventTypeXidCriticalError
-            | self.nvmlEventTypeDoubleBitEccError
-            | self.nvmlEventTypeSingleBitEccError
-        )
+        return _SUPPORTED_EVENTS
 
     def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: _EventSet) -> None:
         event_set.registered[self._gpu(handle).uuid] = mask

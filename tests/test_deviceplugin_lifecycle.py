@@ -190,7 +190,12 @@ def free_port() -> int:
 
 async def test_http_endpoints_report_liveness_readiness_and_metrics(kubelet, socket_dir, demo_node):
     port = free_port()
-    options = main.Options(kubelet_dir=str(socket_dir), http_port=port, poll_interval=0.05)
+    options = main.Options(
+        kubelet_dir=str(socket_dir),
+        pod_resources_socket=str(kubelet.pod_resources_socket),
+        http_port=port,
+        poll_interval=0.05,
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(main.run(config.Config(), options, demo_node, stop=stop), name="plugin-under-test")
     try:
@@ -220,7 +225,12 @@ async def test_http_endpoints_report_liveness_readiness_and_metrics(kubelet, soc
 async def test_readyz_is_503_until_kubelet_has_every_resource(socket_dir, demo_node):
     port = free_port()
     socket_dir.mkdir(parents=True)
-    options = main.Options(kubelet_dir=str(socket_dir), http_port=port, poll_interval=0.05)
+    options = main.Options(
+        kubelet_dir=str(socket_dir),
+        pod_resources_socket=str(socket_dir / "no-pod-resources.sock"),
+        http_port=port,
+        poll_interval=0.05,
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(main.run(config.Config(), options, demo_node, stop=stop), name="plugin-under-test")
     try:

@@ -131,14 +131,19 @@ def test_an_unknown_strategy_is_a_configuration_error():
 
 def test_single_cannot_be_combined_with_mps(tmp_path):
     settings = config.Config(mig_strategy="single", mps=config.MpsConfig(enabled=True))
-    options = main.Options(kubelet_dir=str(tmp_path), http_port=0)
+    options = main.Options(kubelet_dir=str(tmp_path), pod_resources_socket=str(tmp_path / "pr.sock"), http_port=0)
     with pytest.raises(main.startup.StartupError, match="mps.enabled cannot be used with migStrategy single"):
         asyncio.run(main.run(settings, options, UNIFORM, stop=asyncio.Event()))
 
 
 async def test_under_single_kubelet_gets_units_of_mig_devices_and_the_container_its_mig_device(kubelet, socket_dir):
     settings = config.Config(mig_strategy="single")
-    options = main.Options(kubelet_dir=str(socket_dir), http_port=0, poll_interval=0.05)
+    options = main.Options(
+        kubelet_dir=str(socket_dir),
+        pod_resources_socket=str(kubelet.pod_resources_socket),
+        http_port=0,
+        poll_interval=0.05,
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(main.run(settings, options, UNIFORM, stop=stop), name="plugin-under-test")
     try:

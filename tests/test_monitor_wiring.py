@@ -79,7 +79,12 @@ async def test_without_nvml_or_with_the_monitor_off_no_monitor_runs(kubelet, soc
         if nvml is not None:
             nvml.nvmlInit()
         settings = config.load(environ={}, overrides={"monitor.enabled": enabled, "steering.enabled": False})
-        options = main.Options(kubelet_dir=str(socket_dir), http_port=0, poll_interval=0.05)
+        options = main.Options(
+            kubelet_dir=str(socket_dir),
+            pod_resources_socket=str(kubelet.pod_resources_socket),
+            http_port=0,
+            poll_interval=0.05,
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(main.run(settings, options, demo_node, nvml=nvml, stop=stop), name="plugin")
         await kubelet.wait_for_resource("gpuslice.io/gpu-memory", 636)

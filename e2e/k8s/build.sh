@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, or finds already built, the real Kubernetes components the e2e tests run: kube-apiserver, etcd,
-# kube-scheduler, kube-controller-manager, dmharness (kubelet's device manager) and draharness (kubelet's DRA
-# manager and plugin manager). Binaries are cached outside the clone, under $GPUSLICE_K8S_CACHE (default
+# kube-scheduler, kube-controller-manager, dmharness (kubelet's device manager), draharness (kubelet's DRA
+# manager and plugin manager) and the whole kubelet (the real-node tests). Binaries are cached outside the clone, under $GPUSLICE_K8S_CACHE (default
 # ~/.cache/gpuslice-k8s), keyed by the Go version, go.mod, go.sum and our mains, so a fresh clone on the same
 # machine builds nothing. Progress goes to stderr; the last line on stdout is the directory holding the binaries.
 set -euo pipefail
@@ -15,7 +15,7 @@ KEY=$( { go version; cat "$HERE/go.mod" "$HERE/go.sum" "$0"; find "$HERE/cmd" -n
        | sha256sum | cut -c1-16)
 CACHE=${GPUSLICE_K8S_CACHE:-$HOME/.cache/gpuslice-k8s}
 OUT=$CACHE/$KEY
-BINARIES=(kube-apiserver kube-scheduler kube-controller-manager etcd dmharness draharness)
+BINARIES=(kube-apiserver kube-scheduler kube-controller-manager etcd dmharness draharness kubelet)
 
 complete() { for b in "${BINARIES[@]}"; do [ -x "$OUT/$b" ] || return 1; done; }
 if complete; then
@@ -23,7 +23,7 @@ if complete; then
   echo "$OUT"; exit 0
 fi
 
-# The module cache, build cache and binaries take about 6 GB on a cold machine.
+# The module cache, build cache and binaries take about 7 GB on a cold machine.
 need_kb=$((8 * 1024 * 1024))
 mkdir -p "$CACHE"
 avail_kb=$(df -Pk "$CACHE" | awk 'NR==2{print $4}')
@@ -40,7 +40,7 @@ LDFLAGS="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.i
 rm -rf "$OUT.tmp"; mkdir -p "$OUT.tmp"
 ( cd "$HERE" && go mod download && go build -trimpath -ldflags "$LDFLAGS" -o "$OUT.tmp/" \
     ./cmd/kube-apiserver ./cmd/kube-scheduler ./cmd/kube-controller-manager ./cmd/etcd ./cmd/dmharness \
-    ./cmd/draharness ) >&2
+    ./cmd/draharness ./cmd/kubelet ) >&2
 echo "$K8S_VERSION" > "$OUT.tmp/VERSION"
 rm -rf "$OUT"; mv "$OUT.tmp" "$OUT"
 say "built in $(( $(date +%s) - start )) s: $(du -sh "$OUT" | cut -f1) of binaries in $OUT"
