@@ -5,7 +5,8 @@ kube-controller-manager, built from k8s.io/kubernetes by e2e/k8s/build.sh, for t
 Everything listens on 127.0.0.1 and nothing is configured to dial elsewhere: the API server routes
 to webhooks by URL or, for a `service:` reference, through Endpoints (`--enable-aggregator-routing`;
 there are none, so it fails without dialling a ClusterIP); nodes have no addresses; no kubelet or
-node controller runs (nodes are objects the caller creates, bound pods stay Pending). After a run,
+node controller runs (nodes are objects the caller creates, bound pods stay Pending), except on the
+real node of tests/e2e/node, which starts one with `pod_access` (tests/e2e/node/realnode.py). After a run,
 `foreign_dials()` lists any log line showing a dial to a non-loopback address.
 
 Certificates come from one throwaway CA (`Pki`), users from a token file: `admin` (system:masters)

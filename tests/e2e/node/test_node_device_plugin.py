@@ -249,17 +249,13 @@ def test_the_mps_daemon_runs_in_a_pod_and_without_a_gpu_says_why_while_the_rest_
         prefix = f"{release.fullname}-mps-control-daemon-"
 
         def said_why() -> Any:
+            # The chart's FallbackToLogsOnError: the failed start's last lines are the container's message.
             for pod in node_core.list_namespaced_pod(release.namespace).items:
                 if pod.metadata.name.startswith(prefix):
                     for status in pod.status.container_statuses or []:
                         ended = status.state.terminated or (status.last_state and status.last_state.terminated)
                         if ended and ended.message:
                             return ended.message
-                        if status.restart_count:
-                            return (
-                                node_core.read_namespaced_pod_log(pod.metadata.name, release.namespace, previous=True)
-                                or None
-                            )
             return None
 
         reason = k8skit.wait_for("the MPS daemon's reason", said_why, 120)
