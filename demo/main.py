@@ -140,9 +140,14 @@ def _node_summary(node: inventory.NodeInventory) -> str:
 
 
 def _asked(pod: dict[str, Any], contract: contract_.Contract) -> str:
+    """The annotations the user wrote, and any nvidia.com/gpu it asks for (KAI's placeholder)."""
     annotations = pod["metadata"].get("annotations") or {}
     keys = (*contract_.KAI_ANNOTATIONS, contract.isolation_annotation)
     shown = [f"{k}={annotations[k]}" for k in keys if k in annotations]
+    for container in pod["spec"].get("containers") or ():
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if contract_.NVIDIA_GPU in limits:
+            shown.append(f"limits {contract_.NVIDIA_GPU}: {limits[contract_.NVIDIA_GPU]}")
     return ", ".join(shown) or "no annotations"
 
 
@@ -182,6 +187,11 @@ def _extended_requests(pod: dict[str, Any], contract: contract_.Contract) -> str
     preferred = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
     prefers = [" and ".join(_expression(e) for e in t["preference"].get("matchExpressions") or ()) for t in preferred]
     return "no GPU resource" + (f" (prefers nodes where {' or '.join(prefers)})" if prefers else "")
+
+
+def _asks_nvidia_gpu(pod: dict[str, Any]) -> bool:
+    containers = pod["spec"].get("containers") or ()
+    return any(contract_.NVIDIA_GPU in ((c.get("resources") or {}).get("limits") or {}) for c in containers)
 
 
 def _expression(expression: dict[str, Any]) -> str:
@@ -315,9 +325,12 @@ async def _one_pod(
         result.denied = answer.get("status", {}).get("message", "(no message)")
         return result
     result.warnings = tuple(answer.get("warnings") or ())
+    placeholder = _asks_nvidia_gpu(pod)
     if answer.get("patch"):
         pod = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(answer["patch"])))
     result.request = _extended_requests(pod, contract)
+    if placeholder and not _asks_nvidia_gpu(pod):
+        result.request += f"; the {contract_.NVIDIA_GPU} placeholder removed"
     request = scheduler.read_pod(pod)
     decision = sched.schedule(request)
     if decision.node is None:

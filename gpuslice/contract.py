@@ -24,6 +24,7 @@ __all__ = [
     "KAI_GPU_FRACTION_NUM_DEVICES",
     "KAI_GPU_FRACTION_CONTAINER_NAME",
     "KAI_ANNOTATIONS",
+    "GPU_CLASS_ANY",
     "KUBELET_REFUSED_REASON",
     "NVIDIA_GPU",
     "NVIDIA_GPU_PRODUCT_LABEL",
@@ -44,6 +45,7 @@ KAI_GPU_FRACTION = "gpu-fraction"
 KAI_GPU_MEMORY = "gpu-memory"
 KAI_GPU_FRACTION_NUM_DEVICES = "gpu-fraction-num-devices"
 KAI_GPU_FRACTION_CONTAINER_NAME = "gpu-fraction-container-name"
+GPU_CLASS_ANY = "any"  # the value of Contract.gpu_class_annotation that opts out of one class per owner
 KAI_ANNOTATIONS = (
     KAI_GPU_FRACTION,
     KAI_GPU_MEMORY,
@@ -195,6 +197,12 @@ class Contract:
     def isolation_annotation(self) -> str:
         """`<prefix>/isolation: mig` asks for a MIG slice instead of memory units."""
         return f"{self.prefix}/isolation"
+
+    @functools.cached_property
+    def gpu_class_annotation(self) -> str:
+        """`<prefix>/gpu-class: any`: a pod whose share depends on the GPU class (a fraction, whole
+        GPUs) may take another class than the other pods of its owner (default: the same one)."""
+        return f"{self.prefix}/gpu-class"
 
     @functools.cached_property
     def decision_annotation(self) -> str:

@@ -6,18 +6,61 @@ May import only the kubernetes client (loaded on first use: tests with fakes nev
 
 from __future__ import annotations
 
+import os
+import pathlib
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["default_api_client"]
+__all__ = ["default_api_client", "kubeconfig_paths"]
+
+DEFAULT_KUBECONFIG = "~/.kube/config"
+
+
+def kubeconfig_paths(environ: Mapping[str, str] | None = None) -> tuple[list[pathlib.Path], str]:
+    """The kubeconfig files kubectl would read, and where that list came from ("$KUBECONFIG" or the
+    default): every entry of $KUBECONFIG (os.pathsep-separated) when it is set, else ~/.kube/config."""
+    environ = os.environ if environ is None else environ
+    listed = [entry for entry in environ.get("KUBECONFIG", "").split(os.pathsep) if entry]
+    if listed:
+        return [pathlib.Path(entry).expanduser() for entry in listed], "$KUBECONFIG"
+    return [pathlib.Path(DEFAULT_KUBECONFIG).expanduser()], "the default, $KUBECONFIG being unset"
 
 
 def default_api_client() -> Any:
-    """A kubernetes.client.ApiClient: in-cluster configuration, else the kubeconfig."""
+    """A kubernetes.client.ApiClient: in-cluster configuration, else the kubeconfig.
+
+    When neither loads, raises kubernetes.config.ConfigException naming what was tried (the
+    in-cluster error, each kubeconfig path and where the list came from) and what to do; callers
+    put it after their own "no Kubernetes credentials (in-cluster or kubeconfig): ".
+    """
     import kubernetes
 
     configuration = kubernetes.client.Configuration()
     try:
         kubernetes.config.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException as in_cluster:
+        _load_kubeconfig(configuration, str(in_cluster))
     return kubernetes.client.ApiClient(configuration)
+
+
+def _load_kubeconfig(configuration: Any, in_cluster_error: str) -> None:
+    import kubernetes
+
+    paths, origin = kubeconfig_paths()
+    shown = ", ".join(str(path) for path in paths)
+    not_in_cluster = f"not in a cluster ({in_cluster_error.rstrip('.')})"
+    if not any(path.is_file() for path in paths):
+        missing = "no kubeconfig at" if len(paths) == 1 else "none of these kubeconfigs exists:"
+        raise kubernetes.config.ConfigException(
+            f"{not_in_cluster} and {missing} {shown} ({origin}); run in a pod "
+            "with a ServiceAccount token, or point $KUBECONFIG at a kubeconfig file (or create ~/.kube/config)"
+        )
+    try:
+        kubernetes.config.load_kube_config(
+            config_file=os.pathsep.join(str(path) for path in paths), client_configuration=configuration
+        )
+    except Exception as exc:  # noqa: BLE001 - a YAML or file error too: one message naming the files
+        raise kubernetes.config.ConfigException(
+            f"{not_in_cluster}, and the kubeconfig {shown} ({origin}) could not be "
+            f"loaded: {exc}; fix it, or point $KUBECONFIG at another kubeconfig file"
+        ) from exc

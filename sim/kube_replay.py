@@ -313,7 +313,7 @@ def model_feed(decided_at: Sequence[float], answered_at: Sequence[float], stored
 
     Order matters more than the moments: a burst's class choices follow the order the webhook saw
     its pods in: moving its conversions by ±5 ms spreads the paced model of the default trace over
-    0.65 points, by ±50 ms over two (docs/steering.md, "The paced model of a burst"). Creates run
+    0.65 points, by ±50 ms over two (docs/simulator.md, "The paced model of a burst"). Creates run
     CREATE_CONCURRENCY at a time and their answers come back in any order, so the answer times are
     handed out again in the order the API server stored the pods (`stored`: the resourceVersion of
     each create; None where it was denied, whose own time stays), which follows the webhook's. The
@@ -845,7 +845,7 @@ def paced_model(
     converted its pods in, below what the run can record: the API server stores creates that were in
     flight together (CREATE_CONCURRENCY) in an order the webhook need not have seen them in, and
     orders that close apart spread the default trace's paced model over one to two points
-    (docs/steering.md, "The paced model of a burst"). So each further draw moves every conversion by
+    (docs/simulator.md, "The paced model of a burst"). So each further draw moves every conversion by
     up to half such a window (the answers' mean spacing times CREATE_CONCURRENCY / 2) either way, at
     random."""
     if draws < 1:

@@ -168,39 +168,72 @@ class PaperFigures:
         self.curves = curves  # policy -> allocation ratio 0..1 per percent of arrived demand
 
 
+PAPER_SUMMARY_FILE = "summary_alloc_at_130pct.csv"
+PAPER_CURVES_FILE = "analysis_allo_discrete.csv"
+
+
 def paper_figures(directory: pathlib.Path, workload: str, *, with_curves: bool) -> PaperFigures | None:
-    summary_file = directory / "summary_alloc_at_130pct.csv"
-    if not summary_file.is_file():
-        return None
+    """The paper's figures for `workload` from `directory`: the summary file, or without it the same
+    means over the seeds computed from the curves file (docs/simulator.md, "Reproducing the
+    headline"); None when neither file is there."""
+    summary_file = directory / PAPER_SUMMARY_FILE
+    curve_file = directory / PAPER_CURVES_FILE
+    have_summary = summary_file.is_file()
+    runs = _paper_runs(curve_file, workload) if (with_curves or not have_summary) and curve_file.is_file() else None
     summary: dict[str, dict[str, float]] = {}
-    with summary_file.open(newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
-            if row["workload"] == workload:
-                summary[row["policy"]] = {
-                    k: float(row[k])
-                    for k in ("alloc_pct_at_arrive100", "alloc_pct_at_arrive130", "unallocated_gpus_at_130")
-                }
+    if have_summary:
+        with summary_file.open(newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                if row["workload"] == workload:
+                    summary[row["policy"]] = {
+                        k: float(row[k])
+                        for k in ("alloc_pct_at_arrive100", "alloc_pct_at_arrive130", "unallocated_gpus_at_130")
+                    }
+    elif runs is not None:
+        summary = {policy: _paper_summary(seeds) for policy, seeds in runs.items()}
+    else:
+        return None
     curves: dict[str, list[float]] = {}
-    curve_file = directory / "analysis_allo_discrete.csv"
-    if with_curves and curve_file.is_file():
-        rows: dict[str, list[list[float]]] = {}
-        with curve_file.open(newline="", encoding="utf-8") as handle:
-            reader = csv.reader(handle)
-            header = next(reader)
-            first = header.index("0")
-            for fields in reader:
-                if fields[0] == workload:
-                    rows.setdefault(fields[1], []).append([float(v) for v in fields[first:] if v != ""])
-        for policy, values in rows.items():
-            width = min(len(v) for v in values)
-            curves[policy] = list(np.mean([v[:width] for v in values], axis=0) / 100)
+    if with_curves and runs:
+        for policy, seeds in runs.items():
+            width = min(len(values) for _, values in seeds)
+            curves[policy] = list(np.mean([values[:width] for _, values in seeds], axis=0) / 100)
     return PaperFigures(summary, curves)
+
+
+def _paper_runs(curve_file: pathlib.Path, workload: str) -> dict[str, list[tuple[int, list[float]]]]:
+    """Policy -> one (total GPUs, allocation ratio in percent per percent of arrived demand) per seed,
+    of the workload's runs at 130 % (the file's `tune` 1.3)."""
+    runs: dict[str, list[tuple[int, list[float]]]] = {}
+    with curve_file.open(newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader)
+        first, gpus = header.index("0"), header.index("total_gpus")
+        tune = header.index("tune") if "tune" in header else None
+        for fields in reader:
+            if fields[0] == workload and (tune is None or float(fields[tune]) == 1.3):
+                values = [float(v) for v in fields[first:] if v != ""]
+                runs.setdefault(fields[1], []).append((int(float(fields[gpus])), values))
+    return runs
+
+
+def _paper_summary(seeds: Sequence[tuple[int, list[float]]]) -> dict[str, float]:
+    """The summary file's row for one policy: means over the seeds, to the hundredth (a mean that
+    ends in 5 at the thousandth may be rounded the other way than in the summary file)."""
+    unallocated = statistics.fmean(gpus * (1 - values[130] / 100) for gpus, values in seeds)
+    return {
+        "alloc_pct_at_arrive100": round(statistics.fmean(values[100] for _, values in seeds), 2),
+        "alloc_pct_at_arrive130": round(statistics.fmean(values[130] for _, values in seeds), 2),
+        "unallocated_gpus_at_130": float(round(unallocated)),
+    }
 
 
 # --- output ----------------------------------------------------------------------------------
 
 
-def _text_report(results: Sequence[replay.Result], paper: PaperFigures | None, meta: Mapping[str, Any]) -> str:
+def _text_report(
+    results: Sequence[replay.Result], paper: PaperFigures | None, meta: Mapping[str, Any], paper_dir: pathlib.Path
+) -> str:
     lines = [
         (
             f"gpuslice-sim: {meta['pods_file']} ({meta['arrivals']} pods at {meta['demand']:.0%} of GPU capacity, "
@@ -218,7 +251,7 @@ def _text_report(results: Sequence[replay.Result], paper: PaperFigures | None, m
             f"{r.fragmented_gpus:>11.0f}{r.failed_pods:>8}{r.admission_failures:>10}{r.denied_pods:>8}{r.runtime_s:>8.1f}s"
             f"{r.requested_allocation_ratio:>15.2%}"
         )
-    lines += _paper_lines(paper, gap=0)
+    lines += _paper_lines(paper, gap=0, directory=paper_dir)
     for r in results:
         lines += _admission_lines(r.name, [r])
     lines += ["", f"{_ALLOC}; {_REQUESTED}; fragmented = unallocated share on GPUs that hold a pod; {_ADMISSION}"]
@@ -239,7 +272,10 @@ _RANGE_WIDTH = 16  # the min–max column of the multi-seed report; the paper's 
 
 
 def _seeds_report(
-    document: Mapping[str, Any], results: Sequence[Sequence[replay.Result]], paper: PaperFigures | None
+    document: Mapping[str, Any],
+    results: Sequence[Sequence[replay.Result]],
+    paper: PaperFigures | None,
+    paper_dir: pathlib.Path,
 ) -> str:
     """One row per configuration, aggregated over the seeds, then the paper's rows (also seed means)."""
     seeds, arrivals = document["seeds"], document["arrivals"]
@@ -262,7 +298,7 @@ def _seeds_report(
             f"{c['unallocated_gpus']:>13.0f}{c['failed_pods']:>8.1f}{c['admission_failures']:>10}"
             f"{c['denied_pods']:>8}{c['cpu_s']:>8.1f}s{c['requested_allocation_ratio']:>15.2%}"
         )
-    lines += _paper_lines(paper, gap=_RANGE_WIDTH)
+    lines += _paper_lines(paper, gap=_RANGE_WIDTH, directory=paper_dir)
     for c, per_seed in zip(document["configurations"], results, strict=True):
         lines += _admission_lines(c["name"], per_seed)
     lines += [
@@ -276,10 +312,16 @@ def _seeds_report(
     return "\n".join(lines)
 
 
-def _paper_lines(paper: PaperFigures | None, *, gap: int) -> list[str]:
+def _paper_lines(paper: PaperFigures | None, *, gap: int, directory: pathlib.Path) -> list[str]:
     """The paper's rows under ours; `gap` blank columns keep its unallocated GPUs under ours."""
     if paper is None:
-        return ["", "(FGD paper figures not found: pass --paper-dir)"]
+        return [
+            "",
+            f"(FGD paper figures not found: neither {PAPER_SUMMARY_FILE} nor {PAPER_CURVES_FILE} is in {directory}."
+            " They are the paper's published results (hkust-adsl/kubernetes-scheduler-simulator,"
+            " experiments/analysis/expected_results); pass their folder as --paper-dir DIR: docs/simulator.md,"
+            ' "Reproducing the headline".)',
+        ]
     if not paper.summary:
         return []
     lines = ["", "FGD paper (USENIX ATC'23), same workload, mean of 10 seeds, own simulator:"]
@@ -551,6 +593,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
         document["paper"] = {p[3:]: paper.summary[p] for p in PAPER_POLICIES if p in paper.summary}
     document["_results"] = results
     document["_paper"] = paper
+    document["_paper_dir"] = paper_dir
     return document
 
 
@@ -573,6 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     results = document.pop("_results")  # results[configuration][seed]
     paper = document.pop("_paper")
+    paper_dir = document.pop("_paper_dir")
     seeds = document.get("seeds")
     if args.plot:
         curves = [(c["name"], c["allocation_curve"]) for c in document["configurations"]]
@@ -582,9 +626,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(document, indent=2))
     else:
         if seeds:
-            print(_seeds_report(document, results, paper))
+            print(_seeds_report(document, results, paper, paper_dir))
         else:
-            print(_text_report([rs[0] for rs in results], paper, document))
+            print(_text_report([rs[0] for rs in results], paper, document, paper_dir))
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0

@@ -22,7 +22,9 @@ from gpuslice.deviceplugin import inventory
 __all__ = [
     "DEFAULT_NODE_FILE",
     "DEFAULT_POD_FILE",
+    "DEFAULT_TRACE_DIR",
     "GPU_MEMORY_MIB",
+    "HOW_TO_GET_IT",
     "TraceError",
     "TraceNode",
     "TracePod",
@@ -36,6 +38,18 @@ __all__ = [
 
 DEFAULT_NODE_FILE = "openb_node_list_gpu_node.csv"
 DEFAULT_POD_FILE = "openb_pod_list_default.csv"
+# Where the trace is looked for last: beside the checkout, as CI and developers have it.
+DEFAULT_TRACE_DIR = pathlib.PurePath("..", "shared", "data", "alibaba-gpu-2023")
+
+# Said with every missing trace file: where the trace comes from and how to lay it out
+# (docs/simulator.md, "Reproducing the headline").
+HOW_TO_GET_IT = (
+    "  Get it: https://github.com/alibaba/clusterdata, folder cluster-trace-gpu-v2023/csv (Alibaba's GPU cluster "
+    "trace, the FGD paper's openb lists; research use only, gpuslice never ships it).\n"
+    f"  Lay it out: its csv files ({DEFAULT_NODE_FILE}, openb_pod_list_*.csv) in one folder, passed as "
+    f"--trace-dir DIR or GPUSLICE_TRACE_DIR, or at {DEFAULT_TRACE_DIR} from the checkout's root "
+    '(docs/simulator.md, "Reproducing the headline").'
+)
 
 # MiB of memory per GPU model, as NVML reports it on the disclosed models (a T4 shows 15360 MiB).
 # G1/G2/G3 are undisclosed in the trace and the FGD paper; we assume 32 GiB (docs/simulator.md says
@@ -91,19 +105,16 @@ def find_trace_dir(
     given: str | os.PathLike[str] | None, environ: Mapping[str, str], repo: pathlib.Path
 ) -> pathlib.Path:
     """--trace-dir, else $GPUSLICE_TRACE_DIR, else ../shared/data/alibaba-gpu-2023 beside the repository."""
-    default = repo.parent / "shared" / "data" / "alibaba-gpu-2023"
+    default = repo.parent.joinpath(*DEFAULT_TRACE_DIR.parts[1:])
     if given:
-        source, path = "--trace-dir", pathlib.Path(given)
+        source, path = "from --trace-dir", pathlib.Path(given)
     elif environ.get("GPUSLICE_TRACE_DIR"):
-        source, path = "GPUSLICE_TRACE_DIR", pathlib.Path(environ["GPUSLICE_TRACE_DIR"])
+        source, path = "from GPUSLICE_TRACE_DIR", pathlib.Path(environ["GPUSLICE_TRACE_DIR"])
     else:
-        source, path = "the default", default
+        source, path = "the default: neither --trace-dir nor GPUSLICE_TRACE_DIR is set", default
     if not (path / DEFAULT_NODE_FILE).is_file():
-        raise TraceError(
-            f"no Alibaba GPU trace at {path} (from {source}): {DEFAULT_NODE_FILE} is not there. "
-            "Pass --trace-dir DIR or set GPUSLICE_TRACE_DIR to the cluster-trace-gpu-v2023 csv folder "
-            f"(default: {default})"
-        )
+        where = f"{DEFAULT_NODE_FILE} is not in it" if path.is_dir() else "no such folder"
+        raise TraceError(f"no Alibaba GPU trace at {path} ({source}): {where}.\n{HOW_TO_GET_IT}")
     return path
 
 
@@ -129,6 +140,8 @@ def _rows(path: pathlib.Path, required: Sequence[str]) -> list[dict[str, str]]:
             if missing:
                 raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(required)}")
             return list(reader)
+    except FileNotFoundError:
+        raise TraceError(f"trace file {path} is not there.\n{HOW_TO_GET_IT}") from None
     except OSError as exc:
         raise TraceError(f"cannot read trace file {path}: {exc.strerror}") from None
 

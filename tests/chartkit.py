@@ -34,6 +34,15 @@ RELEASE = "gpuslice"
 NAMESPACE = "gpuslice"
 KUBE_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0")
 
+# The chart has no default image (gpuslice publishes none): it refuses to render without
+# image.repository. Every render of these helpers gets this one unless its values name their own
+# (with_test_image); a test of the refusal passes test_image=False.
+TEST_IMAGE: dict[str, Any] = {"repository": "registry.example.com/gpuslice"}
+
+# The API group cert-manager serves: helm and Argo CD pass it (--api-versions) for a cluster that has
+# cert-manager, and the chart refuses webhook.tls.source certManager without it.
+CERT_MANAGER_API = "cert-manager.io/v1"
+
 # Kubernetes 1.29 cannot confine the device plugin's node writes; the chart renders for it only
 # with this explicit acceptance.
 UNCONFINED_NODE_WRITES: dict[str, Any] = {"devicePlugin": {"nodePatchPolicy": {"allowUnconfinedNodeWrites": True}}}
@@ -139,10 +148,26 @@ def run_helm(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Com
         )
 
 
-def values_file(values: Mapping[str, Any], directory: pathlib.Path) -> pathlib.Path:
+def values_file(values: Mapping[str, Any], directory: pathlib.Path, *, test_image: bool = True) -> pathlib.Path:
+    """`values` as a file for helm's -f, with TEST_IMAGE unless they name an image (or not test_image)."""
     path = directory / "values.json"  # JSON is YAML
-    path.write_text(json.dumps(with_sample_ca(values)))
+    chosen = with_test_image(values) if test_image else values
+    path.write_text(json.dumps(with_sample_ca(chosen)))
     return path
+
+
+def with_test_image(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with image.repository set to TEST_IMAGE's when they do not set one themselves."""
+    if (values.get("image") or {}).get("repository"):
+        return dict(values)
+    return merged({"image": TEST_IMAGE}, values)
+
+
+def cluster_api_versions(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The extra API groups of the cluster `values` are meant for: cert-manager's where they ask for
+    webhook.tls.source certManager (the chart refuses that on a cluster without it)."""
+    source = ((values.get("webhook") or {}).get("tls") or {}).get("source")
+    return (CERT_MANAGER_API,) if source == "certManager" else ()
 
 
 def merged(base: Mapping[str, Any], *overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,7 +182,9 @@ def merged(base: Mapping[str, Any], *overrides: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def template_args(values: Mapping[str, Any], directory: pathlib.Path, *extra: str, release: str = RELEASE) -> list[str]:
+def template_args(
+    values: Mapping[str, Any], directory: pathlib.Path, *extra: str, release: str = RELEASE, test_image: bool = True
+) -> list[str]:
     return [
         "template",
         release,
@@ -165,7 +192,7 @@ def template_args(values: Mapping[str, Any], directory: pathlib.Path, *extra: st
         "--namespace",
         NAMESPACE,
         "-f",
-        str(values_file(values, directory)),
+        str(values_file(values, directory, test_image=test_image)),
         *extra,
     ]
 
@@ -248,8 +275,14 @@ def with_sample_ca(values: Mapping[str, Any]) -> dict[str, Any]:
 NOTES_AS_TEMPLATE = "templates/notes-as-template.yaml"
 
 
-def render_notes(values: Mapping[str, Any], directory: pathlib.Path, kube_version: str = KUBE_VERSIONS[-1]) -> str:
-    """NOTES.txt as `helm install` would print it for `kube_version`, without a cluster.
+def render_notes(
+    values: Mapping[str, Any],
+    directory: pathlib.Path,
+    kube_version: str = KUBE_VERSIONS[-1],
+    api_versions: tuple[str, ...] = (),
+) -> str:
+    """NOTES.txt as `helm install` would print it for `kube_version` (and the cluster's extra
+    `api_versions`), without a cluster.
 
     `helm template` never prints NOTES and `helm install --dry-run` takes no --kube-version (helm 3
     even dials the cluster), so this renders a copy of the chart in which NOTES.txt's text is a
@@ -263,7 +296,8 @@ def render_notes(values: Mapping[str, Any], directory: pathlib.Path, kube_versio
     notes.unlink()
     (chart / NOTES_AS_TEMPLATE).write_text('notes: {{ include "test.notes" . | toJson }}\n')
     args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "-f", str(values_file(values, directory))]
-    result = run_helm(*args, "--kube-version", kube_version, "--show-only", NOTES_AS_TEMPLATE)
+    api_args = [f"--api-versions={v}" for v in api_versions]
+    result = run_helm(*args, "--kube-version", kube_version, *api_args, "--show-only", NOTES_AS_TEMPLATE)
     if result.returncode != 0:
         raise AssertionError(f"helm could not render the NOTES for {dict(values)} on {kube_version}:\n{result.stderr}")
     return yaml.safe_load(result.stdout)["notes"]

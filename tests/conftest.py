@@ -38,7 +38,8 @@ def trace_dir() -> pathlib.Path:
     if not (TRACE_DIR / "openb_node_list_gpu_node.csv").exists():
         pytest.skip(
             f"Alibaba GPU trace not found at {TRACE_DIR}: it is not in the repository (research-use licence); "
-            "set GPUSLICE_TRACE_DIR or put shared/data beside the checkout"
+            "set GPUSLICE_TRACE_DIR or put shared/data beside the checkout "
+            '(docs/simulator.md, "Reproducing the headline")'
         )
     return TRACE_DIR
 

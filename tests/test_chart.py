@@ -33,7 +33,7 @@ def rendered(combination: str, kube_version: str = chartkit.KUBE_VERSIONS[-1]) -
     values = chartkit.COMBINATIONS[combination]
     if kube_version.startswith("1.29."):
         values = chartkit.merged(values, chartkit.UNCONFINED_NODE_WRITES)
-    return chartkit.render(values, kube_version)
+    return chartkit.render(values, kube_version, chartkit.cluster_api_versions(values))
 
 
 def prefix_of(combination: str) -> str:
@@ -64,7 +64,10 @@ def shared_config(manifests: chartkit.Manifests, tmp_path) -> config.Config:
 
 @pytest.mark.parametrize("combination", ["defaults", "everything"])
 def test_helm_lint_is_clean_even_with_strict(combination, tmp_path):
-    values = chartkit.values_file(chartkit.COMBINATIONS[combination], tmp_path)
+    values = chartkit.COMBINATIONS[combination]
+    if chartkit.cluster_api_versions(values):  # helm lint takes no --api-versions: render as helm template may
+        values = chartkit.merged(values, {"certManager": {"skipApiCheck": True}})
+    values = chartkit.values_file(values, tmp_path)
     result = chartkit.run_helm("lint", "--strict", str(chartkit.CHART), "-f", str(values))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 chart(s) failed" in result.stdout
@@ -210,9 +213,16 @@ def test_cert_manager_injects_the_ca_instead_of_a_chart_made_bundle():
         ({}, (), "generated"),
         ({}, ("cert-manager.io/v1",), "certManager"),
         ({"webhook": {"tls": {"source": "generated"}}}, ("cert-manager.io/v1",), "generated"),
-        ({"webhook": {"tls": {"source": "certManager"}}}, (), "certManager"),
+        ({"webhook": {"tls": {"source": "certManager"}}}, ("cert-manager.io/v1",), "certManager"),
+        ({"webhook": {"tls": {"source": "certManager"}}, "certManager": {"skipApiCheck": True}}, (), "certManager"),
     ],
-    ids=["auto-without-cert-manager", "auto-with-cert-manager", "generated-asked-for", "cert-manager-asked-for"],
+    ids=[
+        "auto-without-cert-manager",
+        "auto-with-cert-manager",
+        "generated-asked-for",
+        "cert-manager-asked-for",
+        "cert-manager-asked-for-without-api-check",
+    ],
 )
 def test_tls_comes_from_cert_manager_wherever_the_cluster_serves_it_unless_told_otherwise(values, api_versions, source):
     manifests = chartkit.render(values, api_versions=api_versions)
@@ -227,14 +237,38 @@ def test_tls_comes_from_cert_manager_wherever_the_cluster_serves_it_unless_told_
         assert "cert-manager.io/inject-ca-from" not in annotations
 
 
+CERT_MANAGER_MISSING = (
+    "webhook.tls.source is certManager, but the cluster serves no cert-manager.io/v1 API (cert-manager is not "
+    "installed): install cert-manager first (https://cert-manager.io/docs/installation/), or set "
+    "webhook.tls.source=generated (the chart makes the certificate) or webhook.tls.source=secret (your own "
+    "kubernetes.io/tls Secret). Rendering without a cluster (helm template) for one that has cert-manager: pass "
+    "--api-versions cert-manager.io/v1, or set certManager.skipApiCheck=true"
+)
+
+
+@pytest.mark.parametrize("combination", ["cert-manager", "cluster-issuer", "everything"])
+def test_cert_manager_asked_for_where_the_cluster_has_none_is_refused_with_what_to_do(combination, tmp_path):
+    """Not helm's raw "no matches for kind Issuer" at apply time: the render stops and says what to do."""
+    values = chartkit.COMBINATIONS[combination]
+    result = chartkit.run_helm(*chartkit.template_args(values, tmp_path))  # no cert-manager.io/v1
+    assert result.returncode != 0
+    assert CERT_MANAGER_MISSING in " ".join(result.stderr.split())
+    # The same values for a cluster that serves it render, as do renders told to skip the check.
+    served = chartkit.template_args(values, tmp_path, f"--api-versions={chartkit.CERT_MANAGER_API}")
+    assert chartkit.run_helm(*served).returncode == 0
+    skipped = chartkit.merged(values, {"certManager": {"skipApiCheck": True}})
+    assert chartkit.run_helm(*chartkit.template_args(skipped, tmp_path)).returncode == 0
+
+
 @pytest.mark.parametrize("combination", ["cert-manager", "cluster-issuer", "tls-secret"])
 def test_gitops_renders_without_cluster_access_are_the_same_every_time(combination, tmp_path):
     """Argo CD renders with `helm template` (no lookup): only a render that does not change keeps
     the caBundle and the served certificate in step between syncs."""
     outputs = set()
     values = chartkit.COMBINATIONS[combination]
+    api_versions = [f"--api-versions={v}" for v in chartkit.cluster_api_versions(values)]
     for _ in range(2):
-        args = chartkit.template_args(values, tmp_path, "--kube-version", chartkit.KUBE_VERSIONS[-1])
+        args = chartkit.template_args(values, tmp_path, "--kube-version", chartkit.KUBE_VERSIONS[-1], *api_versions)
         result = chartkit.run_helm(*args)
         assert result.returncode == 0, result.stderr
         outputs.add(result.stdout)
@@ -328,6 +362,21 @@ MATCH_CASES = [
     ("whole-gpu-limit", pod(limits={"nvidia.com/gpu": "1"}), False, True),
     ("whole-gpu-in-init-container", pod(init_limits={"nvidia.com/gpu": "1"}), False, True),
     ("cpu-only-limits", pod(limits={"cpu": "1"}), False, False),
+    # other systems' names, converted or refused with advice (webhook/foreign.py)
+    ("nvidia-mig-limit", pod(limits={"nvidia.com/mig-1g.10gb": "1"}), False, True),
+    ("nvidia-mig-in-init-container", pod(init_limits={"nvidia.com/mig-3g.40gb": "1"}), False, True),
+    ("hami-gpumem", pod(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}), False, True),
+    ("hami-percentage-alone", pod(limits={"nvidia.com/gpumem-percentage": "50"}), False, True),
+    ("hami-gpucores-alone", pod(limits={"nvidia.com/gpucores": "30"}), False, True),
+    ("other-vendor-device", pod(limits={"amd.com/gpu": "1"}), False, False),
+    # KAI's scheduler no longer runs: its name is rewritten on every pod that names it
+    (
+        "kai-scheduler-cpu-pod",
+        {**pod(limits={"cpu": "1"}), "spec": {**pod()["spec"], "schedulerName": "kai-scheduler"}},
+        True,
+        True,
+    ),
+    ("other-scheduler", {**pod(), "spec": {**pod()["spec"], "schedulerName": "volcano"}}, False, False),
 ]
 
 
@@ -379,6 +428,9 @@ CPU_POD_CASES = [
     ("daemonset-owned", pod(limits={"cpu": "100m"}, owner="DaemonSet"), False),
     ("daemonset-owned-whole-gpu", pod(limits={"nvidia.com/gpu": "1"}, owner="DaemonSet"), False),
     ("daemonset-owned-gpu-fraction", pod({"gpu-fraction": "0.5"}, owner="DaemonSet"), False),
+    ("nvidia-mig-limit", pod(limits={"nvidia.com/mig-1g.10gb": "1"}), False),
+    ("hami-gpumem", pod(limits={"nvidia.com/gpumem": "3000"}), False),
+    ("kai-scheduler-cpu-pod", {**pod(), "spec": {**pod()["spec"], "schedulerName": "kai-scheduler"}}, False),
 ]
 
 
@@ -397,8 +449,9 @@ def test_cpu_pods_entry_sends_only_pods_that_ask_for_no_device_and_never_one_the
     # convertWholeGpus; a DaemonSet's pod asking for nvidia.com/gpu without it goes to neither.
     keys = (*contract.KAI_ANNOTATIONS, f"{prefix}/isolation")
     annotated = any(k in obj["metadata"].get("annotations", {}) for k in keys)
-    whole_gpu = "nvidia.com/gpu" in json.dumps(obj["spec"])
-    assert sent_for_gpuslice is (annotated or (whole_gpu and converts_whole_gpus(combination)))
+    nvidia = any(f'"nvidia.com/{n}' in json.dumps(obj["spec"]) for n in ("gpu", "mig-"))
+    kai = obj["spec"].get("schedulerName") == "kai-scheduler"
+    assert sent_for_gpuslice is (annotated or kai or (nvidia and converts_whole_gpus(combination)))
 
 
 @pytest.mark.parametrize("combination", COMBINATION_IDS)
@@ -422,7 +475,13 @@ def test_cpu_pods_entry_fails_open_and_calls_the_same_service_as_the_first_entry
         ]
     }
     conditions = {c["name"] for c in cpu_pods["matchConditions"]}
-    assert conditions == {"no-gpuslice-annotations", "asks-for-no-gpu", "not-converted", "not-a-daemonset-pod"}
+    assert conditions == {
+        "no-gpuslice-annotations",
+        "asks-for-no-gpu",
+        "not-converted",
+        "not-for-kai-scheduler",
+        "not-a-daemonset-pod",
+    }
     names = [*contract.KAI_ANNOTATIONS, contract.Contract(prefix=prefix).isolation_annotation]
     (annotations,) = [c for c in cpu_pods["matchConditions"] if c["name"] == "no-gpuslice-annotations"]
     assert all(f"'{name}'" in annotations["expression"] for name in names)
@@ -1146,6 +1205,82 @@ def test_driver_root_mode_mounts_the_driver_read_only_and_drops_the_runtime_clas
     assert host_path_for(daemonset, "/driver-root") == {"path": "/run/nvidia/driver", "type": "Directory"}
     library_path = next(e["value"] for e in plugin["env"] if e["name"] == "LD_LIBRARY_PATH")
     assert all(part.startswith("/driver-root/") for part in library_path.split(":"))
+
+
+# --- the image -------------------------------------------------------------------------------------
+
+APP_VERSION = yaml.safe_load((chartkit.CHART / "Chart.yaml").read_text())["appVersion"]
+IMAGE_MISSING = (
+    "image.repository is not set: gpuslice publishes no image. Build it from the Dockerfile at the top of the "
+    "gpuslice repository and push it to a registry your nodes pull from: "
+    f"`make image IMAGE=<registry>/gpuslice:{APP_VERSION} && docker push <registry>/gpuslice:{APP_VERSION}` "
+    f"(or podman), then install with `--set image.repository=<registry>/gpuslice --set image.tag={APP_VERSION}`, "
+    "or pin what you pushed with `--set image.digest=sha256:<digest>` instead of the tag"
+)
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def gpuslice_images(manifests: chartkit.Manifests) -> set[str]:
+    """The image of every container the chart runs from the gpuslice image (all but kube-scheduler)."""
+    images = set()
+    for workload in (*manifests.all("Deployment"), *manifests.all("DaemonSet")):
+        spec = chartkit.pod_spec(workload)
+        for container_spec in (*spec.get("initContainers", []), *spec["containers"]):
+            if not container_spec["image"].startswith("registry.k8s.io/kube-scheduler:"):
+                images.add(container_spec["image"])
+    return images
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"image": {"repository": ""}},
+        {"image": {"tag": "0.1.0"}},
+        {"image": {"digest": DIGEST}},
+        {"devicePlugin": {"enabled": False}},
+        {"mode": "dra"},
+    ],
+    ids=["defaults", "empty-repository", "tag-only", "digest-only", "webhook-only", "dra"],
+)
+def test_without_an_image_of_your_own_the_chart_refuses_to_render_and_says_how_to_build_one(values, tmp_path):
+    """gpuslice publishes no image, and its plugin runs as root with kubelet's directories mounted:
+    no default image of some public namespace may install without a word."""
+    args = chartkit.template_args(values, tmp_path, "--kube-version", "1.36.0", test_image=False)
+    result = chartkit.run_helm(*args)
+    assert result.returncode != 0
+    assert IMAGE_MISSING in " ".join(result.stderr.split())
+
+
+def test_the_chart_has_no_default_image():
+    defaults = yaml.safe_load((chartkit.CHART / "values.yaml").read_text())
+    assert defaults["image"]["repository"] == ""
+
+
+@pytest.mark.parametrize(
+    ("image", "reference"),
+    [
+        ({"repository": "registry.example.com/gpu/gpuslice"}, f"registry.example.com/gpu/gpuslice:{APP_VERSION}"),
+        (
+            {"repository": "registry.example.com/gpuslice", "tag": "0.1.0-rc1"},
+            "registry.example.com/gpuslice:0.1.0-rc1",
+        ),
+        ({"repository": "registry.example.com/gpuslice", "digest": DIGEST}, f"registry.example.com/gpuslice@{DIGEST}"),
+        (
+            {"repository": "registry.example.com/gpuslice", "tag": "0.1.0", "digest": DIGEST},
+            f"registry.example.com/gpuslice@{DIGEST}",
+        ),
+    ],
+    ids=["repository", "repository-and-tag", "repository-and-digest", "digest-wins-over-tag"],
+)
+def test_every_gpuslice_container_runs_the_image_you_named(image, reference):
+    values = chartkit.merged(chartkit.COMBINATIONS["everything"], {"image": image})
+    manifests = chartkit.render(values, api_versions=chartkit.cluster_api_versions(values))
+    assert gpuslice_images(manifests) == {reference}
+    components = {w["metadata"]["labels"]["app.kubernetes.io/component"] for w in manifests.all("DaemonSet")}
+    assert {"device-plugin", "mps-control-daemon"} <= components  # the root ones among them
+    dra = chartkit.render(chartkit.merged({"mode": "dra"}, {"image": image}), "1.36.0")
+    assert gpuslice_images(dra) == {reference}
 
 
 # --- the shared configuration ----------------------------------------------------------------------

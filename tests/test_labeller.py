@@ -544,9 +544,10 @@ async def test_missing_credentials_are_a_clear_write_error(tmp_path, monkeypatch
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     api = labeller.KubernetesNodeApi()
-    with pytest.raises(labeller.NodeApiError, match="credentials|PATCH"):
+    with pytest.raises(labeller.NodeApiError, match="credentials") as raised:
         await api.patch_labels(NODE, {"a": "b"})
     api.close()
+    assert f"no kubeconfig at {tmp_path / 'missing'} ($KUBECONFIG)" in str(raised.value)  # the path it tried
 
 
 def test_the_fake_api_server_speaks_json(api_server):

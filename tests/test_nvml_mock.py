@@ -559,6 +559,32 @@ def test_a_lost_gpu_fails_the_event_wait_but_only_it_is_marked_and_it_recovers(n
     assert answer["after_recovery"] == []
 
 
+def child_dra_slices() -> dict[str, Any]:
+    import contextlib
+    import io
+
+    import yaml
+
+    from gpuslice.dra import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main.main(["--print-resource-slices"])
+    slices = list(yaml.safe_load_all(out.getvalue()))
+    return {"status": status, "slices": slices}
+
+
+def test_the_dra_plugin_publishes_what_nvml_reports_of_the_mock_gpus(nvml_dir, tmp_path):
+    """`gpuslice-dra-plugin --print-resource-slices` with no node file: discovery through pynvml."""
+    answer = run_child(nvml_dir, tmp_path, child_dra_slices, machine="dgxh200", state={"mig": {"0": ["3g.71gb"]}})
+    assert answer["status"] == 0
+    devices = [d for s in answer["slices"] for d in s["spec"].get("devices") or ()]
+    shared = [d for d in devices if d["attributes"]["type"]["string"] == "gpu"]
+    mig = [d for d in devices if d["attributes"]["type"]["string"] == "mig"]
+    assert len(shared) == 7 and {d["capacity"]["memory"]["value"] for d in shared} == {"143771Mi"}, shared[0]
+    assert [d["attributes"]["migProfile"]["string"] for d in mig] == ["3g.71gb"]
+
+
 # --- no driver, missing functions ---------------------------------------------------------------
 
 

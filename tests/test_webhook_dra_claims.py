@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from typing import Any
 
 import celpy
@@ -375,8 +376,17 @@ def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
     assert request["exactly"]["selectors"][0]["cel"]["expression"].endswith('migProfile == "1g.10gb"')
     whole_settings = config.load(overrides={"dra.enabled": True, "convertWholeGpus": True}, environ={})
     whole, patched = mutate(pod(ctr(limits={"nvidia.com/gpu": "2"})), whole_settings)
-    (request,) = whole.objects[0]["spec"]["spec"]["devices"]["requests"]
-    assert request["exactly"]["count"] == 2 and "capacity" not in request["exactly"]
+    devices = whole.objects[0]["spec"]["spec"]["devices"]
+    (request,) = devices["requests"]
+    # Any GPU class that has the GPUs, the one device-plugin mode would pin first: no pod waits on a
+    # class whose labels lag while another has GPUs free; the two GPUs alike in memory.
+    alternatives = request["firstAvailable"]
+    assert [a["name"] for a in alternatives][-1] == "any" and len(alternatives) >= 2
+    assert all(a["count"] == 2 and "capacity" not in a for a in alternatives)
+    assert alternatives[0]["selectors"][0]["cel"]["expression"].endswith(
+        f"memoryMiB == {json.loads(patched['metadata']['annotations']['gpuslice.io/decision'])['classMemoryMiB']}"
+    )
+    assert devices["constraints"] == [{"requests": ["gpu"], "matchAttribute": "gpu.gpuslice.io/memoryMiB"}]
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
 
 

@@ -627,7 +627,7 @@ _OWN_PREFERENCE = {
             dataclasses.replace(SETTINGS, convert_whole_gpus=False),
         ),
         (deployment_pod(containers=[container(limits={"amd.com/gpu": "1"})]), SETTINGS),
-        (cpu_pod(initContainers=[container("load", limits={"nvidia.com/mig-1g.10gb": "1"})]), SETTINGS),
+        (cpu_pod(initContainers=[container("load", limits={"example.com/fpga": "1"})]), SETTINGS),
         (deployment_pod({"gpu-fraction-container-name": "main"}, containers=[container()]), SETTINGS),
         (cpu_pod(nodeName="gpu-node-1"), SETTINGS),
         (cpu_pod(affinity=_OWN_PREFERENCE), SETTINGS),

@@ -81,9 +81,10 @@ def remembered(
 
 
 def test_a_burst_of_replicas_gets_the_answers_of_full_reviews_and_the_same_promises() -> None:
-    # 24 replicas of a half-GPU pod: the class flips between H200 and H100 as promises accumulate,
-    # so a remembered answer must be checked against the promises, not just replayed.
-    bodies = [body(f"uid-{i:04d}") for i in range(24)]
+    # 24 replicas of a half-GPU pod that may take any class: the class flips between H200 and H100
+    # as promises accumulate, so a remembered answer must be checked against the promises, not just replayed.
+    any_class = {"gpu-fraction": "0.5", SETTINGS.contract.gpu_class_annotation: "any"}
+    bodies = [body(f"uid-{i:04d}", any_class) for i in range(24)]
     expected, full_view = full(bodies)
     got, view, repeated = remembered(bodies)
     assert got == expected
@@ -405,3 +406,52 @@ def test_any_sequence_of_pods_gets_the_answers_and_promises_of_full_reviews(
         for memory in (H100, H200):
             assert view.promised_units(memory) == full_view.promised_units(memory)
         assert view.cpu_demand.asked == full_view.cpu_demand.asked  # each pod's own CPU, remembered or not
+
+
+def test_replicas_of_one_owner_keep_its_class_and_are_answered_from_memory() -> None:
+    """One class per owner (webhook/classchoice.py): the promises no longer move the replicas of a
+    ReplicaSet from class to class, and its repeats are still answered from memory."""
+    bodies = [body(f"uid-{i:04d}") for i in range(24)]
+    expected, full_view = full(bodies)
+    got, view, repeated = remembered(bodies)
+    assert got == expected
+    classes = (
+        {
+            json.loads(json.loads(base64.b64decode(json.loads(g)["response"]["patch"]))[-1]["value"])["classMemoryMiB"]
+            for g in got
+        }
+        if False
+        else {m for m in (H100, H200) if view.promised_units(m)}
+    )
+    assert len(classes) == 1  # all 24 in the first replica's class
+    assert view.promised_units(classes.pop()) == full_view.promised_units(H200) + full_view.promised_units(H100)
+    assert repeated >= 20
+
+
+def decided_class(raw: bytes) -> int:
+    response = json.loads(raw)["response"]
+    ops = json.loads(base64.b64decode(response["patch"]))
+    (annotation,) = [op["value"] for op in ops if op["path"].endswith("gpuslice.io~1decision")] or [
+        op["value"]["gpuslice.io/decision"] for op in ops if op["path"] == "/metadata/annotations"
+    ]
+    return int(json.loads(annotation)["classMemoryMiB"])
+
+
+def test_pods_of_many_owners_of_one_template_share_answers_each_owner_keeping_its_class() -> None:
+    """The owner is not part of what an answer is found by (the one-pod Jobs of a CronJob share
+    answers): the class choice, taken again for each repeat, reads the owner of the pod at hand."""
+    owners = [f"owner-{i}" for i in range(4)]
+    bodies = []
+    for round_ in range(4):
+        for owner in owners:
+            document = json.loads(body(f"{owner}-{round_}"))
+            document["request"]["object"]["metadata"]["ownerReferences"][0]["uid"] = owner
+            bodies.append(json.dumps(document, separators=(",", ":")).encode())
+    expected, _ = full(bodies)
+    got, _, repeated = remembered(bodies)
+    assert got == expected
+    for owner in owners:
+        mine = {decided_class(raw) for raw, b in zip(got, bodies, strict=True) if f'"uid":"{owner}"'.encode() in b}
+        assert len(mine) == 1, (owner, mine)
+    assert len({decided_class(raw) for raw in got}) == 2  # the owners do not all go to one class
+    assert repeated >= 8

@@ -264,6 +264,11 @@ def check_nvml(current: Stage) -> tuple[Any, Any]:
             f"{unit_mib} MiB, {gpu.uuid}, PCI {gpu.pci_bus_id}, NUMA {gpu.numa_node}, minor {gpu.minor_number}, "
             f"MIG {'on' if gpu.mig_enabled else 'off'} (devices: {migs}), NVLink peers {len(gpu.nvlinks)}"
         )
+    handles = nvml_source.device_handles(nvml)  # by index: what the monitor and health fall back on
+    expected = {g.uuid for g in node.gpus} | {m.uuid for g in node.gpus for m in g.mig}
+    if set(handles) != expected:
+        raise CheckFailed(f"device_handles found {sorted(handles)}, discovery {sorted(expected)}")
+    current.say(f"device handles by index: {len(handles)}, the same devices as discovery")
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
     raw: dict[str, Any] = {}
     for call, args in (

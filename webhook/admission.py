@@ -20,7 +20,7 @@ import orjson
 
 from gpuslice import config
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import conversions, decoding, mutation, shape
+from gpuslice.webhook import conversions, decoding, mutation, pods, shape
 
 __all__ = ["MalformedReview", "Result", "promise", "review", "review_document"]
 
@@ -123,6 +123,7 @@ def review_document(
             shape.check_pod(pod)
     except shape.WrongShape as exc:
         raise MalformedReview(f"AdmissionReview request.{exc}") from None
+    cluster.admitting_owner = pods.owner_of(pod.get("metadata") or {}, settings.contract)
     outcome = mutation.mutate(pod, settings=settings, cluster=cluster)
     if not outcome.allowed:
         status = {"code": 400, "reason": "BadRequest", "message": outcome.message}
@@ -143,7 +144,10 @@ def promise(result: Result, cluster: cluster_.ClusterView, *, pod_cpu_milli: int
     label shows it: the next pods of a burst choose their class knowing it (cluster.py, promises).
     Every pod mutated counts its CPU (`pod_cpu_milli`, else the outcome's) in the CPU demand."""
     outcome = result.outcome
-    if result.result == RESULT_MUTATED and not result.dry_run and outcome is not None:
+    if result.result == RESULT_MUTATED and not result.dry_run and outcome is not None and outcome.kind:
+        # (a pod whose only change is its scheduler's name has no kind: nothing converted or steered)
         cluster.promise_conversion(outcome.decision, outcome.cpu_milli)
+        if cluster.admitting_owner:  # its class, for the next pods of its controller (classchoice)
+            cluster.note_owner_class(cluster.admitting_owner, outcome.decision)
         cpu = outcome.pod_cpu_milli if pod_cpu_milli is None else pod_cpu_milli
         cluster.cpu_demand.note(cpu, device=outcome.kind != conversions.KIND_CPU_POD)

@@ -148,7 +148,7 @@ def for_memory(
 def _pinned(
     classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, contract: contract_.Contract, demand: Demand
 ) -> Choice:
-    memory, rule = cluster.noted(_Best(classes, contract, cluster, demand))
+    memory, rule = cluster.noted(_OwnersClass(classes, cluster, _Best(classes, contract, cluster, demand)))
     best = next(c for c in classes if c.memory_mib == memory)
     pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
     notes = {"classMemoryMiB": best.memory_mib, "products": sorted(best.products), "rule": rule}
@@ -187,6 +187,29 @@ _MAX_DEMANDS = 1024
 def _negated(key: tuple[float, int, int]) -> tuple[float, int, int]:
     """A `free_share_key` (smallest first) as a key to take the largest of."""
     return (-key[0], -key[1], -key[2])
+
+
+class _OwnersClass:
+    """The class the other pods of the pod's owner went to (`ClusterView.admitting_owner`, the
+    controller of the pod admitted now), while one of the pod's classes; else `_Best`'s, which the
+    admission then records for the owner. A fraction or whole GPUs of another GPU model is another
+    workload: the replicas of a Deployment, the pods of a Job or StatefulSet must not get 40 GiB on
+    one node and 20 GiB on the next. Recorded like `_Best`, and read from the view each time it is
+    asked: a remembered answer serves the pods of every owner of one template, each its own class."""
+
+    __slots__ = ("_memories", "_cluster", "_best")
+
+    def __init__(self, classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, best: _Best) -> None:
+        self._cluster, self._best = cluster, best
+        self._memories = frozenset(c.memory_mib for c in classes)
+
+    def __call__(self) -> tuple[int, str]:
+        chosen = self._best()
+        owner = self._cluster.admitting_owner
+        memory = self._cluster.owner_class(owner) if owner else None
+        if memory is None or memory == chosen[0] or memory not in self._memories:
+            return chosen
+        return memory, "the class of the other pods of its owner"
 
 
 class _Best:

@@ -15,7 +15,10 @@ would see the same free shares and be pinned to the same class, which then fills
 stay idle. A promise holds the pod's units and the CPU it asks beside them: a class whose nodes'
 CPU the promised pods will take has no room for the next pod however many units it has free. A
 promise lasts until the class's labelled free units drop by as much (the pod was allocated) or
-`PROMISE_SECONDS` pass (the pod was deleted, or went elsewhere).
+`PROMISE_SECONDS` pass (the pod was deleted, or went elsewhere). A pod admitted but never stored
+(refused later in admission: a ResourceQuota, another webhook, PodSecurity) gives its promise
+back once the pending-pod watch has not seen it for `APPEAR_SECONDS` (`track_appearance`, set by
+webhook/waiting.py: without the watch nothing could say it appeared).
 
 Node labels are untrusted input: `nodelabels` reads and checks them, and a node whose labels cannot
 be believed is left out (`untrusted` names it and says why; the node watch logs it and the metrics
@@ -41,13 +44,19 @@ import numpy as np
 from gpuslice import contract as contract_
 from gpuslice.webhook import cpudemand, nodelabels
 
-__all__ = ["PROMISE_SECONDS", "ClusterView", "FreeUnits", "GpuClass"]
+__all__ = ["APPEAR_SECONDS", "PROMISE_SECONDS", "ClusterView", "FreeUnits", "GpuClass"]
 
 T = TypeVar("T")
 
 # How long a conversion counts against its class when no label shows it: longer than a loaded
 # scheduler takes to bind a burst's last pod, short enough that a pod that never ran is forgotten.
 PROMISE_SECONDS = 300.0
+# How long after its admission a converted pod must be in the API server (the webhook's watch sees
+# it) before its promise is given back: later webhooks and admission plugins have a 30 s limit.
+APPEAR_SECONDS = 30.0
+# Owners whose class is remembered: the least recently converted go first (their next pod then takes
+# the class chosen for it, and its siblings follow that one).
+_MAX_OWNERS = 65536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +136,18 @@ class ClusterView:
         self._promised_total: Counter[int] = Counter()  # their units per class, kept as they change
         self._promised_cpu: dict[int, float] = collections.defaultdict(float)  # their CPU per class
         self._next_deadline = math.inf  # no promise expires before this (`promises`)
+        # Conversions admitted, not yet seen stored, per (class memory MiB, units): admission times
+        # plus APPEAR_SECONDS, oldest first. Only while a watch says which pods appear.
+        self.track_appearance = False
+        self._unseen: dict[tuple[int, int], collections.deque[float]] = {}
+        self._next_unseen = math.inf
+        self.not_created = 0  # promises given back because the pod never appeared
+        # The controller of the pod being admitted ("" for none, or opted out): its pods go to one GPU
+        # class (webhook/classchoice.py). Set by the admission before the class is chosen or a
+        # remembered answer's decisions are taken again.
+        self.admitting_owner = ""
+        # Owner (controller UID) -> the GPU class its converted pods went to, most recent last.
+        self._owner_classes: collections.OrderedDict[str, int] = collections.OrderedDict()
         # Pacing: "" while a pacer renews its Lease (webhook/pacerlease.py), else why none is alive,
         # in the words a pod's decision carries. No cluster, no pacer: nothing is gated.
         self.pacer_absent = "no pacer Lease read (the webhook watches no cluster)"
@@ -185,6 +206,8 @@ class ClusterView:
         self._promised_total.clear()
         self._promised_cpu.clear()
         self._next_deadline = math.inf
+        self._unseen.clear()
+        self._next_unseen = math.inf
 
     def promise(self, memory_mib: int, units: int, *, cpu_milli: int = 0, now: float | None = None) -> None:
         """A pod was just converted to `units` on a GPU of class `memory_mib`, asking `cpu_milli`
@@ -211,6 +234,47 @@ class ClusterView:
         memory, units = decision.get("classMemoryMiB"), decision.get("units")
         if isinstance(memory, int) and isinstance(units, int):
             self.promise(memory, units, cpu_milli=cpu_milli)
+            if self.track_appearance and units > 0:
+                deadline = self.clock() + APPEAR_SECONDS
+                self._next_unseen = min(self._next_unseen, deadline)
+                queue = self._unseen.get((memory, units))
+                if queue is None:
+                    queue = self._unseen[(memory, units)] = collections.deque()
+                queue.append(deadline)
+
+    def owner_class(self, owner: str) -> int | None:
+        """The GPU class (memory MiB) the converted pods of controller `owner` went to, if known."""
+        return self._owner_classes.get(owner)
+
+    def note_owner_class(self, owner: str, decision: Mapping[str, Any] | None) -> None:
+        """A pod of `owner` was converted to (or is seen pending in) the class its decision names."""
+        memory = decision.get("classMemoryMiB") if decision else None
+        if not owner or not isinstance(memory, int) or decision.get("migProfile"):  # type: ignore[union-attr]
+            return
+        known = self._owner_classes
+        if known.get(owner) != memory:
+            known[owner] = memory
+        known.move_to_end(owner)
+        if len(known) > _MAX_OWNERS:
+            known.popitem(last=False)
+
+    def appeared(self, decision: Mapping[str, Any] | None) -> None:
+        """A converted pod was stored (the pending-pod watch saw it): one conversion of its class and
+        size is no longer waiting to appear (which of them does not matter: they promise alike)."""
+        if not decision or decision.get("migProfile"):
+            return
+        queue = self._unseen.get((decision.get("classMemoryMiB"), decision.get("units")))  # type: ignore[arg-type]
+        if queue:
+            queue.popleft()
+
+    def _give_back_unseen(self, now: float) -> None:
+        """Promises of conversions whose pods did not appear within APPEAR_SECONDS."""
+        for (memory, units), queue in self._unseen.items():
+            while queue and queue[0] <= now:
+                queue.popleft()
+                self.not_created += 1
+                self.release_conversion({"classMemoryMiB": memory, "units": units})
+        self._next_unseen = min((q[0] for q in self._unseen.values() if q), default=math.inf)
 
     def release_conversion(self, decision: Mapping[str, Any] | None) -> None:
         """The pod of this conversion will not take its units soon (the scheduler found no node for
@@ -340,6 +404,8 @@ class ClusterView:
         admission of a converted pod reads it, remembered or not."""
         if self._promised:
             now = self.clock()
+            if now >= self._next_unseen:
+                self._give_back_unseen(now)
             if now >= self._next_deadline:
                 for memory in self._promised:
                     self.promised_units(memory, now=now)

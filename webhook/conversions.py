@@ -43,6 +43,9 @@ class Conversion:
     decision: dict[str, Any]
     required: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # GPU-class pin expressions
     steering_request: steering.Request | None = None
+    # Other systems' resource names the converted container loses besides nvidia.com/gpu
+    # (webhook/foreign.py: nvidia.com/mig-<profile>, HAMi's).
+    replaces: tuple[str, ...] = ()
 
 
 def fraction_units(fraction: float, units_per_gpu: int) -> int:

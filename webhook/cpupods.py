@@ -72,6 +72,7 @@ def key_rules(contract: contract_.Contract) -> decoding.KeyRules:
         device_annotations=(*contract_.KAI_ANNOTATIONS, contract.isolation_annotation),
         plain=_plain_resource,
         plain_names=_PLAIN_RESOURCES,
+        owner_opt_out=(contract.gpu_class_annotation, contract_.GPU_CLASS_ANY),
     )
 
 

@@ -59,7 +59,10 @@ class _Container(msgspec.Struct):
 
 
 class _Owner(msgspec.Struct):
-    kind: str | None = _UNSET  # all the webhook reads of an owner (DaemonSet pods are not steered)
+    kind: str | None = _UNSET  # DaemonSet pods are not steered
+    # The controller's UID: the pods of one controller go to one GPU class (webhook/classchoice.py).
+    uid: str | None = _UNSET
+    controller: Any = _UNSET
 
 
 class _Metadata(msgspec.Struct):
@@ -122,6 +125,8 @@ class KeyRules:
     device_annotations: Collection[str] = ()
     plain: Callable[[str], bool] | None = None
     plain_names: frozenset[str] = frozenset()  # names `plain` accepts, checked first (in C)
+    # (annotation, value) by which a pod's GPU class need not follow its controller's (`Decoded.owner`)
+    owner_opt_out: tuple[str, str] = ("", "")
 
 
 class Decoded:
@@ -133,6 +138,25 @@ class Decoded:
         request = review.request
         self.uid = request.uid if isinstance(request, _Request) and isinstance(request.uid, str) else None
         self.key = _key(review, rules) if self.uid is not None else None  # None: not to be remembered
+        self._rules = rules
+
+    @property
+    def owner(self) -> str:
+        """The UID of the pod's controller, as webhook/pods.owner_of reads it from the document; not
+        part of the key: the answers of one template serve every owner, their class choice taken
+        again for each (webhook/classchoice.py)."""
+        request = self._review.request
+        pod = request.object if isinstance(request, _Request) else None
+        metadata = pod.metadata if isinstance(pod, _Pod) else None
+        if not isinstance(metadata, _Metadata) or not metadata.ownerReferences:
+            return ""
+        opt_out, value = self._rules.owner_opt_out
+        if opt_out and isinstance(metadata.annotations, dict) and metadata.annotations.get(opt_out) == value:
+            return ""
+        for owner in metadata.ownerReferences:
+            if owner is not None and owner.controller is True and isinstance(owner.uid, str):
+                return owner.uid
+        return ""
 
     def document(self) -> tuple[dict[str, Any], bool]:
         """(the fields read, as orjson decodes them; whether the pod's fields have the types
@@ -216,6 +240,7 @@ def _key(review: _Review, rules: KeyRules) -> bytes | None:
     pod = request.object if isinstance(request.object, _Pod) else None
     metadata = pod.metadata if pod is not None else None
     swapped = _without_amounts(pod, rules) if pod is not None and rules.plain is not None else ()
+    owners = _without_owner_uids(pod) if pod is not None else ()
     uid, request.uid = request.uid, _UNSET
     if isinstance(metadata, _Metadata):
         kept = metadata.name, metadata.generateName, metadata.labels
@@ -229,7 +254,22 @@ def _key(review: _Review, rules: KeyRules) -> bytes | None:
     request.uid = uid
     for container, resources in swapped:
         container.resources = resources
+    for owner, owner_uid in owners:
+        owner.uid = owner_uid
     return key if len(key) <= MAX_KEY_BYTES else None
+
+
+def _without_owner_uids(pod: _Pod) -> list[tuple[_Owner, Any]]:
+    """The owners' UIDs set aside, to put back (`Decoded.owner` reads them; no answer keys on them)."""
+    metadata = pod.metadata
+    if not isinstance(metadata, _Metadata) or not metadata.ownerReferences:
+        return []
+    kept = []
+    for owner in metadata.ownerReferences:
+        if owner is not None and owner.uid is not _UNSET:
+            kept.append((owner, owner.uid))
+            owner.uid = _UNSET
+    return kept
 
 
 def _without_amounts(pod: _Pod, rules: KeyRules) -> list[tuple[_Container, Any]]:

@@ -8,7 +8,11 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                selector on the device's memoryMiB when a GPU class was chosen;
   whole GPUs (nvidia.com/gpu: N with convertWholeGpus) -> one request of N devices of class
                                gpu.<prefix> without a capacity: each takes its whole GPU
-                               (the request policy's default);
+                               (the request policy's default); as a prioritized list over the GPU
+                               classes known (the class device-plugin mode would pin first, then
+                               the others smallest first, then any GPU), so that a class whose
+                               labels lag never keeps the pod waiting while another has GPUs
+                               free, the N GPUs alike in memory (a matchAttribute constraint);
   <prefix>/isolation: mig   -> one request of class mig.<prefix> selecting the profile.
 One request per converted container; each container references its own request through
 `resources.claims`, and the pod gets `spec.resourceClaims: [{name: gpuslice,
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -66,7 +70,10 @@ class ContainerNeed:
 class Need:
     kind: str
     containers: tuple[ContainerNeed, ...]
-    gpu_memory_mib: tuple[int, ...] = ()  # GPU classes (memoryMiB) allowed; empty: any
+    replaces: tuple[str, ...] = ()  # other systems' resource names the containers lose (Conversion.replaces)
+    gpu_memory_mib: tuple[
+        int, ...
+    ] = ()  # GPU classes (memoryMiB) allowed (whole GPUs: preferred, in order); empty: any
     decision: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -87,27 +94,40 @@ def already_converted(pod: Mapping[str, Any]) -> bool:
 
 
 def need_from_conversion(
-    conversion: conversions.Conversion, contract: contract_.Contract, pod: Mapping[str, Any]
+    conversion: conversions.Conversion,
+    contract: contract_.Contract,
+    pod: Mapping[str, Any],
+    classes: Sequence[int] = (),
 ) -> Need:
     """The Need of a device-plugin-mode conversion: units become MiB, GPU-class pins on the
-    <prefix>/gpu.memory-mib node label become the allowed GPU memories."""
+    <prefix>/gpu.memory-mib node label become the allowed GPU memories. Whole GPUs are not pinned:
+    the pinned class comes first, then the other `classes` (GPU memory of the classes known whose
+    largest node has enough GPUs), smallest first."""
     decision = dict(conversion.decision)
     allowed: list[int] = []
     for expression in conversion.required or ():
         if expression.get("key") == contract.label_gpu_memory_mib and expression.get("operator") == "In":
             allowed.extend(int(v) for v in expression.get("values") or ())
+    if conversion.kind == conversions.KIND_WHOLE_GPUS:
+        allowed = [*dict.fromkeys([*allowed, *sorted(classes)])]  # preference order, no repeats
     spec = pod.get("spec") or {}
     needs = []
     for (field, index), units in conversion.container_units.items():
-        if conversion.kind == conversions.KIND_MIG:
-            needs.append(ContainerNeed(field, index, mig_profile=str(decision.get("migProfile", ""))))
+        if conversion.kind == conversions.KIND_MIG:  # `units`: MIG devices (more than one: NVIDIA's MIG names)
+            needs.append(ContainerNeed(field, index, gpus=units, mig_profile=str(decision.get("migProfile", ""))))
         elif conversion.kind == conversions.KIND_WHOLE_GPUS:
             name = str(spec[field][index].get("name"))
             needs.append(ContainerNeed(field, index, gpus=int(decision["containers"][name])))
         else:
             needs.append(ContainerNeed(field, index, memory_mib=units * contract.unit_mib))
     return Need(
-        kind=conversion.kind, containers=tuple(needs), gpu_memory_mib=tuple(sorted(set(allowed))), decision=decision
+        kind=conversion.kind,
+        containers=tuple(needs),
+        replaces=conversion.replaces,
+        gpu_memory_mib=tuple(allowed)
+        if conversion.kind == conversions.KIND_WHOLE_GPUS
+        else tuple(sorted(set(allowed))),
+        decision=decision,
     )
 
 
@@ -126,10 +146,43 @@ def request_name(container: ContainerNeed, single: bool) -> str:
     return "gpu" if single else f"{'i' if container.field == 'initContainers' else 'c'}{container.index}"
 
 
+def _whole_gpus(need: Need, container: ContainerNeed, contract: contract_.Contract, name: str) -> dict[str, Any]:
+    """N whole GPUs: the first GPU class of `need.gpu_memory_mib` that has them, else any GPU."""
+    exactly = {"deviceClassName": contract.dra_device_class, "allocationMode": "ExactCount", "count": container.gpus}
+    if not need.gpu_memory_mib:
+        return {"name": name, "exactly": exactly}
+    attributes = f'device.attributes["{contract.dra_driver}"]'
+    alternatives = [
+        {
+            "name": f"m{memory}",
+            **exactly,
+            "selectors": [{"cel": {"expression": f"{attributes}.{contract_.DRA_ATTR_MEMORY_MIB} == {memory}"}}],
+        }
+        for memory in need.gpu_memory_mib
+    ]
+    return {"name": name, "firstAvailable": [*alternatives, {"name": "any", **exactly}]}
+
+
+def _constraints(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
+    """Several whole GPUs of one container alike in memory (one class), whichever alternative is taken."""
+    single = len(need.containers) == 1
+    return [
+        {
+            "requests": [request_name(container, single)],
+            "matchAttribute": f"{contract.dra_driver}/{contract_.DRA_ATTR_MEMORY_MIB}",
+        }
+        for container in need.containers
+        if container.gpus > 1 and not container.mig_profile
+    ]
+
+
 def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
     single = len(need.containers) == 1
     requests = []
     for container in need.containers:
+        if container.gpus and not container.mig_profile:
+            requests.append(_whole_gpus(need, container, contract, request_name(container, single)))
+            continue
         exactly: dict[str, Any] = {
             "deviceClassName": contract.dra_mig_device_class if container.mig_profile else contract.dra_device_class,
             "allocationMode": "ExactCount",
@@ -163,11 +216,15 @@ def template_name(spec: Mapping[str, Any], need: Need) -> str:
     return f"gpuslice-{_describe(need)}-{digest}"
 
 
-def _container_resources(container: Mapping[str, Any], claim_request: str | None) -> dict[str, Any]:
+def _container_resources(
+    container: Mapping[str, Any], claim_request: str | None, replaces: tuple[str, ...] = ()
+) -> dict[str, Any]:
     resources = dict(container.get("resources") or {})
     for part in ("requests", "limits"):
         if part in resources:
-            entries = {k: v for k, v in (resources[part] or {}).items() if k != contract_.NVIDIA_GPU}
+            entries = {
+                k: v for k, v in (resources[part] or {}).items() if k != contract_.NVIDIA_GPU and k not in replaces
+            }
             if entries:
                 resources[part] = entries
             else:
@@ -185,7 +242,11 @@ def build(pod: Mapping[str, Any], need: Need, settings: config_.Config, *, names
     contract = settings.contract
     spec = pod.get("spec") or {}
     metadata = pod.get("metadata") or {}
-    claim_spec = {"devices": {"requests": _requests(need, contract)}}
+    devices: dict[str, Any] = {"requests": _requests(need, contract)}
+    constraints = _constraints(need, contract)
+    if constraints:
+        devices["constraints"] = constraints
+    claim_spec = {"devices": devices}
     name = template_name(claim_spec, need)
     template_metadata: dict[str, Any] = {"name": name, "labels": {contract.dra_template_label: "webhook"}}
     if namespace:
@@ -204,7 +265,9 @@ def build(pod: Mapping[str, Any], need: Need, settings: config_.Config, *, names
             {
                 "op": "add",
                 "path": f"/spec/{container.field}/{container.index}/resources",
-                "value": _container_resources(target, None if single else request_name(container, single)),
+                "value": _container_resources(
+                    target, None if single else request_name(container, single), need.replaces
+                ),
             }
         )
     entry = {"name": CLAIM_NAME, "resourceClaimTemplateName": name}

@@ -86,8 +86,15 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
             lease_seconds=settings.pacing.lease_seconds,
         )
         background.append(lease.run)
-    if api is not None:  # promises of pods the scheduler cannot place are given back (webhook/waiting.py)
-        background.append(waiting.WaitingPods(api, view).run)
+    if api is not None:  # promises of pods never stored or that no node takes go back (webhook/waiting.py)
+        waiting_pods = waiting.WaitingPods(api, view)
+        background.append(waiting_pods.run)
+
+        def promises_returned() -> dict[str, int]:
+            view.promises()  # gives back what is overdue: the scrape's figure is current without admissions
+            return {"unschedulable": waiting_pods.released, "not-created": view.not_created}
+
+        metrics.track_promises_returned(promises_returned)
     # DRA mode: claim templates are created with the same credentials as the node watch (--kubeconfig).
     templates = (
         claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(api.api_client))

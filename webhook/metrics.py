@@ -63,6 +63,8 @@ class Metrics:
         self.registry.register(self._untrusted_nodes)
         self._repeats = _Repeats()
         self.registry.register(self._repeats)
+        self._promises = _PromisesReturned()
+        self.registry.register(self._promises)
 
     def count(self, result: str, kind: str = "") -> None:
         """One admission answered with `result` (converting a pod of `kind`, when not "")."""
@@ -98,6 +100,10 @@ class Metrics:
         """Export how many admissions were answered from memory (webhook/repeats.py), read at each
         scrape: counting here would cost every admission a lock."""
         self._repeats.source = count
+
+    def track_promises_returned(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Export the promises given back, by reason (webhook/waiting.py, cluster.py), read at each scrape."""
+        self._promises.source = counts
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""
@@ -161,6 +167,23 @@ class _UntrustedNodes(registry.Collector):
         )
         for node, (reason, _) in sorted(self.source().items()):
             family.add_metric([node, reason], 1.0)
+        yield family
+
+
+class _PromisesReturned(registry.Collector):
+    def __init__(self) -> None:
+        self.source: Callable[[], Mapping[str, int]] = dict
+
+    def collect(self) -> Iterator[core.Metric]:
+        family = core.CounterMetricFamily(
+            "gpuslice_webhook_promises_returned",
+            "Promises of converted pods given back before their units showed in labels, by reason: unschedulable "
+            "(the scheduler found no node), not-created (the pod was refused after this webhook admitted it, and "
+            "the conversions counter counts it although it never existed)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.source().items()):
+            family.add_metric([reason], count)
         yield family
 
 

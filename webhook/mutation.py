@@ -6,6 +6,8 @@ conversions for users):
   annotations  read and check gpu-fraction / gpu-memory / isolation, find the container
   shares       a share of one GPU -> units (or a MIG device), choosing the GPU class (classchoice)
   wholegpus    nvidia.com/gpu: N (convertWholeGpus, no annotations) -> N GPUs of units of one class
+  foreign      other systems' names (convertWholeGpus): NVIDIA's nvidia.com/mig-<profile> -> our MIG
+               resource, HAMi's nvidia.com/gpumem(-percentage) -> a share; what cannot map refused
   patches      the conversion -> requests and limits, scheduler, node affinity, decision annotation
   dra_claims   the same conversion as a ResourceClaim instead (DRA mode)
   cpupods      a pod that asks for no device -> a preference for nodes without a free whole GPU
@@ -25,7 +27,18 @@ from typing import Any
 from gpuslice import config
 from gpuslice.webhook import annotations as annotations_
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import conversions, cpupods, dra_claims, parsing, patches, pods, shares, tolerations, wholegpus
+from gpuslice.webhook import (
+    conversions,
+    cpupods,
+    dra_claims,
+    foreign,
+    parsing,
+    patches,
+    pods,
+    shares,
+    tolerations,
+    wholegpus,
+)
 
 __all__ = ["Outcome", "mutate"]
 
@@ -49,9 +62,35 @@ class Outcome:
 
 _UNCHANGED = Outcome(allowed=True)
 
+KAI_MPS = "mps"  # KAI's per-pod MPS switch: gpuslice's MPS is the cluster's choice (config.mps.enabled)
+
+
+def _mps_warning(value: Any, settings: config.Config) -> str:
+    if settings.mps.enabled:
+        return f"gpuslice: annotation {KAI_MPS}={parsing.quote(value)} is not needed: every share runs under MPS here"
+    return (
+        f"gpuslice: annotation {KAI_MPS}={parsing.quote(value)} is ignored: this cluster's gpuslice runs no MPS "
+        "(config.mps.enabled false), so the share's memory is accounted, not enforced (docs/isolation.md)"
+    )
+
 
 def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
-    """Convert one pod (a Pod object as JSON) or say why it is refused."""
+    """Convert one pod (a Pod object as JSON) or say why it is refused. Whatever else happens, a pod
+    allowed with `schedulerName: kai-scheduler` leaves with a scheduler that exists (a converted pod's
+    own rewrite, else this one): once gpuslice replaces KAI, no scheduler would ever place it."""
+    outcome = _mutate(pod, settings=settings, cluster=cluster)
+    if outcome.allowed and outcome.decision is not None:
+        mps = ((pod.get("metadata") or {}).get("annotations") or {}).get(KAI_MPS)
+        if mps is not None:
+            outcome = dataclasses.replace(outcome, warnings=(*outcome.warnings, _mps_warning(mps, settings)))
+    spec = pod.get("spec") or {}
+    if not outcome.allowed or spec.get("schedulerName") != patches.KAI_SCHEDULER or outcome.decision is not None:
+        return outcome  # denied, not KAI's, or converted (patches.scheduler_ops rewrote it)
+    ops, warnings = patches.scheduler_ops(spec, settings, {})
+    return dataclasses.replace(outcome, patch=[*outcome.patch, *ops], warnings=(*outcome.warnings, *warnings))
+
+
+def _mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = metadata.get("annotations") or {}
@@ -70,7 +109,9 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
     if added:
         conversion.decision["tolerationsAdded"] = added
     if settings.dra.enabled:  # DRA mode: a ResourceClaim instead of extended resources (docs/dra.md)
-        need = dra_claims.need_from_conversion(conversion, settings.contract, pod)
+        gpus = conversion.steering_request.gpus if conversion.steering_request is not None else 1
+        classes = [c.memory_mib for c in cluster.classes() if c.max_gpus_per_node >= gpus]
+        need = dra_claims.need_from_conversion(conversion, settings.contract, pod, classes)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
         patch = claims.patch + toleration_ops + patches.dra_affinity(pod, conversion, settings)
         return Outcome(
@@ -107,9 +148,22 @@ def _convert(
     """What the pod is converted to; None when nothing is (parsing.Invalid when it is refused)."""
     if annotated:
         share = annotations_.read(spec, annotations, settings.contract)
-        return None if share is None else shares.convert(share, spec, settings, cluster)
+        if share is None:
+            return None
+        other = foreign.names_in(spec, settings.contract)
+        if other:
+            raise parsing.Invalid(
+                f"the pod asks for a share with annotation {share.annotation} and for {', '.join(other)}: "
+                f"choose one; remove {', '.join(other)} to keep the annotation's share"
+            )
+        return shares.convert(share, spec, settings, cluster)
     if settings.convert_whole_gpus:
-        return wholegpus.convert(spec, settings, cluster)
+        hami = foreign.hami_share(spec, settings.contract)
+        if hami is not None:
+            conversion = shares.convert(hami, spec, settings, cluster)
+            conversion.replaces = foreign.REPLACED_BY_A_SHARE
+            return conversion
+        return foreign.mig_conversion(spec, settings, cluster) or wholegpus.convert(spec, settings, cluster)
     return None
 
 

@@ -49,7 +49,7 @@ def build(
             {
                 "op": "add",
                 "path": f"/spec/{field}/{index}/resources",  # fixed names: nothing to escape
-                "value": _container_resources(container, conversion.resource, units),
+                "value": _container_resources(container, conversion.resource, units, conversion.replaces),
             }
         )
 
@@ -176,11 +176,15 @@ def json_pointer(*parts: str | int) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def _container_resources(container: Mapping[str, Any], resource: str, units: int) -> dict[str, Any]:
+def _container_resources(
+    container: Mapping[str, Any], resource: str, units: int, replaces: tuple[str, ...] = ()
+) -> dict[str, Any]:
     resources = dict(container.get("resources") or {})
     value = str(units)
     for part in ("requests", "limits"):
-        entries = {k: v for k, v in (resources.get(part) or {}).items() if k != contract_.NVIDIA_GPU}
+        entries = {
+            k: v for k, v in (resources.get(part) or {}).items() if k != contract_.NVIDIA_GPU and k not in replaces
+        }
         entries[resource] = value  # extended resources: requests must equal limits
         resources[part] = entries
     return resources

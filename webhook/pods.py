@@ -20,6 +20,7 @@ __all__ = [
     "gpu_count",
     "has_gpuslice_resource",
     "nvidia_gpus",
+    "owner_of",
     "requests",
     "resource_maps",
     "selected_products",
@@ -51,6 +52,18 @@ def has_gpuslice_resource(container: Mapping[str, Any], contract: contract_.Cont
             if name == memory or name.startswith(mig_prefix):
                 return True
     return False
+
+
+def owner_of(metadata: Mapping[str, Any], contract: contract_.Contract) -> str:
+    """The UID of the controller that made the pod (ReplicaSet, Job, StatefulSet...), whose pods go
+    to one GPU class; "" for a bare pod, or one whose `<prefix>/gpu-class: any` lets it take any."""
+    annotations = metadata.get("annotations") or {}
+    if annotations.get(contract.gpu_class_annotation) == contract_.GPU_CLASS_ANY:
+        return ""
+    for owner in metadata.get("ownerReferences") or ():
+        if isinstance(owner, Mapping) and owner.get("controller") is True and isinstance(owner.get("uid"), str):
+            return str(owner["uid"])
+    return ""
 
 
 def nvidia_gpus(container: Mapping[str, Any]) -> Any:

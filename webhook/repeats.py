@@ -85,6 +85,7 @@ class _Remembered:
     generation: int
     decide: tuple[Callable[[], Hashable], ...]  # the decisions promises can change, to take again
     answers: dict[tuple[Hashable, ...], _Answer]
+    owner: str = ""  # a body's pod's controller (its class follows it): the same for every repeat of the bytes
 
     def holds(self, body: bytes, start: int, end: int) -> bool:
         """`body`, its uid's value at [start, end), is this body but for the uid."""
@@ -214,6 +215,7 @@ class RepeatAnswers:
             print_ = _fingerprint(body, start, end)
             known = self._bodies.get(print_)
             if known is not None and known.holds(body, start, end):
+                cluster.admitting_owner = known.owner
                 answer = known.answer(cluster)
                 if answer is not None and (answer.checked or self._check(print_, known, answer)):
                     self._bodies.move_to_end(print_)
@@ -231,14 +233,16 @@ class RepeatAnswers:
         keyed = self._fields.get(key) if key is not None else None
         if keyed is None and key is not None and _first_sighting(self._keys_seen_once, hash(key)):
             key = None
+        owner = decoded.owner
         if keyed is not None and key is not None:
+            cluster.admitting_owner = owner
             decided = keyed.decisions(cluster)
             answer = keyed.answers.get(decided) if decided is not None else None
             if decided is not None and answer is not None:
                 self._fields.move_to_end(key)
                 self.by_fields += 1
                 if print_ is not None and span is not None:
-                    self._keep_body(print_, body, span, uid, keyed, decided, answer)
+                    self._keep_body(print_, body, span, uid, keyed, decided, answer, owner)
                 outcome = answer.result.outcome
                 steered = outcome is not None and outcome.kind == conversions.KIND_CPU_POD
                 return self._again(answer, uid, cluster, cpupods.cpu_asked(decoded) if steered else None)
@@ -258,7 +262,7 @@ class RepeatAnswers:
             if key is not None:
                 self._fields.keep(key, keyed, decided, answer)
             if print_ is not None and span is not None:
-                self._keep_body(print_, body, span, uid, keyed, decided, answer)
+                self._keep_body(print_, body, span, uid, keyed, decided, answer, owner)
         return result, encoded
 
     def _again(
@@ -279,6 +283,7 @@ class RepeatAnswers:
         keyed: _Remembered,
         decided: tuple[Hashable, ...],
         answer: _Answer,
+        owner: str,
     ) -> None:
         """Remember `answer` for the body's bytes too (when the cut is the request's uid), so that
         its next repeat is answered without decoding; `_check` makes sure of the cut at the first."""
@@ -287,7 +292,7 @@ class RepeatAnswers:
             return
         known = self._bodies.get(print_)
         if known is None or not known.holds(body, start, end) or known.generation != keyed.generation:
-            known = _Remembered(body[:start], body[end:], keyed.generation, keyed.decide, {})
+            known = _Remembered(body[:start], body[end:], keyed.generation, keyed.decide, {}, owner)
         if len(known.decide) == len(decided):
             self._bodies.keep(print_, known, decided, dataclasses.replace(answer, checked=False))
 

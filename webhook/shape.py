@@ -111,7 +111,7 @@ _POD = _object(
                 "namespace": _string,
                 "annotations": _object(values=_string),
                 "labels": _object(values=_string),
-                "ownerReferences": _list(_object({"kind": _string})),
+                "ownerReferences": _list(_object({"kind": _string, "uid": _string})),
             }
         ),
         "spec": _object(

@@ -43,7 +43,7 @@ class Request:
     """What the webhook converted the pod to."""
 
     units: int = 0  # gpu-memory units per GPU (0 for MIG)
-    gpus: int = 1  # >1 only for whole GPUs
+    gpus: int = 1  # >1 only for whole GPUs, and for MIG devices: how many of the profile
     whole_gpus: bool = False
     mig_profile: str | None = None  # resource-form profile for MIG isolation
     units_per_gpu: int = 0  # units of one GPU of the class the pod is pinned to (0: unknown)
@@ -132,7 +132,7 @@ def placement_affinity(
 @functools.lru_cache(maxsize=1024)
 def _placement_terms(request: Request, contract: contract_.Contract) -> tuple[list, list]:
     if request.mig_profile:
-        return _mig(request.mig_profile, contract)
+        return _mig(request.mig_profile, max(1, request.gpus), contract)
     if request.whole_gpus:
         if request.gpus < 1:
             raise ValueError(f"a whole-GPU request needs at least 1 GPU, got {request.gpus}")
@@ -274,9 +274,9 @@ def _balance_within(need: int, slack: int, spare: str, short: str) -> tuple[dict
     return _lt(spare, high + 1), _lt(short, -low + 1)
 
 
-def _mig(profile: str, contract: contract_.Contract) -> tuple[list, list]:
+def _mig(profile: str, devices: int, contract: contract_.Contract) -> tuple[list, list]:
     free = contract.label_mig_free(profile)
-    required = [_gt(free, 0)]
+    required = [_gt(free, devices - 1)]
     preferred = [
         _term(WEIGHTS.fits, *required),
         _term(WEIGHTS.last_mig, _lt(free, 2)),

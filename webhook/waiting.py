@@ -1,4 +1,5 @@
-"""Gives back the promises of converted pods the scheduler could not place.
+"""Gives back the promises of converted pods the scheduler could not place, and says which
+converted pods were stored, so that the promise of one never stored goes back too.
 
 Each conversion pinned to a GPU class is promised against that class until the class's labels show
 it (webhook/cluster.py, promises), so that the pods of a burst choose their class knowing what the
@@ -9,7 +10,10 @@ in docs/steering.md). This watch sees the mark and releases the promise.
 
 Pending pods of the whole cluster are watched (field selector status.phase=Pending; the condition
 itself cannot be selected on); only those carrying the webhook's decision annotation, not bound,
-with PodScheduled False for reason Unschedulable count, each UID once.
+with PodScheduled False for reason Unschedulable count, each UID once. A converted pod seen for
+the first time (added, or new in a list after the watch expired) has appeared
+(`ClusterView.appeared`); once the first list is in, the view gives back the promise of a pod
+that does not appear within APPEAR_SECONDS of its admission (refused later in admission).
 
 May import gpuslice.{contract,listwatch}, the webhook's cluster view and the kubernetes client.
 """
@@ -42,6 +46,17 @@ def unschedulable_decision(pod: Mapping[str, Any], contract: contract_.Contract)
         if isinstance(c, Mapping)
     ):
         return None
+    return _decision(text)
+
+
+def _controller(pod: Mapping[str, Any]) -> str:
+    for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(owner, Mapping) and owner.get("controller") is True:
+            return str(owner.get("uid") or "")
+    return ""
+
+
+def _decision(text: str) -> dict[str, Any] | None:
     try:
         decision = json.loads(text)
     except ValueError:
@@ -58,6 +73,7 @@ class WaitingPods(listwatch.PodWatch):
         super().__init__(lambda: api, "pending pods", "status.phase=Pending", **options)
         self.cluster = cluster
         self._done: set[str] = set()  # UIDs whose promise was given back (until the pod goes)
+        self._seen: set[str] = set()  # UIDs of converted pending pods seen (until the pod goes or binds)
         self.released = 0
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
@@ -65,14 +81,29 @@ class WaitingPods(listwatch.PodWatch):
         if self.lists == 0:
             # The first list: promises of pods waiting already were made by a process that is gone.
             self._done = listed
+            self._seen = set(listed)
+            self.cluster.track_appearance = True
             return
         self._done &= listed  # a list after an expired watch: pods gone meanwhile are forgotten
+        self._seen &= listed
         for pod in items:
             self.apply("MODIFIED", pod)
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid"))
-        if kind == "DELETED" or (obj.get("spec") or {}).get("nodeName"):
+        if uid not in self._seen and kind != "DELETED":
+            self._seen.add(uid)
+            text = ((obj.get("metadata") or {}).get("annotations") or {}).get(self.cluster.contract.decision_annotation)
+            if text:
+                decision = _decision(text)
+                self.cluster.appeared(decision)
+                # another replica's conversion, or one made before this process started
+                self.cluster.note_owner_class(_controller(obj), decision)
+        if kind == "DELETED":  # gone, or no longer Pending (the field selector's view)
+            self._done.discard(uid)
+            self._seen.discard(uid)
+            return
+        if (obj.get("spec") or {}).get("nodeName"):
             self._done.discard(uid)
             return
         if uid in self._done:

@@ -65,15 +65,7 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
-# The long step runs in its own session in the background, so that INT or TERM reaches the trap at once
-# and stops all of it (debootstrap, dpkg in the chroot) before cleanup unmounts and removes its files.
-child=
-stop() {
-  if [ -n "$child" ]; then kill -TERM -- -"$child" 2>/dev/null || true; wait "$child" 2>/dev/null || true; fi
-  exit 130
-}
-trap stop INT TERM
-in_background() { setsid "$@" & child=$!; local rc=0; wait "$child" || rc=$?; child=; return "$rc"; }
+source "$(dirname "${BASH_SOURCE[0]}")/interruptible.sh"
 
 start=$(date +%s)
 ARCH=$(dpkg --print-architecture)

@@ -78,15 +78,7 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
-# The build runs in its own session in the background, so that INT or TERM reaches the trap at once and
-# stops all of it (make, buildah, the RUN step) before cleanup removes the working containers.
-child=
-stop() {
-  if [ -n "$child" ]; then kill -TERM -- -"$child" 2>/dev/null || true; wait "$child" 2>/dev/null || true; fi
-  exit 130
-}
-trap stop INT TERM
-in_background() { setsid "$@" & child=$!; local rc=0; wait "$child" || rc=$?; child=; return "$rc"; }
+source "$(dirname "${BASH_SOURCE[0]}")/interruptible.sh"
 
 in_background bash "$HERE/build-base.sh" > "$STAGE/base-tar" || die "no Python base image (build-base.sh, above)"
 BASE_TAR=$(tail -n 1 "$STAGE/base-tar")

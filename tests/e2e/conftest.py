@@ -19,6 +19,7 @@ import k8skit
 import kubernetes
 import pytest
 
+from gpuslice.deviceplugin import nodefile
 from gpuslice.sim import controlplane
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -204,3 +205,14 @@ def nodes(core: kubernetes.client.CoreV1Api) -> Iterator[list[str]]:
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+@pytest.fixture
+def gpu_nodes(core: kubernetes.client.CoreV1Api, nodes: list[str], namespace: str) -> list[str]:
+    """Two simulated GPU nodes (2 x H100 + an A100 in MIG mode each), labelled as our plugin labels them."""
+    node = nodefile.load(k8skit.EXAMPLES / "demo-node.yaml")
+    names = [f"{namespace}-gpu-{i}" for i in range(2)]
+    for name in names:
+        core.create_node(k8skit.gpu_node_object(name, node))
+        nodes.append(name)
+    return names

@@ -246,9 +246,10 @@ def install_chart(
     *,
     upgrade: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`helm install` (or `helm upgrade`) of charts/gpuslice; no --wait: no kubelet ever runs its pods."""
+    """`helm install` (or `helm upgrade`) of charts/gpuslice; no --wait: no kubelet ever runs its pods.
+    The chart has no default image: values that name none get chartkit.TEST_IMAGE (never pulled here)."""
     values_file = tmp / f"{release}-values.json"
-    values_file.write_text(json.dumps(values))
+    values_file.write_text(json.dumps(chartkit.with_test_image(values)))
     verb = ["upgrade", release] if upgrade else ["install", release, "--create-namespace"]
     return helm(kubeconfig, *verb, str(chartkit.CHART), "--namespace", namespace, "-f", str(values_file))
 

@@ -1,6 +1,7 @@
 """charts/gpuslice installed by the real helm into the real API server: defaults, cert-manager on and
 off (and chosen by default where its API is served), `helm upgrade` keeping the chart-made
-certificate, and `helm uninstall` leaving nothing of ours.
+certificate, `helm uninstall` leaving nothing of ours, and `helm install` refused before anything is
+applied without an image or with cert-manager asked for where it is not installed.
 
 The API server validates every object for real here (schemas, CEL in matchConditions and in the
 ValidatingAdmissionPolicy, RBAC escalation checks on the roles the chart grants).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+import chartkit
 import k8skit
 import kubernetes
 import pytest
@@ -167,6 +169,38 @@ def test_an_upgrade_keeps_the_chart_made_certificate_and_ca_bundle(
     assert after == before
     assert mwc.webhooks[0].client_config.ca_bundle == bundle_before == before["ca.crt"]
     k8skit.helm(cluster.admin_kubeconfig, "uninstall", release, "--namespace", namespace)
+
+
+def test_helm_install_without_an_image_stops_with_the_chart_s_message_and_creates_nothing(
+    cluster: controlplane.ControlPlane, admin: kubernetes.client.ApiClient, workdir: pathlib.Path
+) -> None:
+    release, namespace = "gs-no-image", "gs-no-image"
+    args = ["install", release, str(chartkit.CHART), "--namespace", namespace, "--create-namespace"]
+    result = k8skit.helm(cluster.admin_kubeconfig, *args, check=False)  # the chart's own values: no image
+    assert result.returncode != 0
+    message = " ".join(result.stderr.split())
+    assert "image.repository is not set: gpuslice publishes no image" in message
+    assert (
+        "make image IMAGE=<registry>/gpuslice:" in message and "--set image.repository=<registry>/gpuslice" in message
+    )
+    assert _ours(admin, release) == []
+
+
+def test_cert_manager_asked_for_where_it_is_not_installed_stops_helm_install_with_what_to_do(
+    cluster: controlplane.ControlPlane, admin: kubernetes.client.ApiClient, workdir: pathlib.Path
+) -> None:
+    """Instead of helm's raw "no matches for kind Issuer" after it has begun to apply."""
+    groups = kubernetes.client.ApisApi(admin).get_api_versions().groups
+    if any(group.name == "cert-manager.io" for group in groups):
+        pytest.skip("an earlier test installed cert-manager's CRDs in this session's cluster")
+    release, namespace = "gs-no-cert-manager", "gs-no-cert-manager"
+    values = {"webhook": {"tls": {"source": "certManager"}}}
+    with pytest.raises(AssertionError) as refused:
+        k8skit.install_chart(cluster.admin_kubeconfig, release, namespace, values, workdir)
+    message = " ".join(str(refused.value).split())
+    assert "webhook.tls.source is certManager, but the cluster serves no cert-manager.io/v1 API" in message
+    assert "install cert-manager first" in message and "no matches for kind" not in message
+    assert _ours(admin, release) == []
 
 
 @pytest.mark.usefixtures("cert_manager_crds")

@@ -367,3 +367,42 @@ def test_the_real_allocator_gives_mig_requests_a_device_of_their_profile(
         for i in range(2)
     )
     assert devices == ["gpu-2-mig-2", "gpu-2-mig-3"]
+
+
+def test_whole_gpus_take_another_class_when_the_one_the_webhook_preferred_is_full(
+    admin, core, nodes, namespace, resource_api, device_classes
+):
+    """The webhook prefers a class from its labels, which may lag: the claim lists every class in
+    that order (DRA's prioritized list), so the real allocator takes the next class that has the
+    GPUs instead of leaving the pod waiting on the full one; the GPUs of one pod alike in memory."""
+    h100, h200 = f"{namespace}-h100", f"{namespace}-h200"
+    for name, file in ((h100, DEMO_NODE), (h200, k8skit.EXAMPLES / "h200x8-node.yaml")):
+        core.create_node(k8skit.node_object(name))
+        nodes.append(name)
+        slice_publisher = publisher.SlicePublisher(
+            node=nodefile.load(file), settings=SETTINGS, node_name=name, api=kube.KubernetesApi(admin)
+        )
+        assert asyncio.run(slice_publisher.sync()) is True
+    need = dra_claims.Need(
+        kind="whole-gpus",
+        containers=(dra_claims.ContainerNeed("containers", 0, gpus=2),),
+        gpu_memory_mib=(81559, 143771),  # the H100s first, as a webhook whose labels lag would have it
+    )
+    template = dra_claims.build(k8skit.pod_object("x"), need, SETTINGS).template
+    for i in range(2):
+        resource_api.create_namespaced_resource_claim(namespace, claim_from(template, f"whole-{i}"))
+        pod = k8skit.pod_object(f"whole-{i}")
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpuslice"}]}
+        pod["spec"]["resourceClaims"] = [{"name": "gpuslice", "resourceClaimName": f"whole-{i}"}]
+        core.create_namespaced_pod(namespace, pod)
+        k8skit.bound_node(core, namespace, f"whole-{i}", timeout=90)
+
+    def allocation(name: str) -> dict[str, Any]:
+        claim = resource_api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        return json.loads(claim.data)["status"]["allocation"]
+
+    first, second = allocation("whole-0"), allocation("whole-1")
+    assert {r["pool"] for r in first["devices"]["results"]} == {h100}  # both H100s: the preferred class
+    assert [r["request"] for r in first["devices"]["results"]] == ["gpu/m81559", "gpu/m81559"]
+    assert {r["pool"] for r in second["devices"]["results"]} == {h200}  # the H100s are taken: the H200s
+    assert [r["request"] for r in second["devices"]["results"]] == ["gpu/m143771", "gpu/m143771"]

@@ -33,17 +33,6 @@ GPU_MEMORY = CONTRACT.gpu_memory_resource
 NVIDIA_GPU = "nvidia.com/gpu"
 
 
-@pytest.fixture
-def gpu_nodes(core: kubernetes.client.CoreV1Api, nodes: list[str], namespace: str) -> list[str]:
-    """Two simulated GPU nodes (2 x H100 + an A100 in MIG mode each), labelled as our plugin labels them."""
-    node = nodefile.load(k8skit.EXAMPLES / "demo-node.yaml")
-    names = [f"{namespace}-gpu-{i}" for i in range(2)]
-    for name in names:
-        core.create_node(k8skit.gpu_node_object(name, node))
-        nodes.append(name)
-    return names
-
-
 def _limits(pod: Any, container: int = 0) -> dict[str, str]:
     return dict(pod.spec.containers[container].resources.limits or {})
 

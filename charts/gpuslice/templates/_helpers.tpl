@@ -48,12 +48,20 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
-{{/* The gpuslice image reference: digest wins over tag; the tag defaults to appVersion. */}}
+{{/* The gpuslice image reference: digest wins over tag; the tag defaults to appVersion. The project
+publishes no image, so there is no default repository: a render without one is refused, saying how to
+build and push the image and what to set (the plugin runs as root with kubelet's directories mounted,
+so it must be an image the user chose, never one of an unknown publisher). */}}
 {{- define "gpuslice.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- $image := .Values.image }}
+{{- if not $image.repository }}
+{{- $version := .Chart.AppVersion }}
+{{- fail (printf "image.repository is not set: gpuslice publishes no image. Build it from the Dockerfile at the top of the gpuslice repository and push it to a registry your nodes pull from: `make image IMAGE=<registry>/gpuslice:%s && docker push <registry>/gpuslice:%s` (or podman), then install with `--set image.repository=<registry>/gpuslice --set image.tag=%s`, or pin what you pushed with `--set image.digest=sha256:<digest>` instead of the tag" $version $version $version) }}
+{{- end }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
 {{- end }}
 {{- end }}
 
@@ -137,11 +145,17 @@ imagePullSecrets:
 Where the webhook's TLS comes from: generated, certManager or secret. `auto` becomes certManager when
 the cluster serves cert-manager.io/v1 (helm and Argo CD both pass the cluster's API versions to the
 render), so GitOps renders without `lookup` do not make a new CA each time where cert-manager exists.
+certManager asked for where the cluster does not serve cert-manager.io/v1 is refused with what to do,
+not left to fail at apply time on "no matches for kind Issuer"; `helm template` knows no cluster, so
+it passes --api-versions cert-manager.io/v1, or certManager.skipApiCheck skips the check.
 */}}
 {{- define "gpuslice.tlsSource" -}}
 {{- $source := .Values.webhook.tls.source }}
+{{- $hasCertManager := .Capabilities.APIVersions.Has "cert-manager.io/v1" }}
 {{- if eq $source "auto" }}
-{{- $source = ternary "certManager" "generated" (.Capabilities.APIVersions.Has "cert-manager.io/v1") }}
+{{- $source = ternary "certManager" "generated" $hasCertManager }}
+{{- else if and (eq $source "certManager") (not $hasCertManager) (not .Values.certManager.skipApiCheck) }}
+{{- fail "webhook.tls.source is certManager, but the cluster serves no cert-manager.io/v1 API (cert-manager is not installed): install cert-manager first (https://cert-manager.io/docs/installation/), or set webhook.tls.source=generated (the chart makes the certificate) or webhook.tls.source=secret (your own kubernetes.io/tls Secret). Rendering without a cluster (helm template) for one that has cert-manager: pass --api-versions cert-manager.io/v1, or set certManager.skipApiCheck=true" }}
 {{- end }}
 {{- $source }}
 {{- end }}

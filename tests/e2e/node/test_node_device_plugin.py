@@ -98,6 +98,9 @@ def test_kai_pods_are_converted_by_the_webhook_pods_and_run_with_their_share(nod
             },
         ),
         nodepods.kai_pod("isolated", {"gpu-memory": "4000", f"{CONTRACT.prefix}/isolation": "mig"}),
+        # written for NVIDIA's plugin (mixed MIG strategy) and for HAMi: converted by the webhook
+        nodepods.kai_pod("nvidia-mig", {}, limits={"nvidia.com/mig-2g.10gb": "1"}),
+        nodepods.kai_pod("hami", {}, limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
     ]
     for pod in pods:
         node_core.create_namespaced_pod(node_namespace, pod)
@@ -108,7 +111,7 @@ def test_kai_pods_are_converted_by_the_webhook_pods_and_run_with_their_share(nod
         reports[name] = nodepods.report(node_core, node_namespace, name)
     fraction = reports["fraction"]
     assert fraction["GPUSLICE_MEMORY_LIMIT_MIB"] == "20480" and fraction["GPU_PORTION"] == "0.5", fraction
-    for name in ("fraction", "memory", "queued"):
+    for name in ("fraction", "memory", "queued", "hami"):
         device = reports[name]["NVIDIA_VISIBLE_DEVICES"]
         assert device in gpus and "parent" not in gpus[device], (name, device)
     assert reports["memory"]["GPUSLICE_MEMORY_LIMIT_MIB"] == "2048"  # 2000 MiB in 256 MiB units
@@ -119,7 +122,9 @@ def test_kai_pods_are_converted_by_the_webhook_pods_and_run_with_their_share(nod
     assert queued.spec.scheduler_name != "kai-scheduler"
     isolated = reports["isolated"]["NVIDIA_VISIBLE_DEVICES"]
     assert gpus[isolated].get("profile") == "1g.5gb", reports["isolated"]  # the smallest MIG slice that fits
-    used = (20480 + 2048 + 2048) // CONTRACT.unit_mib
+    assert gpus[reports["nvidia-mig"]["NVIDIA_VISIBLE_DEVICES"]].get("profile") == "2g.10gb"
+    assert reports["hami"]["GPUSLICE_MEMORY_LIMIT_MIB"] == "3072"  # 3000 MiB in 256 MiB units
+    used = (20480 + 2048 + 2048 + 3072) // CONTRACT.unit_mib
     nodepods.wait_for_label(node_core, CONTRACT.label_free_units, str(before - used))
     nodepods.wait_for_label(node_core, CONTRACT.label_mig_free("1g.5gb"), "0")
 
