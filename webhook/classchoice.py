@@ -148,7 +148,9 @@ def for_memory(
 def _pinned(
     classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, contract: contract_.Contract, demand: Demand
 ) -> Choice:
-    memory, rule = cluster.noted(_OwnersClass(classes, cluster, _Best(classes, contract, cluster, demand)))
+    fresh = _Best(classes, contract, cluster, demand)
+    # A pod with a controller (and the pods whose answers it shares: they have one too) follows it.
+    memory, rule = cluster.noted(_OwnersClass(classes, cluster, fresh) if cluster.admitting_owner else fresh)
     best = next(c for c in classes if c.memory_mib == memory)
     pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
     notes = {"classMemoryMiB": best.memory_mib, "products": sorted(best.products), "rule": rule}
@@ -198,6 +200,7 @@ class _OwnersClass:
     asked: a remembered answer serves the pods of every owner of one template, each its own class."""
 
     __slots__ = ("_memories", "_cluster", "_best")
+    reads_owner = True  # webhook/repeats.py sets the owner of the pod at hand before asking again
 
     def __init__(self, classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, best: _Best) -> None:
         self._cluster, self._best = cluster, best

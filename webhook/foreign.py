@@ -15,6 +15,7 @@ May import gpuslice.{config,contract} and the webhook's pure modules.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +41,8 @@ HAMI_MEMORY = "nvidia.com/gpumem"
 HAMI_MEMORY_PERCENTAGE = "nvidia.com/gpumem-percentage"
 HAMI_CORES = "nvidia.com/gpucores"
 _HAMI = (HAMI_MEMORY, HAMI_MEMORY_PERCENTAGE, HAMI_CORES)
+_HAMI_NAMES = frozenset(_HAMI)
+_is_nvidia_mig = operator.methodcaller("startswith", NVIDIA_MIG_PREFIX)  # for resource names (strings)
 REPLACED_BY_A_SHARE = (contract_.NVIDIA_GPU, *_HAMI)  # removed from a container a HAMi share is converted for
 _HOW_TO_SHARE = (
     f"write the share as annotation {contract_.KAI_GPU_MEMORY}: <MiB> or {contract_.KAI_GPU_FRACTION}: <0..1> "
@@ -58,14 +61,16 @@ def _where(container: Mapping[str, Any]) -> str:
 
 
 def names_in(spec: Mapping[str, Any], contract: contract_.Contract) -> list[str]:
-    """Other systems' resource names (not nvidia.com/gpu) the pod's unconverted containers ask for."""
-    found = set()
+    """Other systems' resource names (not nvidia.com/gpu) the pod's unconverted containers ask for.
+    Every converted pod and every pod asking for nvidia.com/gpu is looked at, nearly all of them
+    without such a name: each resource map is checked by set and C-level prefix tests first."""
+    found: list[str] = []
     for _, _, container in pods.containers(spec):
-        if pods.has_gpuslice_resource(container, contract):
-            continue
-        for name in _amounts(container):
-            if isinstance(name, str) and (name.startswith(NVIDIA_MIG_PREFIX) or name in _HAMI):
-                found.add(name)
+        for amounts in pods.resource_maps(container):
+            if amounts and (not _HAMI_NAMES.isdisjoint(amounts) or any(map(_is_nvidia_mig, amounts))):
+                if pods.has_gpuslice_resource(container, contract):
+                    break
+                found += [n for n in amounts if (n in _HAMI_NAMES or _is_nvidia_mig(n)) and n not in found]
     return sorted(found)
 
 

@@ -158,12 +158,16 @@ def _convert(
             )
         return shares.convert(share, spec, settings, cluster)
     if settings.convert_whole_gpus:
-        hami = foreign.hami_share(spec, settings.contract)
-        if hami is not None:
-            conversion = shares.convert(hami, spec, settings, cluster)
-            conversion.replaces = foreign.REPLACED_BY_A_SHARE
-            return conversion
-        return foreign.mig_conversion(spec, settings, cluster) or wholegpus.convert(spec, settings, cluster)
+        if foreign.names_in(spec, settings.contract):  # rare: one pass says whether to look closer
+            hami = foreign.hami_share(spec, settings.contract)
+            if hami is not None:
+                conversion = shares.convert(hami, spec, settings, cluster)
+                conversion.replaces = foreign.REPLACED_BY_A_SHARE
+                return conversion
+            mig = foreign.mig_conversion(spec, settings, cluster)
+            if mig is not None:
+                return mig
+        return wholegpus.convert(spec, settings, cluster)
     return None
 
 

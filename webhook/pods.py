@@ -57,11 +57,15 @@ def has_gpuslice_resource(container: Mapping[str, Any], contract: contract_.Cont
 def owner_of(metadata: Mapping[str, Any], contract: contract_.Contract) -> str:
     """The UID of the controller that made the pod (ReplicaSet, Job, StatefulSet...), whose pods go
     to one GPU class; "" for a bare pod, or one whose `<prefix>/gpu-class: any` lets it take any."""
+    owners = metadata.get("ownerReferences")
+    if not owners:
+        return ""
     annotations = metadata.get("annotations") or {}
     if annotations.get(contract.gpu_class_annotation) == contract_.GPU_CLASS_ANY:
         return ""
-    for owner in metadata.get("ownerReferences") or ():
-        if isinstance(owner, Mapping) and owner.get("controller") is True and isinstance(owner.get("uid"), str):
+    for owner in owners:
+        # dict, not Mapping: this runs for every admission, and an ABC check costs a microsecond
+        if isinstance(owner, dict) and owner.get("controller") is True and isinstance(owner.get("uid"), str):
             return str(owner["uid"])
     return ""
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -86,6 +87,11 @@ class _Remembered:
     decide: tuple[Callable[[], Hashable], ...]  # the decisions promises can change, to take again
     answers: dict[tuple[Hashable, ...], _Answer]
     owner: str = ""  # a body's pod's controller (its class follows it): the same for every repeat of the bytes
+
+    @functools.cached_property
+    def reads_owner(self) -> bool:
+        """A decision reads the pod's owner (`ClusterView.admitting_owner`: one class per controller)."""
+        return any(getattr(again, "reads_owner", False) for again in self.decide)
 
     def holds(self, body: bytes, start: int, end: int) -> bool:
         """`body`, its uid's value at [start, end), is this body but for the uid."""
@@ -233,16 +239,16 @@ class RepeatAnswers:
         keyed = self._fields.get(key) if key is not None else None
         if keyed is None and key is not None and _first_sighting(self._keys_seen_once, hash(key)):
             key = None
-        owner = decoded.owner
         if keyed is not None and key is not None:
-            cluster.admitting_owner = owner
+            # only a decision taken again reads the owner (a class choice); the promise notes its class
+            cluster.admitting_owner = decoded.owner if keyed.reads_owner else ""
             decided = keyed.decisions(cluster)
             answer = keyed.answers.get(decided) if decided is not None else None
             if decided is not None and answer is not None:
                 self._fields.move_to_end(key)
                 self.by_fields += 1
                 if print_ is not None and span is not None:
-                    self._keep_body(print_, body, span, uid, keyed, decided, answer, owner)
+                    self._keep_body(print_, body, span, uid, keyed, decided, answer, decoded)
                 outcome = answer.result.outcome
                 steered = outcome is not None and outcome.kind == conversions.KIND_CPU_POD
                 return self._again(answer, uid, cluster, cpupods.cpu_asked(decoded) if steered else None)
@@ -262,7 +268,7 @@ class RepeatAnswers:
             if key is not None:
                 self._fields.keep(key, keyed, decided, answer)
             if print_ is not None and span is not None:
-                self._keep_body(print_, body, span, uid, keyed, decided, answer, owner)
+                self._keep_body(print_, body, span, uid, keyed, decided, answer, decoded)
         return result, encoded
 
     def _again(
@@ -283,7 +289,7 @@ class RepeatAnswers:
         keyed: _Remembered,
         decided: tuple[Hashable, ...],
         answer: _Answer,
-        owner: str,
+        decoded: decoding.Decoded,
     ) -> None:
         """Remember `answer` for the body's bytes too (when the cut is the request's uid), so that
         its next repeat is answered without decoding; `_check` makes sure of the cut at the first."""
@@ -292,6 +298,7 @@ class RepeatAnswers:
             return
         known = self._bodies.get(print_)
         if known is None or not known.holds(body, start, end) or known.generation != keyed.generation:
+            owner = decoded.owner if keyed.reads_owner else ""  # only a decision taken again reads it
             known = _Remembered(body[:start], body[end:], keyed.generation, keyed.decide, {}, owner)
         if len(known.decide) == len(decided):
             self._bodies.keep(print_, known, decided, dataclasses.replace(answer, checked=False))
