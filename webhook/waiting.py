@@ -6,7 +6,8 @@ it (webhook/cluster.py, promises), so that the pods of a burst choose their clas
 ones before them took. A pod the scheduler marks unschedulable takes nothing, but its promise
 would hold the class's capacity for PROMISE_SECONDS: one pod at a time, the classes then look
 fuller than they are and later pods go to worse ones (0.36 points of the default trace, measured
-in docs/steering.md). This watch sees the mark and releases the promise.
+when this was added: docs/benchmarks.md, "How we got here"). This watch sees the mark and releases
+the promise.
 
 Pending pods of the whole cluster are watched (field selector status.phase=Pending; the condition
 itself cannot be selected on); only those carrying the webhook's decision annotation, not bound,
