@@ -36,6 +36,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import selectors
 import shutil
 import signal
 import subprocess
@@ -127,8 +128,6 @@ class CudaChild:
     def _line(self) -> str:
         assert self.process.stdout is not None
         deadline = time.monotonic() + _CHILD_TIMEOUT
-        import selectors
-
         with selectors.DefaultSelector() as selector:
             selector.register(self.process.stdout, selectors.EVENT_READ)
             while time.monotonic() < deadline:

@@ -20,7 +20,7 @@ import orjson
 
 from gpuslice import config
 from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import conversions, decoding, mutation, pods, shape
+from gpuslice.webhook import conversions, decoding, mutation, shape
 
 __all__ = ["MalformedReview", "Result", "promise", "review", "review_document"]
 
@@ -123,7 +123,6 @@ def review_document(
             shape.check_pod(pod)
     except shape.WrongShape as exc:
         raise MalformedReview(f"AdmissionReview request.{exc}") from None
-    cluster.admitting_owner = pods.owner_of(pod.get("metadata") or {}, settings.contract)
     outcome = mutation.mutate(pod, settings=settings, cluster=cluster)
     if not outcome.allowed:
         status = {"code": 400, "reason": "BadRequest", "message": outcome.message}

@@ -143,7 +143,7 @@ class ClusterView:
         self._next_unseen = math.inf
         self.not_created = 0  # promises given back because the pod never appeared
         # The controller of the pod being admitted ("" for none, or opted out): its pods go to one GPU
-        # class (webhook/classchoice.py). Set by the admission before the class is chosen or a
+        # class (webhook/classchoice.py). Set by mutation.mutate, and by webhook/repeats.py before a
         # remembered answer's decisions are taken again.
         self.admitting_owner = ""
         # Owner (controller UID) -> the GPU class its converted pods went to, most recent last.

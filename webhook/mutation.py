@@ -77,7 +77,10 @@ def _mps_warning(value: Any, settings: config.Config) -> str:
 def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
     """Convert one pod (a Pod object as JSON) or say why it is refused. Whatever else happens, a pod
     allowed with `schedulerName: kai-scheduler` leaves with a scheduler that exists (a converted pod's
-    own rewrite, else this one): once gpuslice replaces KAI, no scheduler would ever place it."""
+    own rewrite, else this one): once gpuslice replaces KAI, no scheduler would ever place it. The
+    pod's controller is the view's `admitting_owner` while it is converted (and after, for the
+    promise): its pods take one GPU class (webhook/classchoice.py)."""
+    cluster.admitting_owner = pods.owner_of(pod.get("metadata") or {}, settings.contract)
     outcome = _mutate(pod, settings=settings, cluster=cluster)
     if outcome.allowed and outcome.decision is not None:
         mps = ((pod.get("metadata") or {}).get("annotations") or {}).get(KAI_MPS)
@@ -109,8 +112,10 @@ def _mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster
     if added:
         conversion.decision["tolerationsAdded"] = added
     if settings.dra.enabled:  # DRA mode: a ResourceClaim instead of extended resources (docs/dra.md)
-        gpus = conversion.steering_request.gpus if conversion.steering_request is not None else 1
-        classes = [c.memory_mib for c in cluster.classes() if c.max_gpus_per_node >= gpus]
+        classes = []
+        if conversion.kind == conversions.KIND_WHOLE_GPUS and conversion.steering_request is not None:
+            gpus = conversion.steering_request.gpus  # every class with a node of that many GPUs
+            classes = [c.memory_mib for c in cluster.classes() if c.max_gpus_per_node >= gpus]
         need = dra_claims.need_from_conversion(conversion, settings.contract, pod, classes)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
         patch = claims.patch + toleration_ops + patches.dra_affinity(pod, conversion, settings)

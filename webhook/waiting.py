@@ -16,7 +16,7 @@ the first time (added, or new in a list after the watch expired) has appeared
 (`ClusterView.appeared`); once the first list is in, the view gives back the promise of a pod
 that does not appear within APPEAR_SECONDS of its admission (refused later in admission).
 
-May import gpuslice.{contract,listwatch}, the webhook's cluster view and the kubernetes client.
+May import gpuslice.{contract,listwatch}, the webhook's cluster view and pods modules and the kubernetes client.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import kubernetes
 from gpuslice import contract as contract_
 from gpuslice import listwatch
 from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import pods
 
 __all__ = ["WaitingPods", "unschedulable_decision"]
 
@@ -48,13 +49,6 @@ def unschedulable_decision(pod: Mapping[str, Any], contract: contract_.Contract)
     ):
         return None
     return _decision(text)
-
-
-def _controller(pod: Mapping[str, Any]) -> str:
-    for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
-        if isinstance(owner, Mapping) and owner.get("controller") is True:
-            return str(owner.get("uid") or "")
-    return ""
 
 
 def _decision(text: str) -> dict[str, Any] | None:
@@ -82,7 +76,12 @@ class WaitingPods(listwatch.PodWatch):
         if self.lists == 0:
             # The first list: promises of pods waiting already were made by a process that is gone.
             self._done = listed
-            self._seen = set(listed)
+            key = self.cluster.contract.decision_annotation
+            self._seen = {
+                str((p.get("metadata") or {}).get("uid"))
+                for p in items
+                if key in ((p.get("metadata") or {}).get("annotations") or {})
+            }
             self.cluster.track_appearance = True
             return
         self._done &= listed  # a list after an expired watch: pods gone meanwhile are forgotten
@@ -93,13 +92,14 @@ class WaitingPods(listwatch.PodWatch):
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid"))
         if uid not in self._seen and kind != "DELETED":
-            self._seen.add(uid)
-            text = ((obj.get("metadata") or {}).get("annotations") or {}).get(self.cluster.contract.decision_annotation)
-            if text:
+            metadata = obj.get("metadata") or {}
+            text = (metadata.get("annotations") or {}).get(self.cluster.contract.decision_annotation)
+            if text:  # a converted pod: only those are remembered
+                self._seen.add(uid)
                 decision = _decision(text)
                 self.cluster.appeared(decision)
                 # another replica's conversion, or one made before this process started
-                self.cluster.note_owner_class(_controller(obj), decision)
+                self.cluster.note_owner_class(pods.owner_of(metadata, self.cluster.contract), decision)
         if kind == "DELETED":  # gone, or no longer Pending (the field selector's view)
             self._done.discard(uid)
             self._seen.discard(uid)

@@ -137,6 +137,8 @@ class RealNode:
         self._route_localnet: str | None = None
         self._dnat: list[str] = []
         self._kubelet_argv: list[str] = []
+        self._files: dict[str, str] = {}  # certificates and keys written for kubelet and the API server
+        self._kubelet_port = 0
         self.timings: dict[str, float] = {}
 
     # -- start ------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ KAI run with the share they asked for."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -276,7 +275,7 @@ def test_the_mps_daemon_runs_in_a_pod_and_without_a_gpu_says_why_while_the_rest_
 
 
 def test_kubelet_and_plugin_restarts_keep_running_pods_and_serve_new_ones(
-    node_core, node_namespace, release, real_node
+    node_core, node_namespace, release, real_node, gpus
 ):
     node_core.create_namespaced_pod(node_namespace, nodepods.kai_pod("before", {"gpu-memory": "4096"}))
     before = nodepods.running(node_core, node_namespace, "before")
@@ -297,9 +296,5 @@ def test_kubelet_and_plugin_restarts_keep_running_pods_and_serve_new_ones(
     still = node_core.read_namespaced_pod("before", node_namespace)
     assert still.metadata.uid == before.metadata.uid and still.status.phase == "Running"
     assert still.status.container_statuses[0].restart_count == 0
-    used = {
-        nodepods.report(node_core, node_namespace, n)["NVIDIA_VISIBLE_DEVICES"]
-        for n in ("before", "after-kubelet", "after-plugin")
-    }
-    assert used  # every pod was given a GPU
-    assert os.path.exists("/var/lib/kubelet/device-plugins/kubelet.sock")
+    for name in ("before", "after-kubelet", "after-plugin"):  # each given a GPU of this node
+        assert nodepods.report(node_core, node_namespace, name)["NVIDIA_VISIBLE_DEVICES"] in gpus, name
