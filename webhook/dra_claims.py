@@ -71,9 +71,8 @@ class Need:
     kind: str
     containers: tuple[ContainerNeed, ...]
     replaces: tuple[str, ...] = ()  # other systems' resource names the containers lose (Conversion.replaces)
-    gpu_memory_mib: tuple[
-        int, ...
-    ] = ()  # GPU classes (memoryMiB) allowed (whole GPUs: preferred, in order); empty: any
+    # GPU classes (memoryMiB) allowed (for whole GPUs: preferred, in order); empty: any
+    gpu_memory_mib: tuple[int, ...] = ()
     decision: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -109,7 +108,9 @@ def need_from_conversion(
         if expression.get("key") == contract.label_gpu_memory_mib and expression.get("operator") == "In":
             allowed.extend(int(v) for v in expression.get("values") or ())
     if conversion.kind == conversions.KIND_WHOLE_GPUS:
-        allowed = [*dict.fromkeys([*allowed, *sorted(classes)])]  # preference order, no repeats
+        memories = tuple(dict.fromkeys([*allowed, *sorted(classes)]))  # preference order, no repeats
+    else:
+        memories = tuple(sorted(set(allowed)))
     spec = pod.get("spec") or {}
     needs = []
     for (field, index), units in conversion.container_units.items():
@@ -124,9 +125,7 @@ def need_from_conversion(
         kind=conversion.kind,
         containers=tuple(needs),
         replaces=conversion.replaces,
-        gpu_memory_mib=tuple(allowed)
-        if conversion.kind == conversions.KIND_WHOLE_GPUS
-        else tuple(sorted(set(allowed))),
+        gpu_memory_mib=memories,
         decision=decision,
     )
 

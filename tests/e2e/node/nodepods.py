@@ -181,14 +181,3 @@ class Release:
             return ready if len(ready) == count == len(mine) else None
 
         return k8skit.wait_for(f"{prefix}* rolled out", probe, timeout)
-
-
-def dump_on_failure(core: kubernetes.client.CoreV1Api, namespaces: list[str]) -> str:
-    """Pods and recent Events of `namespaces`, for an assertion message."""
-    lines = []
-    for namespace in namespaces:
-        for pod in core.list_namespaced_pod(namespace).items:
-            lines.append(f"{namespace}/{pod.metadata.name} {pod.status.phase} {pod.status.reason or ''}")
-        for event in core.list_namespaced_event(namespace).items[-15:]:
-            lines.append(f"  {event.involved_object.name}: {event.reason}: {(event.message or '')[:200]}")
-    return "\n".join(lines)
