@@ -61,7 +61,7 @@ def running(core: kubernetes.client.CoreV1Api, namespace: str, name: str, timeou
         statuses = pod.status.container_statuses or []
         return pod if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses) else None
 
-    return k8skit.wait_for(f"{namespace}/{name} Running", probe, timeout)
+    return wait_for_pods(core, namespace, name, f"{namespace}/{name} Running", probe, timeout)
 
 
 def report(core: kubernetes.client.CoreV1Api, namespace: str, name: str, container: str = "main") -> dict[str, str]:
@@ -102,6 +102,40 @@ def ready_pods(core: kubernetes.client.CoreV1Api, namespace: str, prefix: str) -
         and p.status.phase == "Running"
         and all(s.ready for s in p.status.container_statuses or [])
     ]
+
+
+def describe(core: kubernetes.client.CoreV1Api, namespace: str, prefix: str = "") -> str:
+    """The state of a namespace's pods (phase, each container's waiting or ended reason, restarts)
+    and its Warning events: what a failed wait names, so a CI log says why a pod was not Ready."""
+    lines = []
+    for pod in core.list_namespaced_pod(namespace).items:
+        if not pod.metadata.name.startswith(prefix):
+            continue
+        containers = []
+        for status in [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]:
+            state = status.state
+            detail = (
+                f"waiting {state.waiting.reason}: {state.waiting.message or ''}".strip()
+                if state.waiting
+                else f"ended {state.terminated.reason} ({state.terminated.exit_code})"
+                if state.terminated
+                else "running"
+            )
+            containers.append(f"{status.name} {detail}, ready={status.ready}, restarts={status.restart_count}")
+        lines.append(f"{pod.metadata.name}: {pod.status.phase} on {pod.spec.node_name}; " + "; ".join(containers))
+    warnings = core.list_namespaced_event(namespace, field_selector="type=Warning").items
+    lines += [f"Warning {e.reason} {e.involved_object.name}: {e.message}" for e in warnings[-15:]]
+    return "\n".join(lines) or f"no pods in {namespace}"
+
+
+def wait_for_pods(
+    core: kubernetes.client.CoreV1Api, namespace: str, prefix: str, what: str, probe: Any, timeout: float
+) -> Any:
+    """k8skit.wait_for, failing with `describe` of the pods it waited for."""
+    try:
+        return k8skit.wait_for(what, probe, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe(core, namespace, prefix)}") from None
 
 
 def events_of(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> list[Any]:
@@ -162,7 +196,10 @@ class Release:
     def wait_ready(self, component: str, count: int = 1, timeout: float = 120) -> list[Any]:
         """`count` Ready pods of the chart's `component` (device-plugin, webhook, dra-plugin, ...)."""
         prefix = f"{self.fullname}-{component}-"
-        return k8skit.wait_for(
+        return wait_for_pods(
+            self.core,
+            self.namespace,
+            prefix,
             f"{count} Ready pod(s) of {prefix}*",
             lambda: (lambda pods: pods if len(pods) == count else None)(ready_pods(self.core, self.namespace, prefix)),
             timeout,
@@ -180,4 +217,4 @@ class Release:
             ready = ready_pods(self.core, self.namespace, prefix)
             return ready if len(ready) == count == len(mine) else None
 
-        return k8skit.wait_for(f"{prefix}* rolled out", probe, timeout)
+        return wait_for_pods(self.core, self.namespace, prefix, f"{prefix}* rolled out", probe, timeout)

@@ -36,6 +36,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -164,13 +165,27 @@ class RealNode:
         return self
 
     def _clean_stale(self) -> None:
-        """Leftovers of a run that died without its teardown (no kubelet runs: checked above)."""
+        """Leftovers of a run that died without its teardown (no kubelet runs: checked above). A stale
+        DNAT rule matters most: it would send every pod's API traffic to that run's closed port."""
+        _kill_processes_under(self.parts.node_dir)  # a killed run's containerd and shims
+        self._unmount_under((str(KUBELET_ROOT),))
         if KUBELET_ROOT.exists() or any(d.exists() for d in KUBELET_FIXED_DIRS):
-            self._unmount_under((str(KUBELET_ROOT),))
             shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
             for directory in KUBELET_FIXED_DIRS:
                 shutil.rmtree(directory, ignore_errors=True)
+        if os.path.isdir("/run/netns"):
+            for name in os.listdir("/run/netns"):
+                if name.startswith("cni-"):  # CNI's names for pod sandboxes
+                    _run("ip", "netns", "delete", name, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
+        for rule in _run("iptables", "-t", "nat", "-S", "PREROUTING", check=False).stdout.splitlines():
+            if _DNAT_COMMENT in rule:
+                _run("iptables", "-t", "nat", *shlex.split(rule.replace("-A ", "-D ", 1)), check=False)
+        _remove_kubelet_chains()
+        _remove_kubepods_cgroups()
+        left = leftovers(self.parts.node_dir)
+        if left:
+            raise NodeUnavailable("a previous run left what cannot be cleaned: " + "; ".join(left))
 
     def _start_containerd(self) -> None:
         w = self.workdir
@@ -320,7 +335,7 @@ class RealNode:
             "-j", "DNAT", "--to-destination", f"127.0.0.1:{plane.api_port}",
             "-m", "comment", "--comment", _DNAT_COMMENT,
         ]  # fmt: skip
-        _run("iptables", "-t", "nat", "-A", *self._dnat)
+        _run("iptables", "-t", "nat", "-I", *self._dnat[:1], "1", *self._dnat[1:])  # first: ahead of any other
         localnet = pathlib.Path("/proc/sys/net/ipv4/conf/all/route_localnet")
         self._route_localnet = localnet.read_text().strip()
         localnet.write_text("1")
@@ -516,6 +531,16 @@ def _kubelet_running() -> bool:
             except OSError:
                 continue
     return False
+
+
+def _kill_processes_under(directory: pathlib.Path) -> None:
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "exe").startswith(f"{directory}/"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
 
 
 def _sockets_under(directory: str) -> bool:
