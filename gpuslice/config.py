@@ -210,13 +210,16 @@ class WebhookConfig:
     # Seconds a connection may wait for its next request, headers included, before it is closed.
     # Longer than the 90 s kube-apiserver's client keeps an idle connection, so the client closes first.
     idle_timeout_seconds: float = 120.0
+    # Seconds after it is accepted within which a connection must have sent its first request's
+    # headers, else it is closed: clients that connect and send nothing hold no place for long.
+    first_request_timeout_seconds: float = 10.0
     # Seconds a request's body may take to arrive once its headers have.
     body_timeout_seconds: float = 10.0
     # Seconds a TLS handshake may take.
     tls_handshake_timeout_seconds: float = 10.0
     # Seconds after which a connection is closed once its current request is answered.
     max_connection_age_seconds: float = 600.0
-    # Connections served at once; one more is answered 503 and closed.
+    # Connections served at once; one more closes the one idle the longest (503 if none is idle).
     max_connections: int = 1000
 
 
@@ -663,6 +666,14 @@ FIELDS: tuple[Field, ...] = (
         "webhook: seconds a connection may wait for its next request (headers included) before it is closed",
     ),
     Field(
+        "webhook.firstRequestTimeoutSeconds",
+        "webhook.first_request_timeout_seconds",
+        float,
+        _positive,
+        "webhook: seconds after it is accepted a connection may take to send its first request's headers "
+        "(TLS handshake included) before it is closed",
+    ),
+    Field(
         "webhook.bodyTimeoutSeconds",
         "webhook.body_timeout_seconds",
         float,
@@ -688,7 +699,7 @@ FIELDS: tuple[Field, ...] = (
         "webhook.max_connections",
         int,
         _positive,
-        "webhook: connections served at once (one more is answered 503 and closed)",
+        "webhook: connections served at once (one more closes the one idle the longest; 503 when none is idle)",
     ),
 )
 

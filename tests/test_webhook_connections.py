@@ -1,6 +1,7 @@
 """Connection bounds of the webhook over real TLS: idle connections are closed after the idle
-timeout while admissions go on, slow bodies time out, old connections are retired after their
-request, and connections over the cap are answered 503."""
+timeout while admissions go on, connections that send nothing after the first-request timeout,
+slow bodies time out, old connections are retired after their request, a connection over the cap
+closes the one idle the longest, and is answered 503 only when every other is mid-request."""
 
 from __future__ import annotations
 
@@ -157,28 +158,84 @@ async def test_a_connection_past_its_age_is_closed_after_its_request(tls: kit.Tl
         await webhook.runner.cleanup()
 
 
-async def test_connections_over_the_cap_are_answered_503_and_counted(
+async def test_over_the_cap_a_new_connection_closes_the_one_idle_the_longest(
     tls: kit.Tls, ca: trustme.CA, fresh_session: aiohttp.ClientSession
 ) -> None:
     webhook = await start(tls, max_connections=5)
     context = kit.client_context(ca)
-    idle = [await open_idle(webhook.port, context) for _ in range(5)]
+    used = kit.Connection(*await open_idle(webhook.port, context))
+    assert await used.get("/healthz") == 200  # sent a request: closed after those that never did
+    idle = [await open_idle(webhook.port, context) for _ in range(4)]
     try:
+        async with asyncio.timeout(30):
+            while webhook.site.open_connections() < 5:
+                await asyncio.sleep(0.05)
+        assert await admit(fresh_session, webhook, "sixth") == 200
+        async with asyncio.timeout(30):
+            assert await closed_by_server(idle[0][0])  # the first that never sent a request
+        assert await used.get("/healthz") == 200
+        for reader, _ in idle[1:]:
+            assert not reader.at_eof()
+        body = webhook.metrics.exposition()[0].decode()
+        assert 'gpuslice_webhook_connections_closed_total{reason="evicted"} 1.0' in body
+        assert "gpuslice_webhook_connections_refused_total 0.0" in body
+    finally:
+        used.writer.close()
+        for _, w in idle:
+            w.close()
+        await webhook.runner.cleanup()
+
+
+async def test_a_connection_that_sends_no_request_is_closed_after_the_first_request_timeout(
+    tls: kit.Tls, ca: trustme.CA
+) -> None:
+    webhook = await start(tls, first_request_timeout_seconds=0.5, idle_timeout_seconds=60)
+    context = kit.client_context(ca)
+    silent_reader, silent = await open_idle(webhook.port, context)
+    used = kit.Connection(*await open_idle(webhook.port, context))
+    try:
+        assert await used.get("/healthz") == 200
+        async with asyncio.timeout(10):
+            assert await closed_by_server(silent_reader)
+        await asyncio.sleep(0.5)
+        assert await used.get("/healthz") == 200  # kept: only the idle timeout closes it
+        body = webhook.metrics.exposition()[0].decode()
+        assert 'gpuslice_webhook_connections_closed_total{reason="no request"} 1.0' in body
+    finally:
+        silent.close()
+        used.writer.close()
+        await webhook.runner.cleanup()
+
+
+async def test_when_every_connection_is_mid_request_one_more_is_answered_503_and_counted(
+    tls: kit.Tls, ca: trustme.CA, fresh_session: aiohttp.ClientSession
+) -> None:
+    webhook = await start(tls, max_connections=3, body_timeout_seconds=30)
+    context = kit.client_context(ca)
+    waiting = [await open_idle(webhook.port, context) for _ in range(3)]
+    try:
+        for _, writer in waiting:  # headers, then no body: each is mid-request
+            writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+            writer.write(b"Content-Length: 100\r\n\r\n{")
+            await writer.drain()
+        async with asyncio.timeout(30):
+            while len(webhook.site.book.busy) < 3:
+                await asyncio.sleep(0.05)
         reader, writer = await open_idle(webhook.port, context)
         async with asyncio.timeout(30):
             head = await reader.read()
         writer.close()
         assert head.startswith(b"HTTP/1.1 503")
-        for _, w in idle[:2]:
+        for _, w in waiting[:2]:
             w.close()
         async with asyncio.timeout(30):
-            while webhook.site.open_connections() > 3:
+            while webhook.site.open_connections() > 1:
                 await asyncio.sleep(0.05)
         assert await admit(fresh_session, webhook, "room-again") == 200
         body = webhook.metrics.exposition()[0].decode()
         assert "gpuslice_webhook_connections_refused_total 1.0" in body
         assert 'gpuslice_webhook_http_errors_total{path="other",status="503"} 1.0' in body
     finally:
-        for _, w in idle[2:]:
+        for _, w in waiting[2:]:
             w.close()
         await webhook.runner.cleanup()

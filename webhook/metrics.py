@@ -42,6 +42,13 @@ class Metrics:
             "Connections answered 503 and closed because webhook.maxConnections were open",
             registry=self.registry,
         )
+        self._connections_closed = prometheus_client.Counter(
+            "gpuslice_webhook_connections_closed",
+            "Connections the webhook closed: `evicted` (idle the longest when webhook.maxConnections were "
+            "open and another came), `no request` (no request within webhook.firstRequestTimeoutSeconds)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.open_connections = prometheus_client.Gauge(
             "gpuslice_webhook_open_connections",
             "HTTPS connections open (after their TLS handshake), as of the last sweep",
@@ -83,6 +90,9 @@ class Metrics:
         """The 5xx counter for `path` and `status` (known paths only: a client picks the path)."""
         known = path if path in ("/mutate", "/healthz", "/readyz", "/metrics") else "other"
         return self.http_errors.labels(known, str(status))
+
+    def connections_closed(self, reason: str) -> Any:
+        return self._connections_closed.labels(reason)
 
     def track_untrusted_nodes(self, untrusted: Callable[[], Mapping[str, tuple[str, str]]]) -> None:
         """Export the nodes the cluster view leaves out, read at each scrape (node -> (reason, text))."""

@@ -42,7 +42,7 @@ WATCHER = web.AppKey("watcher", object)  # nodewatch.NodeWatcher | None
 RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
 TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
 BACKGROUND = web.AppKey("background", tuple)  # more coroutine functions to run while serving
-AGES = web.AppKey("ages", connections.Ages)
+BOOK = web.AppKey("book", connections.Book)
 REPEATS = web.AppKey("repeats", repeats.RepeatAnswers)
 
 # A pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it once for CREATE.
@@ -92,6 +92,8 @@ async def _count_errors(request: web.Request, handler: Any) -> web.StreamRespons
     """Count every 5xx answer by path and status; an unexpected exception is logged and answered
     500 here, so none escapes uncounted (bad input must not get here: it is a 400 or a denial).
     A connection past webhook.maxConnectionAgeSeconds is closed with its answer."""
+    book = request.app[BOOK]
+    book.begin(request.protocol)  # busy: never closed to make room for another connection
     try:
         response: web.StreamResponse = await handler(request)
     except web.HTTPException as exc:
@@ -102,10 +104,12 @@ async def _count_errors(request: web.Request, handler: Any) -> web.StreamRespons
         log.exception("%s %s failed", request.method, request.path)
         request.app[METRICS].http_error(request.path, 500).inc()
         return web.Response(status=500, text="internal error; see the webhook's log\n")
+    finally:
+        book.end(request.protocol, asyncio.get_running_loop().time())
     if response.status >= 500:
         request.app[METRICS].http_error(request.path, response.status).inc()
     settings = request.app[SETTINGS].webhook
-    connections.retire_if_old(request, response, request.app[AGES], settings.max_connection_age_seconds)
+    connections.retire_if_old(request, response, book, settings.max_connection_age_seconds)
     return response
 
 
@@ -172,7 +176,7 @@ def make_app(
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
     app[BACKGROUND] = tuple(background)
-    app[AGES] = connections.Ages()
+    app[BOOK] = connections.Book()
     app[REPEATS] = repeats.RepeatAnswers()
     app[METRICS].track_repeats(lambda: app[REPEATS].repeats)
     app.router.add_post("/mutate", _mutate)
@@ -202,7 +206,7 @@ async def start(app: web.Application, ssl_context: ssl.SSLContext, *, host: str,
     await runner.setup()
     try:
         site = connections.BoundedSite(
-            runner, host, port, ssl_context=ssl_context, settings=bounds, metrics=app[METRICS], ages=app[AGES]
+            runner, host, port, ssl_context=ssl_context, settings=bounds, metrics=app[METRICS], book=app[BOOK]
         )
         await site.start()
     except BaseException:
