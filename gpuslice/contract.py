@@ -95,6 +95,9 @@ DRA_ATTR_PARENT_UUID = "parentUUID"
 DRA_ATTR_PARENT_INDEX = "parentIndex"
 DRA_CAPACITY_MEMORY = "memory"
 DRA_MAX_DRIVER_NAME_LENGTH = 63
+# The most devices one ResourceClaim's allocation holds (resource.k8s.io/v1 AllocationResultsMaxSize):
+# a claim asking for more can never be allocated.
+DRA_MAX_DEVICES_PER_CLAIM = 32
 
 # Memory-unit device IDs are "<GPU UUID>::<unit MiB>Mi::<unit index>": the GPU is readable from
 # the ID alone, and the unit size is part of the device's identity. Kubelet's checkpoint keeps the

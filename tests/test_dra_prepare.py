@@ -114,6 +114,51 @@ async def test_whole_gpus_of_one_request_share_one_environment_on_the_first_devi
     assert env["GPUSLICE_MEMORY_LIMIT_MIB"] == "81408"
 
 
+def halves(n: int) -> dict:
+    """A claim of gpu-fraction 0.5 with gpu-fraction-num-devices 2: one request, a half of each H100."""
+    return claim(
+        uid(n),
+        [
+            result("gpu", "gpu-0", "40704Mi", share_id=f"{n:08x}-0000-4000-8000-00000000000a"),
+            result("gpu", "gpu-1", "40704Mi", share_id=f"{n:08x}-0000-4000-8000-00000000000b"),
+        ],
+    )
+
+
+async def test_a_share_of_each_of_two_gpus_gets_both_in_one_environment_with_a_limit_on_each(demo_node, dirs):
+    api = dra_kit.FakeApi()
+    pair = halves(40)
+    api.add_claim(pair)
+    settings = config.load(overrides={"mps.enabled": True}, environ={})
+    devices = (await make(demo_node, dirs, api, settings).prepare([ref(pair)]))[uid(40)].devices
+    # Kubelet tells the two shares apart by their share IDs; the runtime gets the request's CDI device once.
+    assert [(d.device, d.share_id) for d in devices] == [
+        ("gpu-0", "00000028-0000-4000-8000-00000000000a"),
+        ("gpu-1", "00000028-0000-4000-8000-00000000000b"),
+    ]
+    assert devices[0].cdi_ids == (f"k8s.gpu.gpuslice.io/claim={uid(40)}-gpu",) and devices[1].cdi_ids == ()
+    spec = spec_of(dirs, uid(40))
+    assert len(spec["devices"]) == 1  # one device: two would each set NVIDIA_VISIBLE_DEVICES, the last one winning
+    env = env_of(spec)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{H100},{H100_B}" and env["GPUSLICE_GPU_COUNT"] == "2"
+    assert env["GPUSLICE_MEMORY_LIMIT_MIB"] == "40704" and env["GPU_PORTION"] == "0.5"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40704M,1=40704M"  # half of each GPU the container sees
+
+
+async def test_shares_on_several_gpus_count_against_each_gpu(demo_node, dirs):
+    api = dra_kit.FakeApi()
+    first, second, third = halves(41), halves(42), halves(43)
+    for obj in (first, second, third):
+        api.add_claim(obj)
+    plugin = make(demo_node, dirs, api)
+    assert (await plugin.prepare([ref(first)]))[uid(41)].error == ""
+    assert (await plugin.prepare([ref(second)]))[uid(42)].error == ""  # both H100s now full
+    refused = (await plugin.prepare([ref(third)]))[uid(43)].error
+    assert "GPU gpu-0" in refused and "would hold 122112 MiB of shares, more than its 81408 MiB" in refused
+    await plugin.unprepare([ref(first)])
+    assert (await plugin.prepare([ref(third)]))[uid(43)].error == ""
+
+
 async def test_a_mig_device_gets_its_slice_without_mps_limits(demo_node, dirs):
     api = dra_kit.FakeApi()
     mig = claim(uid(4), [result("mig", "gpu-2-mig-0")])

@@ -390,6 +390,88 @@ def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
 
 
+def test_a_fraction_of_n_gpus_becomes_one_request_of_n_devices_kept_on_distinct_gpus():
+    annotations = {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}
+    one_gpu, _ = mutate(pod(annotations={"gpu-fraction": "0.5"}))
+    outcome, patched = mutate(pod(ctr(limits={"nvidia.com/gpu": "1"}), annotations=annotations))
+    (template,) = outcome.objects
+    devices = template["spec"]["spec"]["devices"]
+    (request,) = devices["requests"]
+    (single,) = one_gpu.objects[0]["spec"]["spec"]["devices"]["requests"]
+    # The share of one GPU, as without the annotation, asked of each of two devices: one request, so that its
+    # one CDI device lists both GPUs (two requests' CDI devices would each set NVIDIA_VISIBLE_DEVICES).
+    assert request == {**single, "exactly": {**single["exactly"], "count": 2}}
+    assert devices["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.gpuslice.io/uuid"}]
+    assert template["metadata"]["name"].startswith(f"gpuslice-mem-{one_gpu.decision['memoryMiB']}mi-x2-")
+    assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
+    # The promises count both shares.
+    assert outcome.decision["numDevices"] == 2 and outcome.decision["units"] == 2 * one_gpu.decision["units"]
+    assert outcome.decision["memoryMiB"] == 2 * one_gpu.decision["memoryMiB"]
+    assert outcome.decision["fraction"] == 0.5 and outcome.kind == "gpu-fraction"
+
+
+def test_gpu_memory_on_n_gpus_asks_that_memory_of_each():
+    outcome, _ = mutate(pod(annotations={"gpu-memory": "20Gi", "gpu-fraction-num-devices": "3"}))
+    devices = outcome.objects[0]["spec"]["spec"]["devices"]
+    (request,) = devices["requests"]
+    assert request["exactly"]["count"] == 3 and request["exactly"]["capacity"] == {"requests": {"memory": "20480Mi"}}
+    assert devices["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.gpuslice.io/uuid"}]
+    assert outcome.decision["units"] == 3 * 80 and outcome.decision["requestedMiB"] == 20480
+
+
+def test_one_device_is_a_plain_share():
+    plain, _ = mutate(pod(annotations={"gpu-fraction": "0.25"}))
+    one, _ = mutate(pod(annotations={"gpu-fraction": "0.25", "gpu-fraction-num-devices": "1"}))
+    assert one.objects == plain.objects and "numDevices" not in one.decision
+    assert "constraints" not in one.objects[0]["spec"]["spec"]["devices"]
+
+
+def test_a_fraction_of_n_gpus_is_taken_of_a_class_with_a_node_of_n_gpus():
+    # The demo node has two H100s, the other node eight H200s: four GPUs in one pod only fit the H200s.
+    outcome, _ = mutate(pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "4"}))
+    (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["selectors"][0]["cel"]["expression"].endswith("memoryMiB in [143771]")
+    assert outcome.decision["classMemoryMiB"] == 143771
+    # More GPUs than any node has is still admitted: the pod waits, as it would for GPUs in use.
+    nine, _ = mutate(pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "9"}))
+    assert nine.allowed and nine.objects[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 9
+
+
+def test_two_pairs_of_halves_fill_two_gpus_and_a_third_pair_finds_no_room(demo_node):
+    halves = dra_claims.Need(
+        kind="gpu-fraction", containers=(dra_claims.ContainerNeed("containers", 0, memory_mib=40704, devices=2),)
+    )
+    requests = dra_claims.build(pod(), halves, SETTINGS).template["spec"]["spec"]["devices"]["requests"]
+    used: dict[str, int] = {}
+    placed = [allocate(slices.devices(demo_node, CONTRACT), requests, used)["gpu"] for _ in range(3)]
+    assert placed == [["gpu-0", "gpu-1"], ["gpu-0", "gpu-1"], []]
+    assert used == {"gpu-0": 81408, "gpu-1": 81408}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "words"),
+    [
+        ({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "33"}, ["'33'", "more GPUs than one ResourceClaim", "32"]),
+        (
+            {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2", "gpuslice.io/isolation": "mig"},
+            ["'2'", "isolation='mig'", "not supported", "one MIG device", "nvidia.com/mig-<profile>: N"],
+        ),
+    ],
+    ids=["more-than-a-claim-holds", "mig"],
+)
+def test_num_devices_that_dra_mode_cannot_honour_are_denied(annotations, words):
+    outcome, _ = mutate(pod(annotations=annotations))
+    assert not outcome.allowed and outcome.objects == ()
+    for word in words:
+        assert word in outcome.message, outcome.message
+
+
+def test_device_plugin_mode_still_refuses_num_devices_and_names_dra_mode():
+    outcome, _ = mutate(pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}), DEVICE_PLUGIN_MODE)
+    assert not outcome.allowed and "not supported in device-plugin mode" in outcome.message
+    assert "DRA mode, which supports it" in outcome.message
+
+
 @pytest.mark.parametrize(
     "annotations",
     [
@@ -399,6 +481,9 @@ def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
         {"gpu-memory": "999999"},
         {"gpu-fraction": "0.5", "gpu-fraction-container-name": "nope"},
         {"gpu-memory": "100", "gpuslice.io/isolation": "vgpu"},
+        {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "0"},
+        {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2.0"},
+        {"gpu-fraction-num-devices": "2"},
     ],
     ids=[
         "fraction-above-1",
@@ -407,6 +492,9 @@ def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
         "larger-than-any-gpu",
         "unknown-container",
         "isolation",
+        "num-devices-zero",
+        "num-devices-not-a-count",
+        "num-devices-without-share",
     ],
 )
 def test_bad_input_is_denied_with_the_same_message_as_in_device_plugin_mode(annotations):

@@ -824,7 +824,13 @@ DENIALS = [
     (
         "num-devices",
         {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"},
-        ["gpu-fraction-num-devices='2'", "not supported", "device IDs", "nvidia.com/gpu: N"],
+        [
+            "gpu-fraction-num-devices='2'",
+            "not supported in device-plugin mode",
+            "device IDs",
+            "nvidia.com/gpu: N",
+            "DRA mode",
+        ],
     ),
     (
         "num-devices-not-a-number",

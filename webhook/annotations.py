@@ -1,7 +1,8 @@
 """Reading the KAI-style annotations a pod asks for a share of a GPU with (gpu-fraction or
-gpu-memory, optionally `<prefix>/isolation: mig`), and the container the share goes to. Every
-combination that cannot be honoured is refused here, before any class is chosen, with a message
-naming the annotation, the value and the accepted forms. Pure.
+gpu-memory, optionally `<prefix>/isolation: mig`, and in DRA mode gpu-fraction-num-devices: the
+same share on N distinct GPUs), and the container the share goes to. Every combination that
+cannot be honoured is refused here, before any class is chosen, with a message naming the
+annotation, the value and the accepted forms. Pure.
 
 May import gpuslice.contract and the webhook's parsing and pods modules.
 """
@@ -38,6 +39,7 @@ class Share:
     field: str  # where the container is: "containers" or "initContainers", and its index
     index: int
     container: Mapping[str, Any]
+    devices: int = 1  # gpu-fraction-num-devices: the share on each of this many distinct GPUs (DRA mode only)
 
 
 def wanted(annotations: Mapping[str, Any], contract: contract_.Contract) -> bool:
@@ -62,9 +64,17 @@ def parse_memory_mib(text: Any) -> int:
     return parsing.memory_mib(_MEMORY_NAME, text)
 
 
-def read(spec: Mapping[str, Any], annotations: Mapping[str, Any], contract: contract_.Contract) -> Share | None:
+def read(
+    spec: Mapping[str, Any],
+    annotations: Mapping[str, Any],
+    contract: contract_.Contract,
+    *,
+    distinct_gpus: bool = False,
+) -> Share | None:
     """The share the annotations ask for; None when there is nothing to convert (only a container
-    name, or a container already carries a gpuslice resource); parsing.Invalid when refused."""
+    name, or a container already carries a gpuslice resource); parsing.Invalid when refused.
+    `distinct_gpus`: the mode can keep N shares on N distinct GPUs (DRA mode), so
+    gpu-fraction-num-devices above 1 is accepted."""
     fraction_text = annotations.get(contract_.KAI_GPU_FRACTION)
     memory_text = annotations.get(contract_.KAI_GPU_MEMORY)
     devices_text = annotations.get(contract_.KAI_GPU_FRACTION_NUM_DEVICES)
@@ -77,24 +87,22 @@ def read(spec: Mapping[str, Any], annotations: Mapping[str, Any], contract: cont
         )
     share = contract_.KAI_GPU_FRACTION if fraction_text is not None else contract_.KAI_GPU_MEMORY
     has_share = fraction_text is not None or memory_text is not None
-    if devices_text is not None:
-        if not has_share:
-            raise parsing.Invalid(
-                f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={parsing.quote(devices_text)} needs a share: add "
-                f"{contract_.KAI_GPU_FRACTION} or {contract_.KAI_GPU_MEMORY}"
-            )
-        if _parse_num_devices(devices_text) > 1:
-            raise parsing.Invalid(
-                f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={parsing.quote(devices_text)} is not supported: "
-                "kubelet "
-                "tells the device plugin only which device IDs a container gets, so N shares on N distinct GPUs "
-                "cannot be told from one request spilling across GPUs, and the plugin could not keep them apart; "
-                f"use one pod per GPU share, or request whole GPUs with {contract_.NVIDIA_GPU}: N"
-            )
+    if devices_text is not None and not has_share:
+        raise parsing.Invalid(
+            f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={parsing.quote(devices_text)} needs a share: add "
+            f"{contract_.KAI_GPU_FRACTION} or {contract_.KAI_GPU_MEMORY}"
+        )
+    devices = _parse_num_devices(devices_text, distinct_gpus) if devices_text is not None else 1
     if isolation is not None and isolation != ISOLATION_MIG:
         raise parsing.Invalid(
             f"annotation {contract.isolation_annotation}={parsing.quote(isolation)} is not known; "
             f"accepted: {ISOLATION_MIG!r}"
+        )
+    if devices > 1 and isolation == ISOLATION_MIG:
+        raise parsing.Invalid(
+            f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={parsing.quote(devices_text)} next to "
+            f"{contract.isolation_annotation}={parsing.quote(isolation)} is not supported: a MIG share is one MIG "
+            "device; use one pod per MIG device, or request N devices of a profile with nvidia.com/mig-<profile>: N"
         )
     if not has_share:
         if isolation is not None:
@@ -113,15 +121,32 @@ def read(spec: Mapping[str, Any], annotations: Mapping[str, Any], contract: cont
     _check_placeholder(container, share)
     fraction = parse_fraction(fraction_text) if fraction_text is not None else None
     memory_mib = parse_memory_mib(memory_text) if memory_text is not None else None
-    return Share(share, fraction, memory_mib, isolation == ISOLATION_MIG, field, index, container)
+    return Share(share, fraction, memory_mib, isolation == ISOLATION_MIG, field, index, container, devices)
 
 
-def _parse_num_devices(text: Any) -> int:
+_NUM_DEVICES_FORMS = 'a positive integer, a GPU count such as "1"'
+
+
+def _parse_num_devices(text: Any, distinct_gpus: bool) -> int:
+    """N of gpu-fraction-num-devices: 1 in device-plugin mode; in DRA mode at most the devices one
+    claim can hold (a larger N than any node has GPUs is admitted: the pod waits, as whole GPUs wait
+    on a busy cluster). What both modes refuse, they refuse in the same words."""
     name = f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}"
-    forms = 'a positive integer, a GPU count such as "1"'
-    value = parsing.count(name, text, forms=forms)
+    value = parsing.count(name, text, forms=_NUM_DEVICES_FORMS)
     if value == 0:
-        raise parsing.Invalid(f"{name}={parsing.quote(text)} is not a positive integer; accepted: {forms}")
+        raise parsing.Invalid(f"{name}={parsing.quote(text)} is not a positive integer; accepted: {_NUM_DEVICES_FORMS}")
+    if value > 1 and not distinct_gpus:
+        raise parsing.Invalid(
+            f"{name}={parsing.quote(text)} is not supported in device-plugin mode: kubelet tells the device plugin "
+            "only which device IDs a container gets, so N shares on N distinct GPUs cannot be told from one "
+            "request spilling across GPUs, and the plugin could not keep them apart; use one pod per GPU share, "
+            f"request whole GPUs with {contract_.NVIDIA_GPU}: N, or run gpuslice in DRA mode, which supports it"
+        )
+    if value > contract_.DRA_MAX_DEVICES_PER_CLAIM:
+        raise parsing.Invalid(
+            f"{name}={parsing.quote(text)} is more GPUs than one ResourceClaim can hold; accepted: a positive "
+            f"integer up to {contract_.DRA_MAX_DEVICES_PER_CLAIM}"
+        )
     return value
 
 

@@ -76,11 +76,16 @@ def for_fraction(
     products: frozenset[str] | None,
     settings: config.Config,
     demand: Demand,
+    gpus: int = 1,
 ) -> Choice:
-    """The class a gpu-fraction is taken of."""
+    """The class a gpu-fraction is taken of; for a fraction of each of `gpus` GPUs in one pod
+    (gpu-fraction-num-devices), among the classes with a node that has that many, if any (else
+    the pod waits in the class chosen, as no node can run it)."""
     classes = candidates(cluster, products)
     if not classes:
         return _no_nodes(settings)
+    if gpus > 1:
+        classes = [c for c in classes if c.max_gpus_per_node >= gpus] or classes
     return _pinned(classes, cluster, settings.contract, demand)
 
 

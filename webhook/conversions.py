@@ -46,6 +46,9 @@ class Conversion:
     # Other systems' resource names the converted container loses besides nvidia.com/gpu
     # (webhook/foreign.py: nvidia.com/mig-<profile>, HAMi's).
     replaces: tuple[str, ...] = ()
+    # A share on this many distinct GPUs (gpu-fraction-num-devices, DRA mode only): container_units
+    # are then the units of each GPU's share, the decision's `units` their sum.
+    devices: int = 1
 
 
 def fraction_units(fraction: float, units_per_gpu: int) -> int:

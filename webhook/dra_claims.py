@@ -14,6 +14,12 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                labels lag never keeps the pod waiting while another has GPUs
                                free, the N GPUs alike in memory (a matchAttribute constraint);
   <prefix>/isolation: mig   -> one request of class mig.<prefix> selecting the profile.
+  gpu-fraction-num-devices: N -> the share's request with count N: the capacity is taken on each
+                               device, and a distinctAttribute constraint on the GPU's uuid keeps
+                               the N on distinct GPUs (the allocator may place several shares of
+                               one claim on one GPU otherwise). One request, not N: its CDI device
+                               lists all N GPUs, where N requests' CDI devices would each set
+                               NVIDIA_VISIBLE_DEVICES and the container would see only one GPU.
 One request per converted container; each container references its own request through
 `resources.claims`, and the pod gets `spec.resourceClaims: [{name: gpuslice,
 resourceClaimTemplateName: <template>}]`. KAI's `nvidia.com/gpu` placeholder is removed.
@@ -64,6 +70,7 @@ class ContainerNeed:
     memory_mib: int = 0  # a share of one GPU (whole units)
     gpus: int = 0  # whole GPUs
     mig_profile: str = ""
+    devices: int = 1  # the share of `memory_mib` on each of this many distinct GPUs (gpu-fraction-num-devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +127,7 @@ def need_from_conversion(
             name = str(spec[field][index].get("name"))
             needs.append(ContainerNeed(field, index, gpus=int(decision["containers"][name])))
         else:
-            needs.append(ContainerNeed(field, index, memory_mib=units * contract.unit_mib))
+            needs.append(ContainerNeed(field, index, memory_mib=units * contract.unit_mib, devices=conversion.devices))
     return Need(
         kind=conversion.kind,
         containers=tuple(needs),
@@ -163,16 +170,21 @@ def _whole_gpus(need: Need, container: ContainerNeed, contract: contract_.Contra
 
 
 def _constraints(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
-    """Several whole GPUs of one container alike in memory (one class), whichever alternative is taken."""
+    """Several whole GPUs of one container alike in memory (one class), whichever alternative is
+    taken; a share on several GPUs on distinct ones (whole GPUs are distinct already: a device
+    without capacity asked is taken whole)."""
     single = len(need.containers) == 1
-    return [
-        {
-            "requests": [request_name(container, single)],
-            "matchAttribute": f"{contract.dra_driver}/{contract_.DRA_ATTR_MEMORY_MIB}",
-        }
-        for container in need.containers
-        if container.gpus > 1 and not container.mig_profile
-    ]
+    constraints: list[dict[str, Any]] = []
+    for container in need.containers:
+        name = request_name(container, single)
+        if container.gpus > 1 and not container.mig_profile:
+            attribute = f"{contract.dra_driver}/{contract_.DRA_ATTR_MEMORY_MIB}"
+            constraints.append({"requests": [name], "matchAttribute": attribute})
+        elif container.devices > 1:
+            constraints.append(
+                {"requests": [name], "distinctAttribute": f"{contract.dra_driver}/{contract_.DRA_ATTR_UUID}"}
+            )
+    return constraints
 
 
 def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
@@ -185,7 +197,7 @@ def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
         exactly: dict[str, Any] = {
             "deviceClassName": contract.dra_mig_device_class if container.mig_profile else contract.dra_device_class,
             "allocationMode": "ExactCount",
-            "count": container.gpus or 1,
+            "count": container.gpus or container.devices,
         }
         selectors = _selectors(need, container, contract)
         if selectors:
@@ -197,7 +209,7 @@ def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
 
 
 def _describe(need: Need) -> str:
-    """A readable part of the template name: 'mem-2048mi', 'gpus-2', 'mig-1g.10gb'."""
+    """A readable part of the template name: 'mem-2048mi', 'mem-2048mi-x2' (on 2 GPUs), 'gpus-2', 'mig-1g.10gb'."""
     parts = []
     for container in need.containers:
         if container.mig_profile:
@@ -205,7 +217,7 @@ def _describe(need: Need) -> str:
         elif container.gpus:
             parts.append(f"gpus-{container.gpus}")
         else:
-            parts.append(f"mem-{container.memory_mib}mi")
+            parts.append(f"mem-{container.memory_mib}mi" + (f"-x{container.devices}" if container.devices > 1 else ""))
     return "-".join(parts)[:40].rstrip("-.")
 
 

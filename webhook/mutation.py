@@ -3,7 +3,7 @@ JSON patch out. Pure and fast (the simulator calls it for every pod it places); 
 
 `mutate` is the flow of a pod; each step is its own module (docs/webhook.md explains the
 conversions for users):
-  annotations  read and check gpu-fraction / gpu-memory / isolation, find the container
+  annotations  read and check gpu-fraction / gpu-memory / isolation / num-devices, find the container
   shares       a share of one GPU -> units (or a MIG device), choosing the GPU class (classchoice)
   wholegpus    nvidia.com/gpu: N (convertWholeGpus, no annotations) -> N GPUs of units of one class
   foreign      other systems' names (convertWholeGpus): NVIDIA's nvidia.com/mig-<profile> -> our MIG
@@ -152,7 +152,8 @@ def _convert(
 ) -> conversions.Conversion | None:
     """What the pod is converted to; None when nothing is (parsing.Invalid when it is refused)."""
     if annotated:
-        share = annotations_.read(spec, annotations, settings.contract)
+        # Only DRA's allocator can keep N shares on N distinct GPUs (gpu-fraction-num-devices).
+        share = annotations_.read(spec, annotations, settings.contract, distinct_gpus=settings.dra.enabled)
         if share is None:
             return None
         other = foreign.names_in(spec, settings.contract)

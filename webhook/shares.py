@@ -5,6 +5,9 @@ class pin and the steering request, with the decision notes that explain them. P
   gpu-memory: "2000"       -> ceil(2000 / unit) units, kept off GPUs too small for it
   gpu-fraction: "0.5"      -> floor(0.5 x the units of one GPU of the class chosen), pinned to it
   <prefix>/isolation: mig  -> one device of the smallest MIG profile that holds the memory
+  gpu-fraction-num-devices: N (DRA mode) -> the same share on each of N distinct GPUs: the
+                           decision's units and memoryMiB are the N shares' sum (what the promises
+                           count), the container's units one share
 
 May import gpuslice.{config,contract} and the webhook's pure modules.
 """
@@ -34,9 +37,24 @@ def convert(
     if share.mig:
         return _mig(share, spec, products, base, settings, cluster)
     if share.memory_mib is not None:
-        return _memory(share, share.memory_mib, spec, products, base, settings, cluster)
-    assert share.fraction is not None
-    return _fraction(share, share.fraction, spec, products, base, settings, cluster)
+        conversion = _memory(share, share.memory_mib, spec, products, base, settings, cluster)
+    else:
+        assert share.fraction is not None
+        conversion = _fraction(share, share.fraction, spec, products, base, settings, cluster)
+    return _on_devices(conversion, share.devices, settings.contract)
+
+
+def _on_devices(
+    conversion: conversions.Conversion, devices: int, contract: contract_.Contract
+) -> conversions.Conversion:
+    """The share taken on `devices` distinct GPUs: the decision counts all of them, so the
+    promises hold what the pod takes (the steering request stays one share: terms per GPU)."""
+    if devices == 1:
+        return conversion
+    units = devices * conversion.decision["units"]
+    conversion.decision.update(units=units, memoryMiB=units * contract.unit_mib, numDevices=devices)
+    conversion.devices = devices
+    return conversion
 
 
 def _fraction(
@@ -50,7 +68,7 @@ def _fraction(
 ) -> conversions.Conversion:
     contract = settings.contract
     demand = classchoice.Demand(fraction, 0, *pods.requests(spec))
-    choice = classchoice.for_fraction(cluster, products, settings, demand)
+    choice = classchoice.for_fraction(cluster, products, settings, demand, share.devices)
     per_gpu = contract.units_per_gpu(choice.memory_mib)
     units = conversions.fraction_units(fraction, per_gpu)
     resource = contract.gpu_memory_resource

@@ -29,15 +29,17 @@ from typing import Any
 
 import chartkit
 import drakit
+import jsonpatch
 import k8skit
 import kubernetes
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import nodefile
+from gpuslice.deviceplugin import labels, nodefile
 from gpuslice.dra import cdi, kube, publisher, slices
 from gpuslice.sim import controlplane
-from gpuslice.webhook import claim_templates, dra_claims
+from gpuslice.webhook import claim_templates, dra_claims, mutation
+from gpuslice.webhook import cluster as webhook_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
@@ -406,3 +408,96 @@ def test_whole_gpus_take_another_class_when_the_one_the_webhook_preferred_is_ful
     assert [r["request"] for r in first["devices"]["results"]] == ["gpu/m81559", "gpu/m81559"]
     assert {r["pool"] for r in second["devices"]["results"]} == {h200}  # the H100s are taken: the H200s
     assert [r["request"] for r in second["devices"]["results"]] == ["gpu/m143771", "gpu/m143771"]
+
+
+def webhook_pod(name: str, annotations: dict[str, str], **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A KAI-annotated pod converted by the webhook's mutation in DRA mode (cluster view: the demo node,
+    labelled as the DRA plugin labels it): (the patched pod, its claim template)."""
+    view = webhook_cluster.ClusterView(CONTRACT, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    view.update_node("demo", labels.node_labels(nodefile.load(DEMO_NODE), CONTRACT))
+    original = k8skit.pod_object(name, annotations=annotations, limits={"nvidia.com/gpu": "1"}, **spec)
+    outcome = mutation.mutate(original, settings=SETTINGS, cluster=view)
+    assert outcome.allowed, outcome.message
+    (template,) = outcome.objects
+    return jsonpatch.apply_patch(original, outcome.patch), template
+
+
+def create_from_webhook(
+    admin, core, resource_api, namespace: str, name: str, annotations: dict[str, str], **spec: Any
+) -> dict[str, Any]:
+    """The webhook's pod and template in the cluster; its claim made from the template under the pod's
+    name (no resource-claim controller runs here). Returns the template."""
+    pod, template = webhook_pod(name, annotations, **spec)
+    asyncio.run(
+        claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(admin)).ensure(namespace, template)
+    )
+    resource_api.create_namespaced_resource_claim(namespace, claim_from(template, name))
+    pod["spec"]["resourceClaims"] = [{"name": dra_claims.CLAIM_NAME, "resourceClaimName": name}]
+    core.create_namespaced_pod(namespace, pod)
+    return template
+
+
+def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_prepared(
+    admin, core, nodes, namespace, resource_api, device_classes, dra_node
+):
+    """gpu-fraction 0.5 with gpu-fraction-num-devices 2: one request of two devices with a capacity each,
+    kept on distinct GPUs. A node with one H100 taken whole does not take the pod, although its other
+    H100 could hold both halves; a node with two H100s free does, one half on each, and kubelet's DRA
+    manager and our plugin prepare both GPUs for the container."""
+    pair = {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}
+    busy = f"{namespace}-busy"
+    core.create_node(k8skit.node_object(busy))
+    nodes.append(busy)
+    publish(admin, busy)
+    whole = dra_claims.Need(kind="whole-gpus", containers=(dra_claims.ContainerNeed("containers", 0, gpus=1),))
+    template = dra_claims.build(k8skit.pod_object("x"), whole, SETTINGS).template
+    resource_api.create_namespaced_resource_claim(namespace, claim_from(template, "whole"))
+    core.create_namespaced_pod(namespace, pod_with_claim("whole", "whole", busy))
+    assert k8skit.bound_node(core, namespace, "whole", timeout=90) == busy
+
+    # The template the webhook made: one request of two devices, 159 units of an H100 each, on distinct GPUs.
+    template = create_from_webhook(
+        admin, core, resource_api, namespace, "pinned", pair, nodeSelector={"kubernetes.io/hostname": busy}
+    )
+    devices = template["spec"]["spec"]["devices"]
+    (request,) = devices["requests"]
+    assert request["exactly"]["count"] == 2 and request["exactly"]["capacity"] == {"requests": {"memory": "40704Mi"}}
+    assert devices["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.gpuslice.io/uuid"}]
+    assert "cannot allocate all claims" in k8skit.scheduling_failure(core, namespace, "pinned", timeout=90)
+
+    # Unpinned, the pods go to the node with two free H100s: one half on each, twice (each GPU then full).
+    uuids = {slices.device_name(g): g.uuid for g in nodefile.load(DEMO_NODE).gpus if not g.mig_enabled}
+    for name in ("pair-0", "pair-1"):
+        create_from_webhook(admin, core, resource_api, namespace, name, pair)
+        assert k8skit.bound_node(core, namespace, name, timeout=90) == dra_node.name
+        claim = read_json(resource_api, core, "claim", namespace, name)
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results
+        assert all(r["request"] == "gpu" and r["consumedCapacity"] == {"memory": "40704Mi"} for r in results)
+        assert all(r["pool"] == dra_node.name and r.get("shareID") for r in results)
+
+        # Kubelet prepares the pod: one CDI device for the request, carrying both GPUs and a half of each.
+        status, body = dra_node.harness.prepare(read_json(resource_api, core, "pod", namespace, name))
+        assert status == 200, body
+        uid = claim["metadata"]["uid"]
+        cdi_id = f"{CONTRACT.dra_cdi_kind}={cdi.device_name(uid, 'gpu')}"
+        assert body["containers"]["main"] == [cdi_id]
+        prepared = body["claims"][name]
+        assert sorted((p["device"], p["shareID"]) for p in prepared) == sorted(
+            (r["device"], r["shareID"]) for r in results
+        )
+        assert all(p["requests"] == ["gpu"] and p["pool"] == dra_node.name for p in prepared)
+        spec = json.loads(dra_node.spec_file(uid).read_text())
+        (device,) = spec["devices"]
+        env = device["containerEdits"]["env"]
+        visible = {r["device"]: uuids[r["device"]] for r in results}
+        assert f"NVIDIA_VISIBLE_DEVICES={','.join(visible[r['device']] for r in results)}" in env, env
+        assert "GPUSLICE_MEMORY_LIMIT_MIB=40704" in env and "GPUSLICE_GPU_COUNT=2" in env, env
+        assert "GPUSLICE_GPU_FRACTION=0.5" in env, env
+        if SETTINGS.mps.enabled:
+            assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40704M,1=40704M" in env, env
+    assert dra_node.prepared_claims() == 2
+
+    # Both H100s are full now: a third pair waits.
+    create_from_webhook(admin, core, resource_api, namespace, "pair-2", pair)
+    assert "cannot allocate all claims" in k8skit.scheduling_failure(core, namespace, "pair-2", timeout=90)
