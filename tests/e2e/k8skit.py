@@ -191,17 +191,27 @@ def all_running(
     return wait_for(what, probe, timeout, interval=0.5)
 
 
-def scheduling_failure(api: kubernetes.client.CoreV1Api, namespace: str, name: str, timeout: float = 60.0) -> str:
-    """The scheduler's PodScheduled=False message for a pod it cannot place."""
+def scheduling_failure(
+    api: kubernetes.client.CoreV1Api, namespace: str, name: str, timeout: float = 60.0, *, containing: str = ""
+) -> str:
+    """The scheduler's PodScheduled=False message for a pod it cannot place; with `containing`, the
+    first such message that contains it (an earlier attempt may have failed for a passing reason,
+    such as a claim its informer had not seen yet, and the scheduler retries)."""
+    last = ""
 
     def probe() -> str | None:
+        nonlocal last
         pod = api.read_namespaced_pod(name, namespace)
         for condition in pod.status.conditions or ():
             if condition.type == "PodScheduled" and condition.status == "False" and condition.message:
-                return str(condition.message)
+                last = str(condition.message)
+                return last if containing in last else None
         return None
 
-    return wait_for(f"the scheduler to give up on {namespace}/{name}", probe, timeout)
+    try:
+        return wait_for(f"the scheduler to give up on {namespace}/{name}", probe, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its last message: {last!r}, wanted one containing {containing!r}") from None
 
 
 # --- identities -----------------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def test_the_real_allocator_packs_webhook_shares_per_gpu_and_kubelets_dra_manage
     # Any six: the scheduler's queue need not follow creation order (a pod seen before its claim is retried
     # after backoff, and a later one takes its place).
     placed, waiting = six_of_seven_bound(core, namespace, node_name)
-    assert "cannot allocate all claims" in k8skit.scheduling_failure(core, namespace, waiting, timeout=90)
+    k8skit.scheduling_failure(core, namespace, waiting, timeout=90, containing="cannot allocate all claims")
 
     per_gpu: dict[str, int] = {}
     claims = []
@@ -426,8 +426,12 @@ def create_from_webhook(
     admin, core, resource_api, namespace: str, name: str, annotations: dict[str, str], **spec: Any
 ) -> dict[str, Any]:
     """The webhook's pod and template in the cluster; its claim made from the template under the pod's
-    name (no resource-claim controller runs here). Returns the template."""
+    name (no resource-claim controller runs here). Returns the template. The pod is created without
+    the KAI annotations it was converted from: the session's release (tests/e2e/conftest.py) runs a
+    device-plugin-mode webhook for every annotated pod of the cluster, which would refuse it."""
     pod, template = webhook_pod(name, annotations, **spec)
+    for key in annotations:
+        pod["metadata"]["annotations"].pop(key, None)
     asyncio.run(
         claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(admin)).ensure(namespace, template)
     )
@@ -463,7 +467,7 @@ def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_
     (request,) = devices["requests"]
     assert request["exactly"]["count"] == 2 and request["exactly"]["capacity"] == {"requests": {"memory": "40704Mi"}}
     assert devices["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.gpuslice.io/uuid"}]
-    assert "cannot allocate all claims" in k8skit.scheduling_failure(core, namespace, "pinned", timeout=90)
+    k8skit.scheduling_failure(core, namespace, "pinned", timeout=90, containing="cannot allocate all claims")
 
     # Unpinned, the pods go to the node with two free H100s: one half on each, twice (each GPU then full).
     uuids = {slices.device_name(g): g.uuid for g in nodefile.load(DEMO_NODE).gpus if not g.mig_enabled}
@@ -500,4 +504,4 @@ def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_
 
     # Both H100s are full now: a third pair waits.
     create_from_webhook(admin, core, resource_api, namespace, "pair-2", pair)
-    assert "cannot allocate all claims" in k8skit.scheduling_failure(core, namespace, "pair-2", timeout=90)
+    k8skit.scheduling_failure(core, namespace, "pair-2", timeout=90, containing="cannot allocate all claims")
