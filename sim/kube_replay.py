@@ -423,9 +423,11 @@ async def _until_settled(
         await asyncio.sleep(0.2)
 
 
-def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) -> tuple[Any, int, bytes]:
+def _start_webhook(
+    plane: controlplane.ControlPlane, settings: config.Config, name: str = "webhook"
+) -> tuple[Any, int, bytes]:
     """The webhook process with a serving certificate from the plane's CA; (process, port, CA PEM)."""
-    directory = plane.workdir / "webhook"
+    directory = plane.workdir / name
     directory.mkdir(exist_ok=True)
     cert, key = plane.pki.issue("gpuslice-webhook", ips=("127.0.0.1",), dns=("localhost",))
     (directory / "tls.crt").write_bytes(cert)
@@ -438,7 +440,7 @@ def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) ->
     (directory / "config.yaml").write_text(yaml.safe_dump(document))
     port = controlplane.free_port()
     process = plane.spawn(
-        "webhook",
+        name,
         [
             sys.executable,
             "-m",
@@ -458,8 +460,41 @@ def _start_webhook(plane: controlplane.ControlPlane, settings: config.Config) ->
         status, _ = controlplane._https_get(f"https://127.0.0.1:{port}/readyz", plane.ca_file)
         return status == 200
 
-    plane._wait(process, "gpuslice webhook", ready, timeout=60)
+    plane._wait(process, f"gpuslice {name}", ready, timeout=60)
     return process, port, plane.pki.ca_pem
+
+
+def _start_webhooks(
+    plane: controlplane.ControlPlane, settings: config.Config, replicas: int | None
+) -> tuple[int, bytes]:
+    """The webhook, or (`replicas`) that many webhook processes behind a round-robin TCP proxy
+    (sim/rrproxy.py), as a Service spreads the API server's connections over a Deployment's pods
+    (one replica behind it too, so that a comparison differs in the replicas alone); (port, CA PEM)."""
+    if replicas is None:
+        _, port, ca_pem = _start_webhook(plane, settings)
+        return port, ca_pem
+    ports = []
+    for i in range(replicas):
+        _, backend, ca_pem = _start_webhook(plane, settings, "webhook" if i == 0 else f"webhook-{i}")
+        ports.append(backend)
+    port = controlplane.free_port()
+    proxy = plane.spawn(
+        "webhook-proxy",
+        [
+            sys.executable,
+            "-m",
+            "gpuslice.sim.rrproxy",
+            f"--listen=127.0.0.1:{port}",
+            *(f"--backend=127.0.0.1:{p}" for p in ports),
+        ],
+    )
+
+    def ready() -> bool:
+        status, _ = controlplane._https_get(f"https://127.0.0.1:{port}/readyz", plane.ca_file)
+        return status == 200
+
+    plane._wait(proxy, "the webhook proxy", ready, timeout=30)
+    return port, ca_pem
 
 
 def start_pacer(
@@ -670,6 +705,7 @@ async def _drive(
     settle_limit: float,
     progress: Callable[[int], object] | None = None,
     placements: bool = False,
+    webhook_replicas: int | None = None,
 ) -> tuple[
     replay.Result,
     float,
@@ -695,7 +731,7 @@ async def _drive(
         )
         await fleet.create_nodes()
         if configuration.sharing:
-            _, port, ca_pem = await asyncio.to_thread(_start_webhook, plane, settings)
+            port, ca_pem = await asyncio.to_thread(_start_webhooks, plane, settings, webhook_replicas)
             await api.create(
                 "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
                 _webhook_configuration(port, ca_pem, side_effects="NoneOnDryRun" if fleet.dra else "None"),
@@ -760,10 +796,12 @@ def replay_on_kube(
     settle_limit: float = 1800.0,
     progress: Callable[[int], object] | None = None,
     placements: bool = False,
+    webhook_replicas: int | None = None,
 ) -> KubeResult:
     """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model.
     `progress(n)`: n of the pods have an outcome on the control plane (called while they settle).
-    `placements`: the kube run's Result also holds every pod's --placements line."""
+    `placements`: the kube run's Result also holds every pod's --placements line.
+    `webhook_replicas`: that many webhook processes behind a round-robin proxy (None: one, direct)."""
     # The model knows device-plugin mode only: in DRA mode it gives the device-plugin figure beside it.
     modelled = configuration
     if configuration.settings.dra.enabled:
@@ -799,6 +837,7 @@ def replay_on_kube(
                 settle_limit,
                 progress,
                 placements,
+                webhook_replicas,
             )
         )
     finally:
@@ -879,6 +918,12 @@ def paced_model(
 # --- command line ----------------------------------------------------------------------------
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("replay on the real control plane (--scheduler kube)")
     group.add_argument(
@@ -903,6 +948,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--node-sample", type=int, metavar="N", help="kube: replay on N of the trace's nodes, evenly spaced"
+    )
+    group.add_argument(
+        "--webhook-replicas",
+        type=_positive_int,
+        metavar="N",
+        help="kube: N webhook processes behind a round-robin TCP proxy, as a Service spreads connections over a "
+        "Deployment's pods (default: one webhook, no proxy)",
     )
     group.add_argument("--kube-bin", metavar="DIR", help=f"the built Kubernetes components [{controlplane.BIN_ENV}]")
     group.add_argument("--kube-workdir", metavar="DIR", help="keep the components' logs here (default: a temp dir)")
@@ -967,6 +1019,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                         gaps=gaps,
                         progress=functools.partial(_show_settled, shown),
                         placements=bool(args.placements),
+                        webhook_replicas=args.webhook_replicas,
                     )
             finally:
                 if not args.kube_workdir:
@@ -980,6 +1033,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "arrival": str(arrival),
         "mode": ",".join(args.mode),
         "pacing": settings.pacing.enabled,  # device-plugin mode only (DRA has nothing to pace)
+        "webhook_replicas": args.webhook_replicas or 1,
         "commit": commit,
     }
     if args.placements:
@@ -1003,7 +1057,8 @@ def _show_settled(shown: tqdm.tqdm[Any], settled: int) -> None:
 def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]]) -> str:
     lines = [
         f"gpuslice-sim --scheduler kube: {meta['pods_file']} on {meta['nodes']} nodes / {meta['gpus']} GPUs, "
-        f"demand {meta['demand']:.0%}, arrival {meta['arrival']}, mode {meta.get('mode', 'device-plugin')}"
+        f"demand {meta['demand']:.0%}, arrival {meta['arrival']}, mode {meta.get('mode', 'device-plugin')}, "
+        f"webhook replicas {meta.get('webhook_replicas', 1)}"
         + (f", Kubernetes {runs[0][1].kubernetes}" if runs else ""),
         "",
         f"{'configuration':<18}{'seed':>5} {'run':<6}{'pods':>7}{'alloc@100%':>11}{'alloc@end':>10}"

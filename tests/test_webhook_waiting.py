@@ -1,4 +1,5 @@
-"""Promises of converted pods the scheduler cannot place are given back (webhook/waiting.py)."""
+"""Promises of converted pods the scheduler cannot place, or deleted unbound, are given back, and the
+pods other webhook replicas converted are promised here too (webhook/waiting.py)."""
 
 from __future__ import annotations
 
@@ -34,24 +35,70 @@ def watching() -> waiting.WaitingPods:
 
 def test_an_unschedulable_converted_pod_gives_its_units_back_once() -> None:
     pods = watching()
-    pods.cluster.promise(81559, 159, now=0.0)
-    pods.cluster.promise(81559, 159, now=0.0)
+    pods.cluster.promise_conversion(DECISION)
+    pods.cluster.promise_conversion(DECISION)
     pods.apply("MODIFIED", pod("a"))
     pods.apply("MODIFIED", pod("a"))  # the same mark again
-    assert pods.cluster.promised_units(81559, now=1.0) == 159 and pods.released == 1
+    assert pods.cluster.promised_units(81559) == 159 and pods.released == 1
 
 
-def test_pods_that_are_only_pending_bound_or_not_ours_keep_the_promises() -> None:
+def test_own_pods_only_pending_or_bound_and_pods_not_converted_keep_the_promises() -> None:
     pods = watching()
-    pods.cluster.promise(81559, 159, now=0.0)
-    for other in (pod("b", reason=""), pod("c", node="gpu-1"), pod("d", decision=None), pod("e", reason="Preempting")):
-        pods.apply("MODIFIED", other)
-    assert pods.cluster.promised_units(81559, now=1.0) == 159 and pods.released == 0
+    for _ in range(2):
+        pods.cluster.promise_conversion(DECISION)
+    for own in (pod("b", reason=""), pod("c", node="gpu-1"), pod("d", decision=None)):
+        pods.apply("MODIFIED", own)
+    pods.apply("MODIFIED", pod("c", node="gpu-1", reason="Unschedulable"))  # bound: its units go to the labels
+    assert pods.cluster.promised_units(81559) == 2 * 159 and pods.released == 0
+    assert pods.cluster.promised_from_others == 0
 
 
-def test_the_first_list_releases_nothing_made_by_an_earlier_process() -> None:
+def test_another_replicas_pending_pod_is_promised_here_until_bound_marked_or_deleted() -> None:
+    pods = watching()
+    view = pods.cluster
+    view.promise_conversion(DECISION)  # this replica's own, seen as "mine"
+    pods.apply("ADDED", pod("mine", reason=""))
+    for uid in ("bound-later", "unschedulable-later", "deleted-later"):  # converted by another replica
+        pods.apply("ADDED", pod(uid, reason=""))
+    assert view.promised_units(81559) == 4 * 159 and view.promised_from_others == 3
+    pods.apply("MODIFIED", pod("bound-later", node="gpu-1", reason=""))  # left to the labels
+    assert view.promised_units(81559) == 4 * 159
+    pods.apply("MODIFIED", pod("unschedulable-later"))
+    assert view.promised_units(81559) == 3 * 159 and pods.released == 1
+    pods.apply("DELETED", pod("deleted-later", reason=""))
+    assert view.promised_units(81559) == 2 * 159
+    pods.apply("DELETED", pod("bound-later", node="gpu-1", reason=""))  # Running now: nothing given back
+    assert view.promised_units(81559) == 2 * 159
+
+
+def test_another_replicas_pod_already_bound_or_unschedulable_is_not_promised_nor_released() -> None:
+    pods = watching()
+    view = pods.cluster
+    view.promise_conversion(DECISION)
+    pods.apply("ADDED", pod("own", reason=""))  # this replica's
+    pods.apply("ADDED", pod("bound", node="gpu-1", reason=""))
+    pods.apply("ADDED", pod("waiting"))  # marked before this replica saw it
+    pods.apply("MODIFIED", pod("waiting"))
+    pods.apply("DELETED", pod("waiting"))
+    assert view.promised_units(81559) == 159 and view.promised_from_others == 0 and pods.released == 0
+
+
+def test_the_first_list_promises_the_pending_pods_of_other_replicas() -> None:
     pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
-    pods.cluster.promise(81559, 159, now=0.0)
+    view = pods.cluster
+    view.promise_conversion(DECISION)  # admitted before the first list; stored since
+    pods.replace([pod("own", reason=""), pod("other", reason=""), pod("marked"), pod("bound", node="gpu-1")])
+    pods.lists = 1
+    assert view.track_appearance and view.promised_from_others == 1  # "other" only
+    assert view.promised_units(81559) == 2 * 159
+    pods.apply("MODIFIED", pod("other"))  # then marked unschedulable: given back here
+    pods.apply("MODIFIED", pod("own"))
+    assert view.promised_units(81559) == 0 and pods.released == 2
+
+
+def test_the_first_list_releases_nothing_for_pods_marked_before_it() -> None:
+    pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
+    pods.cluster.promise(81559, 159, now=0.0)  # not a conversion of a pod in the list
     pods.replace([pod("old")])
     pods.lists = 1
     pods.apply("MODIFIED", pod("old"))
@@ -116,3 +163,33 @@ def test_without_the_watch_no_promise_is_given_back_for_not_appearing() -> None:
     view.promise_conversion(DECISION)
     clock.now += cluster.APPEAR_SECONDS * 2
     assert view.promises()[0][81559] == 159 and view.not_created == 0
+
+
+def refused(uid: str, *, reason: str = "UnexpectedAdmissionError") -> dict[str, Any]:
+    failed = pod(uid, node="gpu-1", reason="")
+    failed["status"] = {"phase": "Failed", "reason": reason}
+    return failed
+
+
+def test_a_pod_kubelet_refused_after_binding_gives_its_promise_back_once() -> None:
+    pods = watching()
+    view = pods.cluster
+    for _ in range(2):
+        view.promise_conversion(DECISION)
+    pods.apply("ADDED", pod("a", reason=""))
+    pods.apply("MODIFIED", pod("a", node="gpu-1", reason=""))  # bound: left to the labels...
+    pods.apply("DELETED", pod("a", node="gpu-1", reason=""))  # ...no longer Pending
+    pods.kubelet_refused(refused("a"))  # ...but kubelet refused it: its units will never show
+    pods.kubelet_refused(refused("a"))  # seen again (a relist): once only
+    assert view.promised_units(81559) == 159 and pods.refused == 1
+
+
+def test_failed_pods_not_refused_at_admission_or_not_held_here_give_nothing_back() -> None:
+    pods = watching()
+    view = pods.cluster
+    view.promise_conversion(DECISION)
+    pods.apply("ADDED", pod("a", reason=""))
+    pods.apply("MODIFIED", pod("a", node="gpu-1", reason=""))
+    pods.kubelet_refused(refused("a", reason="OOMKilled"))  # ran, then failed: its units were in the labels
+    pods.kubelet_refused(refused("never-seen"))  # bound before this replica saw it: it promised nothing
+    assert view.promised_units(81559) == 159 and pods.refused == 0

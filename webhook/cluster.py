@@ -20,6 +20,15 @@ promise lasts until the class's labelled free units drop by as much (the pod was
 back once the pending-pod watch has not seen it for `APPEAR_SECONDS` (`track_appearance`, set by
 webhook/waiting.py: without the watch nothing could say it appeared).
 
+Promises are shared between webhook replicas through the pods themselves: every replica's
+pending-pod watch sees every converted pod, with its decision annotation (class and units). A pod
+that appears without one of this replica's conversions of its class and size waiting for it
+(`appeared` is False) was converted by another replica, and is promised here too (`promise_seen`)
+until it is bound, unschedulable or deleted unbound, or its units show in the labels; so each
+replica steers knowing what all of them admitted, and a drop in the labels consumes promises
+whichever replica made them. Until its watch has listed, a replica steers by its own promises
+alone (gpuslice_webhook_shared_promises says which).
+
 Node labels are untrusted input: `nodelabels` reads and checks them, and a node whose labels cannot
 be believed is left out (`untrusted` names it and says why; the node watch logs it and the metrics
 count it).
@@ -138,10 +147,14 @@ class ClusterView:
         self._next_deadline = math.inf  # no promise expires before this (`promises`)
         # Conversions admitted, not yet seen stored, per (class memory MiB, units): admission times
         # plus APPEAR_SECONDS, oldest first. Only while a watch says which pods appear.
+        # Own conversions are remembered until the pending-pod watch sees them (`appeared`): set by
+        # webhook/waiting.py when it is built, so that none admitted before its first list is lost.
+        self.record_appearance = False
         self.track_appearance = False
         self._unseen: dict[tuple[int, int], collections.deque[float]] = {}
         self._next_unseen = math.inf
         self.not_created = 0  # promises given back because the pod never appeared
+        self.promised_from_others = 0  # other replicas' conversions promised here (`promise_seen`)
         # The controller of the pod being admitted ("" for none, or opted out): its pods go to one GPU
         # class (webhook/classchoice.py). Set by mutation.mutate, and by webhook/repeats.py before a
         # remembered answer's decisions are taken again.
@@ -234,7 +247,7 @@ class ClusterView:
         memory, units = decision.get("classMemoryMiB"), decision.get("units")
         if isinstance(memory, int) and isinstance(units, int):
             self.promise(memory, units, cpu_milli=cpu_milli)
-            if self.track_appearance and units > 0:
+            if self.record_appearance and units > 0:
                 deadline = self.clock() + APPEAR_SECONDS
                 self._next_unseen = min(self._next_unseen, deadline)
                 queue = self._unseen.get((memory, units))
@@ -258,22 +271,40 @@ class ClusterView:
         if len(known) > _MAX_OWNERS:
             known.popitem(last=False)
 
-    def appeared(self, decision: Mapping[str, Any] | None) -> None:
+    def appeared(self, decision: Mapping[str, Any] | None) -> bool:
         """A converted pod was stored (the pending-pod watch saw it): one conversion of its class and
-        size is no longer waiting to appear (which of them does not matter: they promise alike)."""
+        size is no longer waiting to appear (which of them does not matter: they promise alike).
+        False when none of this replica's was waiting: another replica converted it (or a process
+        before this one), and `promise_seen` counts it here too."""
         if not decision or decision.get("migProfile"):
-            return
+            return True  # nothing promised either way
         queue = self._unseen.get((decision.get("classMemoryMiB"), decision.get("units")))  # type: ignore[arg-type]
         if queue:
             queue.popleft()
+            return True
+        return False
+
+    def promise_seen(self, decision: Mapping[str, Any] | None, cpu_milli: int = 0) -> None:
+        """Another replica's conversion, seen pending and not yet bound: promised here as well, so
+        every replica steers knowing what all of them admitted (the shared ledger). It lasts as this
+        replica's own do: until the class's labels show it, it is released (unschedulable, deleted
+        unbound) or PROMISE_SECONDS pass."""
+        if not decision or decision.get("migProfile"):
+            return
+        memory, units = decision.get("classMemoryMiB"), decision.get("units")
+        if isinstance(memory, int) and isinstance(units, int):
+            self.promise(memory, units, cpu_milli=cpu_milli)
+            self.promised_from_others += 1
 
     def _give_back_unseen(self, now: float) -> None:
-        """Promises of conversions whose pods did not appear within APPEAR_SECONDS."""
+        """Promises of conversions whose pods did not appear within APPEAR_SECONDS (only forgotten
+        while the watch has not listed: nothing could have said they appeared)."""
         for (memory, units), queue in self._unseen.items():
             while queue and queue[0] <= now:
                 queue.popleft()
-                self.not_created += 1
-                self.release_conversion({"classMemoryMiB": memory, "units": units})
+                if self.track_appearance:
+                    self.not_created += 1
+                    self.release_conversion({"classMemoryMiB": memory, "units": units})
         self._next_unseen = min((q[0] for q in self._unseen.values() if q), default=math.inf)
 
     def release_conversion(self, decision: Mapping[str, Any] | None) -> None:

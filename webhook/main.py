@@ -66,6 +66,9 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
         log.info("no cluster found: gpu-fraction uses defaultGpuMemoryMiB=%d", settings.default_gpu_memory_mib)
     metrics = metrics_.Metrics()
     background = []
+    # Promises of pods never stored, that no node takes or that kubelet refused go back, and other
+    # replicas' conversions are promised here too (webhook/waiting.py).
+    waiting_pods = waiting.WaitingPods(api, view) if api is not None else None
     if api is not None and settings.requeue.enabled and not settings.dra.enabled:
         paced = settings.pacing.enabled  # a replacement is gated like a new pod while a pacer is alive
         requeuer = requeue.Requeuer(
@@ -74,6 +77,7 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
             registry=metrics.registry,
             paced=lambda: paced and view.pacer_alive,
             namespace=os.environ.get("POD_NAMESPACE") or "default",  # the journal's: the webhook's own
+            on_failed=waiting_pods.kubelet_refused if waiting_pods is not None else lambda pod: None,
         )
         background.append(requeuer.run)
     if api is not None and settings.pacing.enabled and not settings.dra.enabled:
@@ -86,15 +90,16 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
             lease_seconds=settings.pacing.lease_seconds,
         )
         background.append(lease.run)
-    if api is not None:  # promises of pods never stored or that no node takes go back (webhook/waiting.py)
-        waiting_pods = waiting.WaitingPods(api, view)
+    if waiting_pods is not None:
         background.append(waiting_pods.run)
+        watched = waiting_pods
 
         def promises_returned() -> dict[str, int]:
             view.promises()  # gives back what is overdue: the scrape's figure is current without admissions
-            return {"unschedulable": waiting_pods.released, "not-created": view.not_created}
+            return {"unschedulable": watched.released, "not-created": view.not_created, "refused": watched.refused}
 
         metrics.track_promises_returned(promises_returned)
+        metrics.track_shared_promises(lambda: view.track_appearance, lambda: view.promised_from_others)
     # DRA mode: claim templates are created with the same credentials as the node watch (--kubeconfig).
     templates = (
         claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(api.api_client))

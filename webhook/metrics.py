@@ -72,6 +72,14 @@ class Metrics:
         self.registry.register(self._repeats)
         self._promises = _PromisesReturned()
         self.registry.register(self._promises)
+        self.shared_promises = prometheus_client.Gauge(
+            "gpuslice_webhook_shared_promises",
+            "1 once this replica sees every replica's converted pods (its pending-pod watch has listed) and "
+            "counts their promises; 0 while it steers by its own promises alone",
+            registry=self.registry,
+        )
+        self._promises_from_others = _PromisesFromOthers()
+        self.registry.register(self._promises_from_others)
 
     def count(self, result: str, kind: str = "") -> None:
         """One admission answered with `result` (converting a pod of `kind`, when not "")."""
@@ -114,6 +122,12 @@ class Metrics:
     def track_promises_returned(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """Export the promises given back, by reason (webhook/waiting.py, cluster.py), read at each scrape."""
         self._promises.source = counts
+
+    def track_shared_promises(self, listed: Callable[[], bool], from_others: Callable[[], int]) -> None:
+        """Export whether this replica sees the other replicas' promises (its pending-pod watch has
+        listed; until then it steers by its own promises alone) and how many it has counted."""
+        self.shared_promises.set_function(lambda: float(listed()))
+        self._promises_from_others.source = from_others
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""
@@ -189,12 +203,25 @@ class _PromisesReturned(registry.Collector):
             "gpuslice_webhook_promises_returned",
             "Promises of converted pods given back before their units showed in labels, by reason: unschedulable "
             "(the scheduler found no node), not-created (the pod was refused after this webhook admitted it, and "
-            "the conversions counter counts it although it never existed)",
+            "the conversions counter counts it although it never existed), refused (kubelet refused the bound pod)",
             labels=["reason"],
         )
         for reason, count in sorted(self.source().items()):
             family.add_metric([reason], count)
         yield family
+
+
+class _PromisesFromOthers(registry.Collector):
+    def __init__(self) -> None:
+        self.source: Callable[[], int] = int
+
+    def collect(self) -> Iterator[core.Metric]:
+        yield core.CounterMetricFamily(
+            "gpuslice_webhook_promises_from_other_replicas",
+            "Converted pods another webhook replica admitted, seen pending and unbound by this one and promised "
+            "here too, so every replica steers knowing what all of them admitted",
+            value=self.source(),
+        )
 
 
 class _Repeats(registry.Collector):

@@ -101,6 +101,7 @@ class Requeuer:
         paced: Callable[[], bool] = lambda: False,
         namespace: str = "default",
         sweep_seconds: float = JOURNAL_SWEEP_SECONDS,
+        on_failed: Callable[[Mapping[str, Any]], None] = lambda pod: None,
     ) -> None:
         self.api = api
         self.journal = requeue_journal.Journal(api, namespace, settings.contract)  # in the webhook's namespace
@@ -111,7 +112,8 @@ class Requeuer:
         self.backoff_seconds = settings.requeue.backoff_seconds
         self._pending: set[str] = set()  # UIDs being requeued by this replica
         self._tasks: set[asyncio.Task[None]] = set()
-        self._failed = _FailedPods(api, self._consider, watch_timeout_seconds=watch_timeout_seconds)
+        self._on_failed = on_failed  # every Failed pod seen changing (webhook/waiting.py: kubelet refusals)
+        self._failed = _FailedPods(api, self._consider, self._seen_failing, watch_timeout_seconds=watch_timeout_seconds)
         self._requeued = prometheus_client.Counter(
             "gpuslice_webhook_requeues",
             "Converted pods refused by kubelet and recreated (result: requeued, gone, error; recovered: from the"
@@ -159,6 +161,10 @@ class Requeuer:
             self._requeued.labels("recovered").inc(len(made))
             for pod in made:
                 await self._event(pod, _RECOVERED_MESSAGE)
+
+    def _seen_failing(self, pod: dict[str, Any]) -> None:
+        self._on_failed(pod)
+        self._consider(pod)
 
     def _consider(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
@@ -258,10 +264,12 @@ class _FailedPods(listwatch.PodWatch):
         self,
         api: kubernetes.client.CoreV1Api,
         consider: Callable[[dict[str, Any]], None],
+        changed: Callable[[dict[str, Any]], None],
         **options: Unpack[listwatch.Options],
     ) -> None:
         super().__init__(lambda: api, "refused pods", "status.phase=Failed", **options)
-        self._consider = consider
+        self._consider = consider  # listed pods (failed before this process, or while the watch was down)
+        self._changed = changed  # pods seen becoming Failed, or changing while Failed
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         for pod in items:
@@ -269,4 +277,4 @@ class _FailedPods(listwatch.PodWatch):
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind in ("ADDED", "MODIFIED"):
-            self._consider(dict(obj))
+            self._changed(dict(obj))

@@ -1,5 +1,6 @@
-"""Gives back the promises of converted pods the scheduler could not place, and says which
-converted pods were stored, so that the promise of one never stored goes back too.
+"""Gives back the promises of converted pods the scheduler could not place or that were deleted
+unbound, says which converted pods were stored, so that the promise of one never stored goes back
+too, and promises here the pods other webhook replicas converted (the shared ledger).
 
 Each conversion pinned to a GPU class is promised against that class until the class's labels show
 it (webhook/cluster.py, promises), so that the pods of a burst choose their class knowing what the
@@ -10,18 +11,25 @@ when this was added: docs/benchmarks.md, "How we got here"). This watch sees the
 the promise.
 
 Pending pods of the whole cluster are watched (field selector status.phase=Pending; the condition
-itself cannot be selected on); only those carrying the webhook's decision annotation, not bound,
-with PodScheduled False for reason Unschedulable count, each UID once. A converted pod seen for
-the first time (added, or new in a list after the watch expired) has appeared
-(`ClusterView.appeared`); once the first list is in, the view gives back the promise of a pod
-that does not appear within APPEAR_SECONDS of its admission (refused later in admission).
+itself cannot be selected on); only those carrying the webhook's decision annotation count. A
+converted pod seen for the first time (in the first list, added, or new in a list after the watch
+expired) has appeared (`ClusterView.appeared`) if this replica converted it; if another replica
+did (or a process before this one), it is promised here too while it is unbound and not marked
+unschedulable (`ClusterView.promise_seen`): the promises every replica holds are those of every
+replica. A promise held here is given back when the pod is marked Unschedulable (each UID once) or
+deleted unbound, and left to the labels once the pod is bound, unless kubelet then refuses it
+(`kubelet_refused`, told by the requeuer's watch of Failed pods). Once the first list is in, the
+view gives back the promise of a pod of this replica that does not appear within APPEAR_SECONDS of
+its admission (refused later in admission).
 
 May import gpuslice.{contract,listwatch}, the webhook's cluster view and pods modules and the kubernetes client.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Unpack
 
@@ -32,7 +40,11 @@ from gpuslice import listwatch
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import pods
 
-__all__ = ["WaitingPods", "unschedulable_decision"]
+__all__ = ["REFUSAL_WINDOW_SECONDS", "WaitingPods", "unschedulable_decision"]
+
+# How long after its binding a pod's refusal still gives its promise back (kubelet refuses within
+# seconds; after this the promise has expired or been consumed by the labels anyway).
+REFUSAL_WINDOW_SECONDS = 120.0
 
 
 def unschedulable_decision(pod: Mapping[str, Any], contract: contract_.Contract) -> dict[str, Any] | None:
@@ -67,50 +79,87 @@ class WaitingPods(listwatch.PodWatch):
     ) -> None:
         super().__init__(lambda: api, "pending pods", "status.phase=Pending", **options)
         self.cluster = cluster
-        self._done: set[str] = set()  # UIDs whose promise was given back (until the pod goes)
+        cluster.record_appearance = True  # from now: conversions admitted before the first list count too
+        self._held: set[str] = set()  # UIDs of converted pods whose promise this replica holds
         self._seen: set[str] = set()  # UIDs of converted pending pods seen (until the pod goes or binds)
+        # UIDs bound while their promise was held here -> when: kubelet may still refuse them
+        self._bound: collections.OrderedDict[str, float] = collections.OrderedDict()
         self.released = 0
+        self.refused = 0  # promises given back because kubelet refused the pod (`kubelet_refused`)
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         listed = {str((p.get("metadata") or {}).get("uid")) for p in items}
         if self.lists == 0:
-            # The first list: promises of pods waiting already were made by a process that is gone.
-            self._done = listed
-            key = self.cluster.contract.decision_annotation
-            self._seen = {
-                str((p.get("metadata") or {}).get("uid"))
-                for p in items
-                if key in ((p.get("metadata") or {}).get("annotations") or {})
-            }
+            for pod in items:  # pods converted by this replica, by others, or by a process before
+                self._first_sight(pod)
             self.cluster.track_appearance = True
             return
-        self._done &= listed  # a list after an expired watch: pods gone meanwhile are forgotten
+        self._held &= listed  # a list after an expired watch: pods gone meanwhile are forgotten
         self._seen &= listed
         for pod in items:
             self.apply("MODIFIED", pod)
 
+    def _first_sight(self, pod: Mapping[str, Any]) -> None:
+        """A converted pod seen pending for the first time: this replica's conversion appeared, or
+        another replica's is promised here too (unless it is bound or unschedulable already)."""
+        metadata = pod.get("metadata") or {}
+        text = (metadata.get("annotations") or {}).get(self.cluster.contract.decision_annotation)
+        if not text:  # only converted pods are remembered
+            return
+        uid = str(metadata.get("uid"))
+        self._seen.add(uid)
+        decision = _decision(text)
+        mine = self.cluster.appeared(decision)
+        # another replica's conversion, or one made before this process started
+        self.cluster.note_owner_class(pods.owner_of(metadata, self.cluster.contract), decision)
+        if mine:
+            self._held.add(uid)
+        elif not (pod.get("spec") or {}).get("nodeName") and unschedulable_decision(pod, self.cluster.contract) is None:
+            self.cluster.promise_seen(decision, pods.cpu_requested(pod.get("spec") or {}))
+            self._held.add(uid)
+
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid"))
         if uid not in self._seen and kind != "DELETED":
-            metadata = obj.get("metadata") or {}
-            text = (metadata.get("annotations") or {}).get(self.cluster.contract.decision_annotation)
-            if text:  # a converted pod: only those are remembered
-                self._seen.add(uid)
-                decision = _decision(text)
-                self.cluster.appeared(decision)
-                # another replica's conversion, or one made before this process started
-                self.cluster.note_owner_class(pods.owner_of(metadata, self.cluster.contract), decision)
-        if kind == "DELETED":  # gone, or no longer Pending (the field selector's view)
-            self._done.discard(uid)
+            self._first_sight(obj)
+        if uid not in self._held:
+            if kind == "DELETED":
+                self._seen.discard(uid)
+            return
+        if (obj.get("spec") or {}).get("nodeName"):  # bound: its units will show in the labels
+            self._held.discard(uid)
+            self._remember_bound(uid)
+            if kind == "DELETED":
+                self._seen.discard(uid)
+            return
+        if kind == "DELETED":  # deleted before it was bound (or failed unbound): it takes nothing
+            self._held.discard(uid)
             self._seen.discard(uid)
-            return
-        if (obj.get("spec") or {}).get("nodeName"):
-            self._done.discard(uid)
-            return
-        if uid in self._done:
+            self.cluster.release_conversion(self._decision_of(obj))
             return
         decision = unschedulable_decision(obj, self.cluster.contract)
         if decision is not None:
-            self._done.add(uid)
+            self._held.discard(uid)
             self.cluster.release_conversion(decision)
             self.released += 1
+
+    def _remember_bound(self, uid: str) -> None:
+        now = time.monotonic()
+        self._bound[uid] = now
+        while self._bound and next(iter(self._bound.values())) < now - REFUSAL_WINDOW_SECONDS:
+            self._bound.popitem(last=False)
+
+    def kubelet_refused(self, pod: Mapping[str, Any]) -> None:
+        """A Failed pod (the requeuer's watch): if kubelet refused it at admission and it was bound
+        while its promise was held here, its units will never show in the labels: give them back
+        now, as the simulator's model does, not after PROMISE_SECONDS."""
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        refused = (pod.get("status") or {}).get("reason") == contract_.KUBELET_REFUSED_REASON
+        if not refused or self._bound.pop(uid, None) is None:
+            return
+        self.cluster.release_conversion(self._decision_of(pod))
+        self.refused += 1
+
+    def _decision_of(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        text = ((pod.get("metadata") or {}).get("annotations") or {}).get(self.cluster.contract.decision_annotation)
+        return _decision(text) if text else None

@@ -1,0 +1,73 @@
+"""A TCP proxy that hands each connection it accepts to the next of its backends in turn, relaying
+bytes both ways unchanged (TLS passes through: the backends serve the certificate). The replay on
+the real control plane puts it in front of N webhook replicas, as a Service's ClusterIP spreads
+connections over its endpoints (`gpuslice-sim --scheduler kube --webhook-replicas N`).
+
+    python -m gpuslice.sim.rrproxy --listen 127.0.0.1:PORT --backend 127.0.0.1:P1 --backend 127.0.0.1:P2
+
+Loopback only, like everything the replay starts. May import the standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import sys
+from collections.abc import Iterator, Sequence
+
+__all__ = ["main", "serve"]
+
+_CHUNK = 64 * 1024
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if host not in ("127.0.0.1", "localhost") or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 127.0.0.1:PORT (loopback only)")
+    return host, int(port)
+
+
+async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(_CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+
+
+async def serve(listen: tuple[str, int], backends: Sequence[tuple[str, int]], started: asyncio.Event) -> None:
+    """Serve until cancelled; `started` is set once the port is bound."""
+    turn: Iterator[tuple[str, int]] = itertools.cycle(backends)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = next(turn)
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_relay(reader, upstream_writer), _relay(upstream_reader, writer))
+
+    server = await asyncio.start_server(handle, *listen, backlog=2048)
+    async with server:
+        started.set()
+        await server.serve_forever()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--listen", type=_address, required=True, metavar="127.0.0.1:PORT")
+    parser.add_argument("--backend", type=_address, action="append", required=True, metavar="127.0.0.1:PORT")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.listen, args.backend, asyncio.Event()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
