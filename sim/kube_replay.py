@@ -456,12 +456,13 @@ def _start_webhook(
         env={"PYTHONUNBUFFERED": "1"},
     )
 
-    def ready() -> bool:
-        status, _ = controlplane._https_get(f"https://127.0.0.1:{port}/readyz", plane.ca_file)
-        return status == 200
-
-    plane._wait(process, f"gpuslice {name}", ready, timeout=60)
+    plane._wait(process, f"gpuslice {name}", functools.partial(_webhook_ready, plane, port), timeout=60)
     return process, port, plane.pki.ca_pem
+
+
+def _webhook_ready(plane: controlplane.ControlPlane, port: int) -> bool:
+    status, _ = controlplane._https_get(f"https://127.0.0.1:{port}/readyz", plane.ca_file)
+    return status == 200
 
 
 def _start_webhooks(
@@ -489,11 +490,7 @@ def _start_webhooks(
         ],
     )
 
-    def ready() -> bool:
-        status, _ = controlplane._https_get(f"https://127.0.0.1:{port}/readyz", plane.ca_file)
-        return status == 200
-
-    plane._wait(proxy, "the webhook proxy", ready, timeout=30)
+    plane._wait(proxy, "the webhook proxy", functools.partial(_webhook_ready, plane, port), timeout=30)
     return port, ca_pem
 
 

@@ -68,7 +68,11 @@ class Metrics:
         )
         self._untrusted_nodes = _UntrustedNodes()
         self.registry.register(self._untrusted_nodes)
-        self._repeats = _Repeats()
+        self._repeats = _CounterOf(
+            "gpuslice_webhook_repeat_answers",
+            "AdmissionReviews answered from memory: a body, or the fields the webhook reads, seen before but "
+            "for the uid, the cluster view unchanged (replicas of one controller, pods of one template)",
+        )
         self.registry.register(self._repeats)
         self._promises = _PromisesReturned()
         self.registry.register(self._promises)
@@ -78,7 +82,11 @@ class Metrics:
             "counts their promises; 0 while it steers by its own promises alone",
             registry=self.registry,
         )
-        self._promises_from_others = _PromisesFromOthers()
+        self._promises_from_others = _CounterOf(
+            "gpuslice_webhook_promises_from_other_replicas",
+            "Converted pods another webhook replica admitted, seen pending and unbound by this one and promised "
+            "here too, so every replica steers knowing what all of them admitted",
+        )
         self.registry.register(self._promises_from_others)
 
     def count(self, result: str, kind: str = "") -> None:
@@ -211,30 +219,16 @@ class _PromisesReturned(registry.Collector):
         yield family
 
 
-class _PromisesFromOthers(registry.Collector):
-    def __init__(self) -> None:
+class _CounterOf(registry.Collector):
+    """A counter whose value another object keeps, read at each scrape (counting here would cost
+    the path that counts a lock)."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name, self.documentation = name, documentation
         self.source: Callable[[], int] = int
 
     def collect(self) -> Iterator[core.Metric]:
-        yield core.CounterMetricFamily(
-            "gpuslice_webhook_promises_from_other_replicas",
-            "Converted pods another webhook replica admitted, seen pending and unbound by this one and promised "
-            "here too, so every replica steers knowing what all of them admitted",
-            value=self.source(),
-        )
-
-
-class _Repeats(registry.Collector):
-    def __init__(self) -> None:
-        self.source: Callable[[], int] = int
-
-    def collect(self) -> Iterator[core.Metric]:
-        yield core.CounterMetricFamily(
-            "gpuslice_webhook_repeat_answers",
-            "AdmissionReviews answered from memory: a body, or the fields the webhook reads, seen before but "
-            "for the uid, the cluster view unchanged (replicas of one controller, pods of one template)",
-            value=self.source(),
-        )
+        yield core.CounterMetricFamily(self.name, self.documentation, value=self.source())
 
 
 def _nan_if_none(value: float | None) -> float:

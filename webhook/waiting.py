@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import json
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Unpack
 
@@ -103,14 +102,13 @@ class WaitingPods(listwatch.PodWatch):
         """A converted pod seen pending for the first time: this replica's conversion appeared, or
         another replica's is promised here too (unless it is bound or unschedulable already)."""
         metadata = pod.get("metadata") or {}
-        text = (metadata.get("annotations") or {}).get(self.cluster.contract.decision_annotation)
-        if not text:  # only converted pods are remembered
-            return
+        if self.cluster.contract.decision_annotation not in (metadata.get("annotations") or {}):
+            return  # only converted pods are remembered
         uid = str(metadata.get("uid"))
         self._seen.add(uid)
-        decision = _decision(text)
+        decision = self._decision_of(pod)
         mine = self.cluster.appeared(decision)
-        # another replica's conversion, or one made before this process started
+        # the owner's class, whichever replica (or earlier process) converted the pod
         self.cluster.note_owner_class(pods.owner_of(metadata, self.cluster.contract), decision)
         if mine:
             self._held.add(uid)
@@ -144,7 +142,7 @@ class WaitingPods(listwatch.PodWatch):
             self.released += 1
 
     def _remember_bound(self, uid: str) -> None:
-        now = time.monotonic()
+        now = self.cluster.clock()
         self._bound[uid] = now
         while self._bound and next(iter(self._bound.values())) < now - REFUSAL_WINDOW_SECONDS:
             self._bound.popitem(last=False)
