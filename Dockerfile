@@ -3,7 +3,8 @@
 #   gpuslice-device-plugin  (DaemonSet, the chart runs it as root: kubelet's sockets and NVML need it)
 #   gpuslice-mps-control-daemon (DaemonSet with config.mps.enabled: NVIDIA's MPS control daemon)
 #   gpuslice-dra-plugin     (DaemonSet with mode dra or both: the kubelet DRA plugin)
-#   gpuslice-pacer          (Deployment with config.pacing.enabled, non-root: releases gated pods)
+#   gpuslice-controller     (Deployment in device-plugin mode, non-root, leader-elected: requeues refused
+#                            pods and, with config.pacing.enabled, releases gated pods)
 # Build: make image IMAGE=<registry>/gpuslice:0.1.0   (docker, podman or buildah; or `docker build -t ... .`)
 # Where no registry is reachable, e2e/image/build.sh builds it with buildah on a Python base made from
 # Debian packages (`make image BASE_IMAGE=localhost/python:3.11-slim-bookworm`) and writes a tar for ctr.

@@ -89,8 +89,8 @@ gpu-check:
 # Lint and types (run by .ci/run). ruff does not follow the gpuslice/<folder> links, so it is given
 # the folders; mypy checks the package (pyproject's [tool.mypy]) and follows them.
 check: venv proto
-	$(BIN)/ruff check gpuslice webhook deviceplugin dra pacer sim demo proto tests benchmarks tools e2e
-	$(BIN)/ruff format --check gpuslice webhook deviceplugin dra pacer sim demo proto tests benchmarks tools e2e
+	$(BIN)/ruff check gpuslice webhook deviceplugin dra pacer controller sim demo proto tests benchmarks tools e2e
+	$(BIN)/ruff format --check gpuslice webhook deviceplugin dra pacer controller sim demo proto tests benchmarks tools e2e
 	$(BIN)/mypy
 
 # The container image (Dockerfile) with the first of docker, podman and buildah that answers (ENGINE=...

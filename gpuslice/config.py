@@ -166,7 +166,7 @@ class DraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RequeueConfig:
-    """Webhook: recreate converted bare pods that kubelet refused (webhook/requeue.py)."""
+    """Controller: recreate converted bare pods that kubelet refused (controller/requeue.py)."""
 
     enabled: bool = True
     # Recreations of one pod before it is left Failed.
@@ -177,25 +177,32 @@ class RequeueConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PacingConfig:
-    """Scheduling gates on converted pods, released by the pacer (pacer/; docs/steering.md, "Pacing")."""
+    """Scheduling gates on converted pods, released by the controller's pacer (pacer/; docs/steering.md, "Pacing")."""
 
-    # Webhook: gate every converted device-plugin pod while a pacer renews its Lease (`lease_*`).
+    # Webhook: gate every converted device-plugin pod while a controller leads (controller.lease*).
     # Device plugin: write every allocation to the labels at once (the pacer waits for them).
     enabled: bool = False
-    # Pacer: released pods the scheduler has not yet bound (nor found unschedulable) at any moment.
+    # Controller: released pods the scheduler has not yet bound (nor found unschedulable) at any moment.
     max_in_flight: int = 1
-    # Pacer: seconds a released pod counts as in flight at most, bound or not.
+    # Controller: seconds a released pod counts as in flight at most, bound or not.
     bind_timeout_seconds: float = 10.0
-    # Pacer: seconds a node may lag before the pacer stops waiting for it (a node whose kubelet does not
+    # Controller: seconds a node may lag before the pacer stops waiting for it (a node whose kubelet does not
     # admit what is bound to it, e.g. NotReady, would otherwise hold back every pod that could go there).
     lag_timeout_seconds: float = 10.0
-    # Pacer: renews this coordination.k8s.io Lease while it can release pods; webhook: gates only
-    # while it is renewed (a pacer that is down must not leave every new pod waiting).
-    lease_name: str = "gpuslice-pacer"
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerConfig:
+    """The controller's leader election (controller/; docs/architecture.md, "The controller")."""
+
+    # The coordination.k8s.io Lease its replicas elect a leader with; the leader alone requeues
+    # and paces, and renews it. Webhook, with pacing on: gates pods only while it is renewed (a
+    # controller that is down must not leave every new pod waiting).
+    lease_name: str = "gpuslice-controller"
     # The Lease's namespace; "" is the pod's own (POD_NAMESPACE, else "default").
     lease_namespace: str = ""
-    # Pacer: the Lease's duration, renewed every third of it; webhook: gates no more once a
-    # renewal is this much older.
+    # Seconds a renewal holds: a standby takes over once the leader's last renewal is this old (the
+    # leader renews every third of it); the webhook gates no more past it.
     lease_seconds: int = 15
 
     def lease_namespace_in(self, environ: Mapping[str, str]) -> str:
@@ -238,6 +245,7 @@ class Config:
     dra: DraConfig = DraConfig()
     requeue: RequeueConfig = RequeueConfig()
     pacing: PacingConfig = PacingConfig()
+    controller: ControllerConfig = ControllerConfig()
     webhook: WebhookConfig = WebhookConfig()
     # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
     default_gpu_memory_mib: int = 81920
@@ -590,28 +598,28 @@ FIELDS: tuple[Field, ...] = (
         "requeue.enabled",
         bool,
         _always_ok,
-        "webhook: recreate converted pods without a controller that kubelet refused",
+        "controller: recreate converted pods without a controller that kubelet refused",
     ),
     Field(
         "requeue.maxAttempts",
         "requeue.max_attempts",
         int,
         _positive,
-        "webhook: recreations of one refused pod before it is left Failed",
+        "controller: recreations of one refused pod before it is left Failed",
     ),
     Field(
         "requeue.backoffSeconds",
         "requeue.backoff_seconds",
         float,
         _positive,
-        "webhook: wait before the first recreation of a refused pod (doubled each time)",
+        "controller: wait before the first recreation of a refused pod (doubled each time)",
     ),
     Field(
         "pacing.enabled",
         "pacing.enabled",
         bool,
         _always_ok,
-        "webhook: gate converted pods for the pacer to release, while it renews its Lease; device plugin: "
+        "webhook: gate converted pods for the controller to release, while it leads; device plugin: "
         "write every allocation to the labels at once",
     ),
     Field(
@@ -619,44 +627,44 @@ FIELDS: tuple[Field, ...] = (
         "pacing.max_in_flight",
         int,
         _positive,
-        "pacer: released pods not yet bound or found unschedulable, at most",
+        "controller: released pods not yet bound or found unschedulable, at most",
     ),
     Field(
         "pacing.bindTimeoutSeconds",
         "pacing.bind_timeout_seconds",
         float,
         _positive,
-        "pacer: seconds a released pod counts as in flight at most",
+        "controller: seconds a released pod counts as in flight at most",
     ),
     Field(
         "pacing.lagTimeoutSeconds",
         "pacing.lag_timeout_seconds",
         float,
         _positive,
-        "pacer: seconds a node's labels may lag its bound pods before the pacer stops waiting for them",
+        "controller: seconds a node's labels may lag its bound pods before the pacer stops waiting for them",
     ),
     Field(
-        "pacing.leaseName",
-        "pacing.lease_name",
+        "controller.leaseName",
+        "controller.lease_name",
         str,
         _dns_subdomain,
-        "pacer: the coordination.k8s.io Lease it renews while it runs; webhook: gates pods only while "
-        "that Lease is renewed",
+        "controller: the coordination.k8s.io Lease its replicas elect a leader with (the leader requeues "
+        "and paces); webhook: with pacing on, gates pods only while that Lease is renewed",
     ),
     Field(
-        "pacing.leaseNamespace",
-        "pacing.lease_namespace",
+        "controller.leaseNamespace",
+        "controller.lease_namespace",
         str,
         _namespace_or_empty,
-        "pacer and webhook: the Lease's namespace (empty: their own, from POD_NAMESPACE, else default)",
+        "controller and webhook: the Lease's namespace (empty: their own, from POD_NAMESPACE, else default)",
     ),
     Field(
-        "pacing.leaseSeconds",
-        "pacing.lease_seconds",
+        "controller.leaseSeconds",
+        "controller.lease_seconds",
         int,
         _positive,
-        "pacer: the Lease's duration (renewed every third of it); webhook: a pacer whose last renewal "
-        "is older is gone, and pods are no longer gated",
+        "controller: seconds a renewal holds (renewed every third of it; a standby takes over after it); "
+        "webhook: pods are no longer gated once the last renewal is older",
     ),
     Field(
         "webhook.idleTimeoutSeconds",
@@ -974,15 +982,15 @@ _WEBHOOK_KEYS = (
     "schedulerName",
     "steering.cpuPods",
     "dra.enabled",
-    "requeue.",
-    "pacing.lease",
+    "controller.lease",
     "webhook.",
 )
-# Read by the pacer alone (neither the webhook nor the node plugins).
-_PACER_ONLY_KEYS = ("pacing.maxInFlight", "pacing.bindTimeoutSeconds", "pacing.lagTimeoutSeconds")
-# The pacer reads the names (prefix, unit size) and its own section.
-_PACER_KEYS = ("resourcePrefix", "memoryUnitMiB", "pacing.")
-COMPONENTS = ("webhook", "device-plugin", "dra-plugin", "pacer")
+# Read by the controller alone: the requeuer and the pacer (of pacing, the webhook and the device
+# plugin read `enabled`; the webhook reads the controller's Lease to know whether to gate).
+_CONTROLLER_ONLY_KEYS = ("requeue.", "pacing.maxInFlight", "pacing.bindTimeoutSeconds", "pacing.lagTimeoutSeconds")
+# The controller reads the names (prefix, unit size) and its own sections.
+_CONTROLLER_KEYS = ("resourcePrefix", "memoryUnitMiB", "requeue.", "pacing.", "controller.")
+COMPONENTS = ("webhook", "device-plugin", "dra-plugin", "controller")
 
 
 def reads(component: str | None, field: Field) -> bool:
@@ -992,9 +1000,9 @@ def reads(component: str | None, field: Field) -> bool:
         return True
     if component not in COMPONENTS:
         raise ValueError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}")
-    if component == "pacer":
-        return field.path.startswith(_PACER_KEYS)
-    if field.path.startswith(_PACER_ONLY_KEYS):
+    if component == "controller":
+        return field.path.startswith(_CONTROLLER_KEYS)
+    if field.path.startswith(_CONTROLLER_ONLY_KEYS):
         return False
     node_only = field.path.startswith(_NODE_KEYS)
     webhook_only = field.path.startswith(_WEBHOOK_KEYS)

@@ -4,8 +4,8 @@ never lands two shares on a node by labels that no longer hold (docs/steering.md
 
 ledger      which nodes lag (pure)
 release     which gated pod goes next and the patch that lets it go (pure)
-controller  the watches and the release loop
-main        the `gpuslice-pacer` command
+selection   which nodes a gated pod could be placed on (pure)
+controller  the watches and the release loop, run by `gpuslice-controller` (controller/)
 
 May import gpuslice.{backoff,config,contract,listwatch} and gpuslice.webhook.nodewatch (the API
 client from the environment); never the device plugin.

@@ -5,8 +5,11 @@ From them the ledger (pacer/ledger.py) knows which nodes lag. The release loop r
 the next gated pod (pacer/release.py, in order of priority and age) when fewer than
 `pacing.maxInFlight` released pods are still on their way to the scheduler (neither bound nor
 marked unschedulable, for at most `pacing.bindTimeoutSeconds`) and no node the pod could be placed
-on (pacer/selection.py) lags, or has lagged for less than `pacing.lagTimeoutSeconds`. Once both
-watches have listed it renews its Lease (pacer/heartbeat.py): the webhook gates only while it does.
+on (pacer/selection.py) lags, or has lagged for less than `pacing.lagTimeoutSeconds`. It watches
+on every controller replica but releases only on the leader (`set_leading`, controller/leader.py),
+whose Lease the webhook reads: it gates only while a leader renews it. A replica that takes over
+counts the pods its predecessor released and the scheduler has not placed yet as in flight, where
+they could be anywhere.
 
 With one pod in flight (the default) no two released pods can meet on a node whose labels have not
 caught up: the next goes only once the last is bound and the labels of its node count it. With
@@ -34,7 +37,6 @@ import kubernetes
 import prometheus_client
 
 from gpuslice import config, listwatch, timeouts
-from gpuslice.pacer import heartbeat as heartbeat_
 from gpuslice.pacer import ledger as ledger_
 from gpuslice.pacer import release, selection
 
@@ -126,10 +128,10 @@ class Pacer:
         settings: config.Config,
         *,
         registry: prometheus_client.CollectorRegistry | None = None,
-        heartbeat: heartbeat_.Heartbeat | None = None,
+        leading: bool = True,
     ) -> None:
         self.api = api
-        self.heartbeat = heartbeat  # renewed once the watches have listed (the pacer can release)
+        self.leading = leading  # releases only while this replica leads (controller/leader.py)
         self.settings = settings
         self.contract = settings.contract
         self.ledger = ledger_.Ledger(self.contract)
@@ -142,6 +144,7 @@ class Pacer:
         self._flight_nodes: dict[str, frozenset[str]] = {}  # uid in flight -> nodes it could be placed on
         self._attempts: dict[str, int] = {}
         self._seen: dict[str, int] = {}  # uid -> the order the pacer first saw it in
+        self._loose: set[str] = set()  # released by anyone, taking a device, not yet bound nor unschedulable
         self._counter = itertools.count()
         self.pods = _Pods(api, self)
         self.nodes = _Nodes(api, self)
@@ -159,6 +162,7 @@ class Pacer:
         for uid in set(self._in_flight) - listed:
             del self._in_flight[uid]
         self._released &= listed
+        self._loose &= listed
         for uid in set(self._seen) - listed:
             del self._seen[uid]
         # A list comes by name; pods not seen yet are taken in the order they were last written,
@@ -176,6 +180,7 @@ class Pacer:
             self._released.discard(uid)
             self._attempts.pop(uid, None)
             self._seen.pop(uid, None)
+            self._loose.discard(uid)
         else:
             self.ledger.update_pod(pod)
             self._track(pod)
@@ -193,11 +198,32 @@ class Pacer:
         if uid not in self._seen:
             self._seen[uid] = next(self._counter)
         entry = release.gated(pod, self.contract, self._seen[uid]) if uid not in self._released else None
+        spec = pod.get("spec") or {}
+        if (
+            not bound
+            and not _unschedulable(pod)
+            and not spec.get("schedulingGates")
+            and ledger_.pod_demand(spec, self.contract)
+        ):
+            self._loose.add(uid)
+        else:
+            self._loose.discard(uid)
         if entry is None:
             self._gated.pop(uid, None)
         elif uid not in self._gated or self._gated[uid].resource_version != entry.resource_version:
             self._gated[uid] = entry
             heapq.heappush(self._queue, entry)
+
+    def set_leading(self, leading: bool) -> None:
+        """Release (or stop releasing). Taking over, the pods released before (by the last leader)
+        that the scheduler has not placed yet count as in flight, where they could be anywhere."""
+        self.leading = leading
+        if leading:
+            until = asyncio.get_running_loop().time() + self.settings.pacing.bind_timeout_seconds
+            for uid in self._loose - set(self._in_flight):
+                self._in_flight[uid] = until
+                self._flight_nodes.pop(uid, None)
+        self.changed.set()
 
     # --- releasing -----------------------------------------------------------------------------
     def _next(self) -> release.Gated | None:
@@ -220,11 +246,13 @@ class Pacer:
         try:
             await asyncio.gather(self.pods.synced.wait(), self.nodes.synced.wait())
             log.info("pacer watching: %d gated pods, %d lagging nodes", len(self._gated), len(self.ledger.lagging))
-            if self.heartbeat is not None:  # from now on the webhook may gate: this pacer releases
-                feeds.append(asyncio.create_task(self.heartbeat.run(), name="pacer-heartbeat"))
             while True:
                 self.changed.clear()
                 now = loop.time()
+                if not self.leading:  # a standby keeps its view current and waits to take over
+                    self.metrics.gated.set(len(self._gated))
+                    await self.changed.wait()
+                    continue
                 for uid, deadline in list(self._in_flight.items()):
                     if deadline <= now:
                         del self._in_flight[uid]

@@ -566,45 +566,47 @@ def rules_of(manifests: chartkit.Manifests, component: str) -> list[dict[str, An
     return manifests.one("ClusterRole", component)["rules"]
 
 
-def test_webhook_may_only_read_nodes_and_requeue_pods_and_the_plugin_only_label_nodes_and_list_pods():
+def test_the_webhook_may_only_read_nodes_and_pods_the_controller_requeue_and_the_plugin_only_label_nodes():
     manifests = rendered("defaults")
     read_nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    # The webhook writes nothing but its answers: pending and Failed pods are read for its promises.
     assert rules_of(manifests, "webhook") == [
         read_nodes,
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    ]
+    assert not [r for r in manifests.all("Role") if "webhook" in r["metadata"]["name"]]
+    assert rules_of(manifests, "controller") == [
         # config.requeue (on by default): recreate refused converted pods, with an Event on each
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete", "create"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
-    # ... and its journal: ConfigMaps in its own namespace only (webhook/requeue_journal.py)
-    journal = manifests.named("Role", "gpuslice-webhook-requeue-journal")
+    # ... and its journal: ConfigMaps in its own namespace only (controller/requeue_journal.py)
+    journal = manifests.named("Role", "gpuslice-controller-requeue-journal")
     assert journal["metadata"]["namespace"] == chartkit.NAMESPACE
     assert journal["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "create", "delete"]}]
     without = chartkit.render(
         chartkit.merged(chartkit.COMBINATIONS["defaults"], {"config": {"requeue": {"enabled": False}}})
     )
     assert not [r for r in without.all("Role") if r["metadata"]["name"].endswith("-requeue-journal")]
-    # Without the requeuer it still watches pending pods: promises of pods nobody can place go back.
-    assert rules_of(without, "webhook") == [
-        read_nodes,
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    ]
+    assert not without.all("Deployment", "controller")  # neither requeueing nor pacing: no controller
+    assert rules_of(without, "webhook") == rules_of(manifests, "webhook")
     assert rules_of(manifests, "device-plugin") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         # its node's pods (list + watch, field-selected on spec.nodeName) for the CPU/memory headroom
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     ]
-    for component in ("webhook", "device-plugin"):
+    for component in ("webhook", "controller", "device-plugin"):
         binding = manifests.one("ClusterRoleBinding", component)
         (subject,) = binding["subjects"]
         service_account = manifests.one("ServiceAccount", component)
         assert subject["name"] == service_account["metadata"]["name"]
-        workload = manifests.one("Deployment" if component == "webhook" else "DaemonSet", component)
+        workload = manifests.one("DaemonSet" if component == "device-plugin" else "Deployment", component)
         assert chartkit.pod_spec(workload)["serviceAccountName"] == subject["name"]
 
 
 JOURNAL_CASES = [
     # (id, operation, ConfigMap after, before, allowed); an entry is named and labelled as
-    # webhook/requeue_journal.py names and labels it
+    # controller/requeue_journal.py names and labels it
     ("create-entry", "CREATE", "entry", None, True),
     ("delete-entry", "DELETE", None, "entry", True),
     ("create-other-name", "CREATE", "gpuslice-config", None, False),
@@ -618,17 +620,17 @@ JOURNAL_CASES = [
 @pytest.mark.parametrize(
     ("case", "operation", "after", "before", "allowed"), JOURNAL_CASES, ids=[c[0] for c in JOURNAL_CASES]
 )
-def test_the_journal_policy_confines_the_webhooks_configmap_writes_to_journal_entries(
+def test_the_journal_policy_confines_the_controllers_configmap_writes_to_journal_entries(
     case, operation, after, before, allowed
 ):
     # The real API server enforces it in tests/e2e/test_real_burst.py; here its CEL alone, against
     # the names and label the journal itself writes.
-    from gpuslice.webhook import requeue_journal
+    from gpuslice.controller import requeue_journal
 
     journal = requeue_journal.Journal(None, chartkit.NAMESPACE, config.Config().contract)  # type: ignore[arg-type]
     manifests = rendered("defaults")
-    policy = manifests.named("ValidatingAdmissionPolicy", "gpuslice-webhook-requeue-journal")
-    binding = manifests.named("ValidatingAdmissionPolicyBinding", "gpuslice-webhook-requeue-journal")
+    policy = manifests.named("ValidatingAdmissionPolicy", "gpuslice-controller-requeue-journal")
+    binding = manifests.named("ValidatingAdmissionPolicyBinding", "gpuslice-controller-requeue-journal")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     config_maps = {
         "entry": {"metadata": {"name": journal.entry_name("0b0e-uid"), "labels": {journal.label: "v1"}}},
@@ -643,7 +645,7 @@ def test_the_journal_policy_confines_the_webhooks_configmap_writes_to_journal_en
             "oldObject": config_maps[before] if before else None,
         }
 
-    account = manifests.one("ServiceAccount", "webhook")["metadata"]["name"]
+    account = manifests.one("ServiceAccount", "controller")["metadata"]["name"]
     matched, failed = evaluate_policy(policy, request(f"system:serviceaccount:{chartkit.NAMESPACE}:{account}"))
     assert matched and (not failed) is allowed, failed
     assert evaluate_policy(policy, request("system:serviceaccount:kube-system:other")) == (False, [])
@@ -654,10 +656,10 @@ def test_the_journal_policy_comes_with_the_requeuer_where_the_cluster_has_polici
         manifests = chartkit.render(chartkit.merged(chartkit.COMBINATIONS["defaults"], values), kube_version)
         return [p["metadata"]["name"] for p in manifests.all("ValidatingAdmissionPolicy")]
 
-    assert "gpuslice-webhook-requeue-journal" in names({})
-    assert "gpuslice-webhook-requeue-journal" not in names({"config": {"requeue": {"enabled": False}}})
+    assert "gpuslice-controller-requeue-journal" in names({})
+    assert "gpuslice-controller-requeue-journal" not in names({"config": {"requeue": {"enabled": False}}})
     unconfined = {"devicePlugin": {"nodePatchPolicy": {"allowUnconfinedNodeWrites": True}}}
-    assert "gpuslice-webhook-requeue-journal" not in names(unconfined, "1.29.0")  # no v1 policies there
+    assert "gpuslice-controller-requeue-journal" not in names(unconfined, "1.29.0")  # no v1 policies there
 
 
 def test_scheduler_binds_only_the_stock_scheduler_roles_and_its_own_lease():
@@ -1321,10 +1323,10 @@ def test_values_config_covers_exactly_the_configuration_schema(tmp_path):
         return out
 
     assert paths(values["config"]) == {field.path for field in config.FIELDS}
-    # Keys the chart fills in itself when empty (the pacer's Lease: "<fullname>-pacer", which for
-    # the release "gpuslice" is the schema's default too).
+    # Keys the chart fills in itself when empty (the controller's Lease: "<fullname>-controller",
+    # which for the release "gpuslice" is the schema's default too).
     overrides = dict(_flatten(values["config"]))
-    assert overrides.pop("pacing.leaseName") == ""
+    assert overrides.pop("controller.leaseName") == ""
     assert config.load(overrides=overrides, environ={}) == config.Config()
     assert shared_config(rendered("defaults"), tmp_path).pacing == config.PacingConfig()
 

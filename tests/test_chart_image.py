@@ -49,7 +49,7 @@ def test_the_chart_runs_console_scripts_that_the_package_declares():
         "gpuslice-device-plugin",
         "gpuslice-mps-control-daemon",
         "gpuslice-dra-plugin",
-        "gpuslice-pacer",
+        "gpuslice-controller",
     }
     for command in chart_commands():
         module, _, function = scripts[command].partition(":")

@@ -36,7 +36,7 @@ RENDERS: dict[str, tuple[dict[str, Any], str]] = {
 COMPONENTS = {
     "webhook": "webhook",
     "device-plugin": "device plugin",
-    "pacer": "pacer",
+    "controller": "controller",
     "dra-plugin": "DRA plugin",
     "scheduler": "scheduler",
 }
@@ -126,11 +126,16 @@ def test_rights_limited_to_named_objects_say_so(rendered_rights):
                 assert "resourceNames" in row["narrowed by"], row["RBAC"]
 
 
-def test_the_webhook_is_not_given_rights_it_cannot_use_in_dra_mode(rendered_rights):
-    """Its requeuer does not run where it makes ResourceClaims, and there is no device plugin."""
+def test_the_webhook_writes_no_pod_and_the_controller_runs_only_where_kubelet_can_refuse(rendered_rights):
+    """The webhook answers admissions and nothing else; the controller does not run where the webhook
+    makes ResourceClaims (kubelet refuses nothing), and there is no device plugin there."""
+    for rights in rendered_rights.values():
+        assert not {r for r in rights if r[0] == "webhook" and r[1] in ("create", "delete", "patch", "update")} - {
+            ("webhook", "create", "resourceclaimtemplates")
+        }
     for name in ("dra", "both-with-claims"):
         rights = rendered_rights[name]
-        assert ("webhook", "create", "pods") not in rights and ("webhook", "create", "events") not in rights
+        assert not [r for r in rights if r[0] == "controller"]
         assert ("webhook", "create", "resourceclaimtemplates") in rights
-    assert ("webhook", "create", "pods") in rendered_rights["both"]  # it serves the device-plugin half
+    assert ("controller", "create", "pods") in rendered_rights["both"]  # the webhook serves the device-plugin half
     assert not [r for r in rendered_rights["dra"] if r[0] == "device plugin"]

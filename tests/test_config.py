@@ -140,15 +140,17 @@ def test_each_component_shows_only_the_flags_of_the_keys_it_reads() -> None:
         return {option for action in parser._actions for option in action.option_strings}
 
     everything = flags(None)
-    webhook, plugin, dra, pacer = flags("webhook"), flags("device-plugin"), flags("dra-plugin"), flags("pacer")
+    webhook, plugin, dra = flags("webhook"), flags("device-plugin"), flags("dra-plugin")
+    controller = flags("controller")
     assert "--mps-enabled" in plugin and "--mps-enabled" not in webhook
-    # The pacer's own timing is the pacer's alone; the Lease both the webhook and the pacer read.
-    assert "--pacing-max-in-flight" in pacer and "--pacing-max-in-flight" not in webhook | plugin | dra
-    assert "--pacing-lease-name" in pacer & webhook
+    # The pacer's timing and the requeuer's are the controller's alone; its Lease the webhook reads too.
+    assert "--pacing-max-in-flight" in controller and "--pacing-max-in-flight" not in webhook | plugin | dra
+    assert "--requeue-max-attempts" in controller and "--requeue-max-attempts" not in webhook | plugin | dra
+    assert "--controller-lease-name" in controller & webhook
     assert "--convert-whole-gpus" in webhook and "--convert-whole-gpus" not in plugin | dra
     assert "--dra-slice-min-interval-seconds" in dra and "--dra-slice-min-interval-seconds" not in plugin | webhook
     assert {"--config", "--resource-prefix", "--memory-unit-mib"} <= webhook & plugin & dra
-    assert webhook | plugin | dra | pacer == everything  # every key is read by some component
+    assert webhook | plugin | dra | controller == everything  # every key is read by some component
     with pytest.raises(ValueError, match="unknown component"):
         flags("scheduler")
 

@@ -12,7 +12,8 @@ from gpuslice import config, listwatch
 from gpuslice.deviceplugin import nodepods
 from gpuslice.dra import slicewatch
 from gpuslice.pacer import controller
-from gpuslice.webhook import cluster, nodewatch, requeue, waiting
+from gpuslice.controller import requeue
+from gpuslice.webhook import cluster, nodewatch, waiting
 
 
 class FakeApi:
@@ -40,7 +41,14 @@ WATCHES = {
         30.0,
     ),
     "webhook-refused-pods": (
-        lambda: requeue.Requeuer(API, SETTINGS)._failed,
+        lambda: waiting.RefusedPods(API, waiting.WaitingPods(API, view())),
+        "list_pod_for_all_namespaces",
+        "status.phase=Failed",
+        True,
+        30.0,
+    ),
+    "controller-refused-pods": (
+        lambda: requeue.Requeuer(API, SETTINGS).failed,
         "list_pod_for_all_namespaces",
         "status.phase=Failed",
         True,
@@ -96,7 +104,7 @@ def test_timing_given_to_a_subclass_reaches_the_loop():
     ):
         assert watch.watch_timeout_seconds == 7 and watch.request_timeout_seconds == 3.0
         assert (watch.backoff_initial_seconds, watch.backoff_max_seconds) == (0.01, 0.1)
-    assert requeue.Requeuer(API, SETTINGS, watch_timeout_seconds=9)._failed.watch_timeout_seconds == 9
+    assert requeue.Requeuer(API, SETTINGS, watch_timeout_seconds=9).failed.watch_timeout_seconds == 9
 
 
 def test_a_pod_watch_looks_its_client_up_only_when_it_lists():

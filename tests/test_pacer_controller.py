@@ -3,6 +3,7 @@ events directly; the loop against the real API server is in tests/e2e/test_real_
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -127,3 +128,46 @@ def test_with_more_in_flight_a_pod_waits_only_for_those_that_could_land_where_it
     assert paced._meets_in_flight(paced._candidates(entries["other-class"]))
     del paced._in_flight["unknown"], paced._in_flight["first"]
     assert not paced._meets_in_flight(paced._candidates(entries["same-class"])) and not paced._flight_nodes
+
+
+async def test_a_replica_that_takes_over_counts_pods_released_before_and_not_yet_placed_as_in_flight() -> None:
+    paced = pacer()
+    paced.set_leading(False)
+    paced.on_pod("ADDED", pod("released-by-the-last-leader", gated=False))
+    paced.on_pod("ADDED", pod("placed", gated=False, node_name="h100-a"))
+    paced.on_pod("ADDED", pod("cpu-only", units=0, gated=False))  # takes no device: cannot be refused
+    paced.on_pod("ADDED", pod("waiting"))
+    paced.on_pod("ADDED", pod("gone", gated=False))
+    paced.on_pod("DELETED", pod("gone", gated=False))
+    assert paced._in_flight == {}
+    paced.set_leading(True)
+    assert set(paced._in_flight) == {"released-by-the-last-leader"}
+    entry = paced._next()
+    assert entry is not None and entry.name == "waiting"
+    # Where it could land is not known: it meets every pod, whichever nodes that one could go to.
+    assert paced._meets_in_flight(paced._candidates(entry))
+    paced.on_pod("MODIFIED", pod("released-by-the-last-leader", gated=False, node_name="h100-a", rv="2"))
+    assert paced._in_flight == {}
+
+
+async def test_a_standby_releases_nothing() -> None:
+    paced = pacer()
+    paced.set_leading(False)
+    paced.on_pod("ADDED", pod("waiting"))
+    released: list[str] = []
+
+    async def release(entry: Any, deadline: Any, nodes: Any = frozenset()) -> None:
+        released.append(entry.name)
+
+    paced._release = release  # type: ignore[method-assign]
+    paced.pods.synced.set()
+    paced.nodes.synced.set()
+    paced.pods.run = paced.nodes.run = asyncio.Event().wait  # type: ignore[method-assign]
+    running = asyncio.create_task(paced.run())
+    await asyncio.sleep(0.05)
+    assert released == []
+    paced.set_leading(True)
+    await asyncio.sleep(0.05)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    assert released == ["waiting"]

@@ -112,24 +112,29 @@ def test_labellers_write_every_lower_free_total_at_once() -> None:
     assert not node_labels.over_promises(written, {CONTRACT.label_free_units: "700"}, CONTRACT)
 
 
-def test_the_pacer_reads_only_the_names_and_its_own_section() -> None:
-    read = {f.path for f in config.FIELDS if config.reads("pacer", f)}
+def test_the_controller_reads_only_the_names_and_its_own_sections() -> None:
+    read = {f.path for f in config.FIELDS if config.reads("controller", f)}
     assert read == {
         "resourcePrefix",
         "memoryUnitMiB",
+        "requeue.enabled",
+        "requeue.maxAttempts",
+        "requeue.backoffSeconds",
         "pacing.enabled",
         "pacing.maxInFlight",
         "pacing.bindTimeoutSeconds",
         "pacing.lagTimeoutSeconds",
-        "pacing.leaseName",
-        "pacing.leaseNamespace",
-        "pacing.leaseSeconds",
+        "controller.leaseName",
+        "controller.leaseNamespace",
+        "controller.leaseSeconds",
     }
+    lease = {"controller.leaseName", "controller.leaseNamespace", "controller.leaseSeconds"}
     device_plugin = {f.path for f in config.FIELDS if config.reads("device-plugin", f)}
     assert "pacing.enabled" in device_plugin and "pacing.maxInFlight" not in device_plugin
-    assert not {"pacing.leaseName", "pacing.leaseNamespace", "pacing.leaseSeconds"} & device_plugin
+    assert not lease & device_plugin and not {f for f in device_plugin if f.startswith("requeue.")}
     webhook = {f.path for f in config.FIELDS if config.reads("webhook", f)}
-    assert {"pacing.leaseName", "pacing.leaseNamespace", "pacing.leaseSeconds"} <= webhook
+    assert lease <= webhook  # with pacing on, it gates only while a leader renews the Lease
+    assert not {f for f in webhook if f.startswith("requeue.")}  # the webhook requeues nothing
 
 
 def test_a_review_as_bytes_keeps_the_pods_own_gates() -> None:

@@ -179,8 +179,10 @@ def test_a_pod_kubelet_refused_after_binding_gives_its_promise_back_once() -> No
     pods.apply("ADDED", pod("a", reason=""))
     pods.apply("MODIFIED", pod("a", node="gpu-1", reason=""))  # bound: left to the labels...
     pods.apply("DELETED", pod("a", node="gpu-1", reason=""))  # ...no longer Pending
-    pods.kubelet_refused(refused("a"))  # ...but kubelet refused it: its units will never show
-    pods.kubelet_refused(refused("a"))  # seen again (a relist): once only
+    watch = waiting.RefusedPods(None, pods)  # type: ignore[arg-type]
+    watch.apply("MODIFIED", refused("a"))  # ...but kubelet refused it: its units will never show
+    watch.replace([refused("a")])  # seen again (a relist): once only
+    watch.apply("DELETED", refused("a"))
     assert view.promised_units(81559) == 159 and pods.refused == 1
 
 

@@ -42,7 +42,7 @@ ENTRY_POINTS = (
     "gpuslice-device-plugin",
     "gpuslice-mps-control-daemon",
     "gpuslice-dra-plugin",
-    "gpuslice-pacer",
+    "gpuslice-controller",
 )
 RUNTIME_LOCK = "requirements/image.txt"
 BUILD_LOCK = "requirements/build.txt"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import kubernetes
 
 from gpuslice import config
-from gpuslice.webhook import certs, claim_templates, nodewatch, pacerlease, requeue, server, waiting
+from gpuslice.webhook import certs, claim_templates, nodewatch, pacerlease, server, waiting
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
@@ -67,31 +67,24 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     metrics = metrics_.Metrics()
     background = []
     # Promises of pods never stored, that no node takes or that kubelet refused go back, and other
-    # replicas' conversions are promised here too (webhook/waiting.py).
+    # replicas' conversions are promised here too (webhook/waiting.py). The webhook writes nothing
+    # else: refused pods are recreated by the controller (controller/requeue.py).
     waiting_pods = waiting.WaitingPods(api, view) if api is not None else None
-    if api is not None and settings.requeue.enabled and not settings.dra.enabled:
-        paced = settings.pacing.enabled  # a replacement is gated like a new pod while a pacer is alive
-        requeuer = requeue.Requeuer(
-            api,
-            settings,
-            registry=metrics.registry,
-            paced=lambda: paced and view.pacer_alive,
-            namespace=os.environ.get("POD_NAMESPACE") or "default",  # the journal's: the webhook's own
-            on_failed=waiting_pods.kubelet_refused if waiting_pods is not None else lambda pod: None,
-        )
-        background.append(requeuer.run)
     if api is not None and settings.pacing.enabled and not settings.dra.enabled:
-        # Pods are gated only while a pacer renews its Lease (webhook/pacerlease.py); no cluster: never.
+        # Pods are gated only while a controller leads: its leader releases them (webhook/pacerlease.py);
+        # no cluster: never.
         lease = pacerlease.PacerLease(
             kubernetes.client.CoordinationV1Api(api.api_client),
             view,
-            name=settings.pacing.lease_name,
-            namespace=settings.pacing.lease_namespace_in(os.environ),
-            lease_seconds=settings.pacing.lease_seconds,
+            name=settings.controller.lease_name,
+            namespace=settings.controller.lease_namespace_in(os.environ),
+            lease_seconds=settings.controller.lease_seconds,
         )
         background.append(lease.run)
-    if waiting_pods is not None:
+    if api is not None and waiting_pods is not None:
         background.append(waiting_pods.run)
+        if not settings.dra.enabled:  # kubelet refuses nothing in DRA mode
+            background.append(waiting.RefusedPods(api, waiting_pods).run)
         watched = waiting_pods
 
         def promises_returned() -> dict[str, int]:

@@ -1,16 +1,19 @@
-"""Whether a pacer is alive, read from the Lease it renews (pacer/heartbeat.py), for the cluster view.
+"""Whether a pacer is alive, read from the Lease the leading controller renews (controller/leader.py),
+for the cluster view.
 
-With `pacing.enabled` the webhook gates pods only while a pacer is alive: a gate nobody removes
-would hold every new pod the webhook touches, cluster-wide. `run()` reads the Lease every couple of
-seconds and tells the view (`ClusterView.set_pacer`), which starts a new generation at each change
-so that no remembered answer of the other state is given again (webhook/repeats.py).
+With `pacing.enabled` the webhook gates pods only while a pacer (the controller's leader) is
+alive: a gate nobody removes would hold every new pod the webhook touches, cluster-wide. `run()`
+reads the Lease every couple of seconds and tells the view (`ClusterView.set_pacer`), which starts
+a new generation at each change so that no remembered answer of the other state is given again
+(webhook/repeats.py).
 
 A pacer is alive until `leaseDurationSeconds` (the pacer's own word) after the last renewal this
 webhook saw, by this webhook's monotonic clock: a renewal counts from when a read first shows it,
 so the two clocks need not agree. Only the first read, with nothing to compare, judges the
 `renewTime` by this webhook's wall clock (a Lease left by a pacer gone for an hour is not taken
 for a live one): a pacer whose clock is behind then counts from its next renewal. A missing Lease
-means no pacer; a Lease that cannot be read keeps the last judgement until it lapses.
+means no pacer, and so does one with no holder (a leader gives it up when it stops); a Lease
+that cannot be read keeps the last judgement until it lapses.
 
 May import gpuslice.config, the webhook's cluster module and the kubernetes client.
 """
@@ -106,6 +109,9 @@ class PacerLease:
         holder = getattr(spec, "holder_identity", None)
         duration = getattr(spec, "lease_duration_seconds", None)
         self._duration = duration if isinstance(duration, int) and duration > 0 else self.lease_seconds
+        if not holder:  # given up by a leader that stopped (controller/leader.py): nobody paces
+            self._seen, self._until = None, float("-inf")
+            return
         if not isinstance(renewed, datetime.datetime):
             return  # never renewed: nothing seen
         key = (renewed, holder)

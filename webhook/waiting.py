@@ -18,7 +18,8 @@ did (or a process before this one), it is promised here too while it is unbound 
 unschedulable (`ClusterView.promise_seen`): the promises every replica holds are those of every
 replica. A promise held here is given back when the pod is marked Unschedulable (each UID once) or
 deleted unbound, and left to the labels once the pod is bound, unless kubelet then refuses it
-(`kubelet_refused`, told by the requeuer's watch of Failed pods). Once the first list is in, the
+(`kubelet_refused`, told by `RefusedPods`, a watch of Failed pods: a pod leaving the pending
+watch's selection is shown as it last matched, Pending, without the refusal). Once the first list is in, the
 view gives back the promise of a pod of this replica that does not appear within APPEAR_SECONDS of
 its admission (refused later in admission).
 
@@ -39,7 +40,7 @@ from gpuslice import listwatch
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import pods
 
-__all__ = ["REFUSAL_WINDOW_SECONDS", "WaitingPods", "unschedulable_decision"]
+__all__ = ["REFUSAL_WINDOW_SECONDS", "RefusedPods", "WaitingPods", "unschedulable_decision"]
 
 # How long after its binding a pod's refusal still gives its promise back (kubelet refuses within
 # seconds; after this the promise has expired or been consumed by the labels anyway).
@@ -148,7 +149,7 @@ class WaitingPods(listwatch.PodWatch):
             self._bound.popitem(last=False)
 
     def kubelet_refused(self, pod: Mapping[str, Any]) -> None:
-        """A Failed pod (the requeuer's watch): if kubelet refused it at admission and it was bound
+        """A Failed pod (`RefusedPods`): if kubelet refused it at admission and it was bound
         while its promise was held here, its units will never show in the labels: give them back
         now, as the simulator's model does, not after PROMISE_SECONDS."""
         uid = str((pod.get("metadata") or {}).get("uid"))
@@ -161,3 +162,21 @@ class WaitingPods(listwatch.PodWatch):
     def _decision_of(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
         text = ((pod.get("metadata") or {}).get("annotations") or {}).get(self.cluster.contract.decision_annotation)
         return _decision(text) if text else None
+
+
+class RefusedPods(listwatch.PodWatch):
+    """The cluster's Failed pods (field selector status.phase=Failed), each handed to
+    `WaitingPods.kubelet_refused` when it fails or changes while Failed. Read only: the controller
+    recreates the refused ones (controller/requeue.py)."""
+
+    def __init__(self, api: kubernetes.client.CoreV1Api, waiting: WaitingPods, **options: Unpack[listwatch.Options]):
+        super().__init__(lambda: api, "failed pods", "status.phase=Failed", **options)
+        self.waiting = waiting
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        for pod in items:  # a list after an expired watch may show a refusal made meanwhile
+            self.waiting.kubelet_refused(pod)
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self.waiting.kubelet_refused(obj)

@@ -32,7 +32,7 @@ if [ -z "${GPUSLICE_IMAGE_CA+set}" ] && [ -f /etc/ssl/certs/ca-certificates.crt 
 fi
 CA=${GPUSLICE_IMAGE_CA:-}
 EXTRA_FLAGS=${GPUSLICE_IMAGE_BUILD_FLAGS:-}
-ENTRY_POINTS="gpuslice-webhook gpuslice-device-plugin gpuslice-mps-control-daemon gpuslice-dra-plugin gpuslice-pacer"
+ENTRY_POINTS="gpuslice-webhook gpuslice-device-plugin gpuslice-mps-control-daemon gpuslice-dra-plugin gpuslice-controller"
 IMAGE_UID=65532
 
 # Everything but the answer goes to stderr; fd 3 is the caller's stdout.

@@ -96,7 +96,7 @@ so it must be an image the user chose, never one of an unknown publisher). */}}
 {{- $_ := set $config "schedulerName" .Values.scheduler.profileName }}
 {{- end }}
 {{- $_ := set $config "resourcePrefix" (include "gpuslice.prefix" .) }}
-{{- $_ := set $config.pacing "leaseName" (include "gpuslice.pacerLeaseName" .) }}
+{{- $_ := set $config.controller "leaseName" (include "gpuslice.controllerLeaseName" .) }}
 {{- if eq .Values.mode "dra" }}
 {{- $_ := set $config.dra "enabled" true }}
 {{- end }}
@@ -114,10 +114,10 @@ so it must be an image the user chose, never one of an unknown publisher). */}}
 {{- end }}
 {{- end }}
 {{- define "gpuslice.devicePluginName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "device-plugin") }}{{- end }}
-{{- define "gpuslice.pacerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "pacer") }}{{- end }}
-{{/* The Lease the pacer renews and the webhook reads: config.pacing.leaseName, else "<fullname>-pacer", so
-two releases in one namespace never share one. */}}
-{{- define "gpuslice.pacerLeaseName" -}}{{ .Values.config.pacing.leaseName | default (include "gpuslice.pacerName" .) }}{{- end }}
+{{- define "gpuslice.controllerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "controller") }}{{- end }}
+{{/* The Lease the controller's replicas elect a leader with, which the webhook reads with pacing on:
+config.controller.leaseName, else "<fullname>-controller", so two releases in one namespace never share one. */}}
+{{- define "gpuslice.controllerLeaseName" -}}{{ .Values.config.controller.leaseName | default (include "gpuslice.controllerName" .) }}{{- end }}
 {{- define "gpuslice.schedulerName" -}}{{ include "gpuslice.componentName" (dict "root" . "component" "scheduler") }}{{- end }}
 
 {{/* DNS names the webhook's serving certificate must cover. */}}
@@ -274,10 +274,15 @@ needs the alpha DRAConsumableCapacity gate everywhere; before 1.34 it does not e
 {{- end }}
 {{- end }}
 
-{{/* "true" when the webhook runs its requeuer (webhook/main.py: config.requeue.enabled, and the webhook
+{{/* "true" when the controller requeues (controller/requeue.py: config.requeue.enabled, and the webhook
 not making ResourceClaims, where kubelet refuses no burst): only then may it create and delete pods. */}}
-{{- define "gpuslice.webhookRequeues" -}}
+{{- define "gpuslice.requeues" -}}
 {{- if and .Values.config.requeue.enabled (not (or (eq .Values.mode "dra") .Values.config.dra.enabled)) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the chart runs the controller (controller/): it requeues, or it paces, or both. */}}
+{{- define "gpuslice.controller" -}}
+{{- if or (include "gpuslice.requeues" .) (include "gpuslice.pacer" .) }}true{{ end }}
 {{- end }}
 
 {{/* "true" when the webhook turns annotations into ResourceClaims (and may create their templates). */}}
@@ -287,7 +292,7 @@ not making ResourceClaims, where kubelet refuses no burst): only then may it cre
 
 {{/* --- Pacing (docs/steering.md, "Pacing") ----------------------------------------------------- */}}
 
-{{/* "true" when the chart runs the pacer: config.pacing.enabled with the webhook converting to extended
+{{/* "true" when the controller paces: config.pacing.enabled with the webhook converting to extended
 resources. Pacing in DRA mode is refused rather than ignored: the webhook gates only the pods it converts
 to extended resources, and the DRA scheduler allocates from ResourceSlices, not from node labels that lag,
 so kubelet refuses nothing a pacer could prevent. */}}

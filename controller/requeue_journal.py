@@ -2,13 +2,15 @@
 so that nothing the requeuer does can lose it.
 
 Requeueing deletes the refused pod and creates it again under its name. Without a record, the pod
-would be gone if the webhook died between the two calls, or if the create kept failing (the API
-server down longer than the retries, a ResourceQuota another pod took meanwhile). Each replacement
-is therefore kept in a ConfigMap in the webhook's own namespace (one per refused pod, named after
-its UID, labelled `<prefix>/requeue-journal`) from before the delete until the replacement exists.
-Any webhook replica, at start and then periodically, finishes what an entry records
-(`Journal.recover`): creates the pod when no pod has its name (deleting the refused pod first
-when its requeuer died before doing so), and forgets the entry once another pod has it.
+would be gone if the controller died between the two calls, or if the create kept failing (the
+API server down longer than the retries, a ResourceQuota another pod took meanwhile). Each
+replacement is therefore kept in a ConfigMap in the controller's own namespace (one per refused
+pod, named after its UID, labelled `<prefix>/requeue-journal`) from before the delete until the
+replacement exists. The leading controller replica, when it takes over and then periodically,
+finishes what an entry records (`Journal.recover`): creates the pod when no pod has its name
+(deleting the refused pod first when its requeuer died before doing so), and forgets the entry
+once another pod has it. Entries written by the webhook before the controller existed (chart
+0.1.0) have the same shape and are finished the same way.
 
 An entry's name doubles as the lock between replicas: only the replica whose create of it succeeds
 goes on to delete the pod.

@@ -10,16 +10,19 @@ times, recorded in the pod's `<prefix>/requeues` annotation. Its resources are a
 so the webhook leaves the new pod alone, and the scheduler places it by the labels of that moment.
 
 Only pods the webhook converted (they carry its decision annotation), refused at admission, with
-no controller, are touched. Two webhook replicas cannot both requeue one pod: the delete is
-conditional on the refused pod's UID, and only the replica whose delete succeeded creates.
+no controller, are touched, and only by the leading controller replica (controller/leader.py); a
+standby keeps the Failed pods listed and considers them all the moment it takes over. Two
+replicas that both believe they lead still cannot both requeue one pod: the journal entry is
+created before the delete and only one create of it succeeds, and the delete is conditional on
+the refused pod's UID.
 
-The replacement is written down (webhook/requeue_journal.py) before the delete and forgotten once
-it exists, so a process that dies between the delete and the create, or a create the API server
-keeps refusing, loses nothing: every replica finishes such entries at start and then every
-`JOURNAL_SWEEP_SECONDS` (docs/steering.md, "Bursts").
+The replacement is written down (controller/requeue_journal.py) before the delete and forgotten
+once it exists, so a process that dies between the delete and the create, or a create the API
+server keeps refusing, loses nothing: the leader finishes such entries when it takes over and then
+every `JOURNAL_SWEEP_SECONDS` (docs/steering.md, "Bursts").
 
-May import gpuslice.{backoff,config,contract,listwatch}, the webhook's requeue_journal module and the
-kubernetes client (in threads).
+May import gpuslice.{backoff,config,contract,listwatch}, the controller's requeue_journal module and
+the kubernetes client (in threads).
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from typing import Any, Unpack
 import kubernetes
 import prometheus_client
 
-from gpuslice import backoff, config, listwatch
+from gpuslice import backoff, config, listwatch, timeouts
 from gpuslice import contract as contract_
-from gpuslice.webhook import requeue_journal
+from gpuslice.controller import requeue_journal
 
 __all__ = ["Requeuer", "replacement", "requeueable"]
 
@@ -89,7 +92,8 @@ def replacement(pod: Mapping[str, Any], contract: contract_.Contract, *, paced: 
 
 
 class Requeuer:
-    """Watches Failed pods cluster-wide and requeues the requeueable ones. `run()` until cancelled."""
+    """Watches Failed pods cluster-wide and, while `set_leading(True)`, requeues the requeueable
+    ones. `run()` until cancelled."""
 
     def __init__(
         self,
@@ -101,10 +105,10 @@ class Requeuer:
         paced: Callable[[], bool] = lambda: False,
         namespace: str = "default",
         sweep_seconds: float = JOURNAL_SWEEP_SECONDS,
-        on_failed: Callable[[Mapping[str, Any]], None] = lambda pod: None,
+        leading: bool = False,
     ) -> None:
         self.api = api
-        self.journal = requeue_journal.Journal(api, namespace, settings.contract)  # in the webhook's namespace
+        self.journal = requeue_journal.Journal(api, namespace, settings.contract)  # in the controller's namespace
         self.sweep_seconds = sweep_seconds
         self.paced = paced  # whether a replacement is gated for the pacer (pacing on, a pacer alive)
         self.contract = settings.contract
@@ -112,35 +116,48 @@ class Requeuer:
         self.backoff_seconds = settings.requeue.backoff_seconds
         self._pending: set[str] = set()  # UIDs being requeued by this replica
         self._tasks: set[asyncio.Task[None]] = set()
-        self._on_failed = on_failed  # every Failed pod seen changing (webhook/waiting.py: kubelet refusals)
-        self._failed = _FailedPods(api, self._consider, self._seen_failing, watch_timeout_seconds=watch_timeout_seconds)
+        self.leading = leading
+        self._took_over = asyncio.Event()  # set when this replica starts leading: sweep the journal now
+        self.failed = _FailedPods(api, self._consider, watch_timeout_seconds=watch_timeout_seconds)
         self._requeued = prometheus_client.Counter(
-            "gpuslice_webhook_requeues",
+            "gpuslice_controller_requeues",
             "Converted pods refused by kubelet and recreated (result: requeued, gone, error; recovered: from the"
             " journal, a requeue an earlier process left unfinished)",
             ["result"],
             registry=registry,
         )
 
+    def set_leading(self, leading: bool) -> None:
+        """Act (or stop acting). Taking over, every Failed pod listed meanwhile is considered and the
+        journal swept at once: what the last leader left is finished without waiting."""
+        self.leading = leading
+        if leading:
+            self._took_over.set()
+            for pod in list(self.failed.pods.values()):
+                self._consider(pod)
+
     async def run(self) -> None:
         sweep = asyncio.create_task(self._sweep(), name="gpuslice-requeue-journal")
         try:
-            await self._failed.run()
+            await self.failed.run()
         finally:
             sweep.cancel()
             for task in self._tasks:
                 task.cancel()
 
     async def _sweep(self) -> None:
-        """Finish the journal's unfinished requeues, at start and every `sweep_seconds`."""
+        """Finish the journal's unfinished requeues when this replica takes over and then every
+        `sweep_seconds` while it leads."""
         while True:
-            try:
-                await self.finish_journal()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the next pass tries again
-                log.warning("requeue journal not readable: %s", exc)
-            await asyncio.sleep(self.sweep_seconds)
+            if self.leading:
+                try:
+                    await self.finish_journal()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                    log.warning("requeue journal not readable: %s", exc)
+            self._took_over.clear()
+            await timeouts.wait_at_most(self._took_over.wait(), self.sweep_seconds)
 
     async def finish_journal(
         self, *, grace_seconds: float = requeue_journal.RECOVERY_GRACE_SECONDS
@@ -162,13 +179,14 @@ class Requeuer:
             for pod in made:
                 await self._event(pod, _RECOVERED_MESSAGE)
 
-    def _seen_failing(self, pod: dict[str, Any]) -> None:
-        self._on_failed(pod)
-        self._consider(pod)
-
     def _consider(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
-        if not uid or uid in self._pending or not requeueable(pod, self.contract, self.max_attempts):
+        if (
+            not self.leading
+            or not uid
+            or uid in self._pending
+            or not requeueable(pod, self.contract, self.max_attempts)
+        ):
             return
         self._pending.add(uid)
         task = asyncio.create_task(self._requeue(pod), name=f"gpuslice-requeue-{uid}")
@@ -245,7 +263,7 @@ class Requeuer:
             reason="Requeued",
             message=message,
             type="Normal",
-            source=kubernetes.client.V1EventSource(component="gpuslice-webhook"),
+            source=kubernetes.client.V1EventSource(component="gpuslice-controller"),
             first_timestamp=now,
             last_timestamp=now,
             count=1,
@@ -257,24 +275,32 @@ class Requeuer:
 
 
 class _FailedPods(listwatch.PodWatch):
-    """The cluster's Failed pods (field selector status.phase=Failed), each handed to `consider`
-    when listed and when it changes; a list after a restart or a 410 shows every one again."""
+    """The cluster's Failed pods (field selector status.phase=Failed), kept by UID for a replica that
+    takes over, each handed to `consider` when listed and when it changes; a list after a restart
+    or a 410 shows every one again."""
 
     def __init__(
         self,
         api: kubernetes.client.CoreV1Api,
         consider: Callable[[dict[str, Any]], None],
-        changed: Callable[[dict[str, Any]], None],
         **options: Unpack[listwatch.Options],
     ) -> None:
         super().__init__(lambda: api, "refused pods", "status.phase=Failed", **options)
-        self._consider = consider  # listed pods (failed before this process, or while the watch was down)
-        self._changed = changed  # pods seen becoming Failed, or changing while Failed
+        self._consider = consider
+        self.pods: dict[str, dict[str, Any]] = {}
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
-        for pod in items:
-            self._consider(dict(pod))
+        self.pods = {_uid(pod): dict(pod) for pod in items}
+        for pod in list(self.pods.values()):
+            self._consider(pod)
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
-        if kind in ("ADDED", "MODIFIED"):
-            self._changed(dict(obj))
+        if kind == "DELETED":  # deleted, or no longer Failed
+            self.pods.pop(_uid(obj), None)
+        elif kind in ("ADDED", "MODIFIED"):
+            pod = self.pods[_uid(obj)] = dict(obj)
+            self._consider(pod)
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")

@@ -14,7 +14,7 @@ import prometheus_client
 import pytest
 
 from gpuslice import config
-from gpuslice.webhook import requeue
+from gpuslice.controller import requeue
 
 CONTRACT = config.Config().contract
 
@@ -317,3 +317,49 @@ def test_an_entry_whose_requeuer_died_before_the_delete_is_finished_delete_and_c
     assert done.created == ["team-a/train"] and api.config_maps == {}
     assert api.calls[-3:] == ["delete pod train", "create pod train", f"delete configmap {ENTRY}"]
     assert api.pods[("team-a", "train")].metadata.uid != refused_pod()["metadata"]["uid"]
+
+
+async def test_a_standby_requeues_nothing_and_takes_over_with_the_failed_pods_it_listed() -> None:
+    api = _Api([refused_pod()])
+    requeuer = _requeuer(api)  # not leading: a standby replica
+    requeuer.failed.replace([refused_pod()])
+    requeuer.failed.apply("MODIFIED", refused_pod())
+    await asyncio.sleep(0)
+    assert api.calls == [] and not requeuer._tasks
+
+    requeuer.set_leading(True)  # the leader went away: this replica took the Lease
+    await asyncio.gather(*requeuer._tasks)
+    assert [p["metadata"]["name"] for p in api.created] == ["train"]
+    assert _count(requeuer, "requeued") == 1
+
+
+async def test_a_failed_pod_deleted_before_the_takeover_is_not_considered() -> None:
+    api = _Api([refused_pod()])
+    requeuer = _requeuer(api)
+    requeuer.failed.replace([refused_pod()])
+    requeuer.failed.apply("DELETED", refused_pod())  # deleted, or no longer Failed
+    requeuer.set_leading(True)
+    await asyncio.sleep(0)
+    assert not requeuer._tasks and api.calls == []
+
+
+async def test_the_journal_is_swept_when_a_replica_takes_over_not_before() -> None:
+    api = _Api([refused_pod()])
+    writer = _requeuer(api)
+    await writer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT))
+    api.config_maps[("gpuslice-system", ENTRY)].metadata.creation_timestamp -= datetime.timedelta(minutes=5)
+    standby = _requeuer(api, sweep_seconds=3600)
+    sweeping = asyncio.create_task(standby._sweep())
+    try:
+        await asyncio.sleep(0.05)
+        assert ("team-a", "train") in api.pods and api.config_maps  # a standby leaves the entry be
+        standby.leading = True
+        standby._took_over.set()  # as set_leading(True) does, without the Failed pods
+        for _ in range(100):
+            if not api.config_maps:
+                break
+            await asyncio.sleep(0.01)
+        assert api.config_maps == {} and api.calls[-2:] == ["create pod train", f"delete configmap {ENTRY}"]
+    finally:
+        sweeping.cancel()
+        await asyncio.gather(sweeping, return_exceptions=True)

@@ -1,0 +1,182 @@
+"""`gpuslice-controller`: the requeuer and the pacer, on the replica that leads.
+
+  gpuslice-controller [--config FILE] [--kubeconfig F] [--port 8080] [--host 0.0.0.0]
+                      [--identity NAME] [configuration flags]
+
+GET /healthz  the process answers
+GET /readyz   its watches have listed (a standby is ready too: it takes over warm)
+GET /metrics  Prometheus text (plain HTTP: nothing secret)
+
+Every replica lists and watches the Failed pods (the requeuer) and, with `pacing.enabled`, every
+unfinished pod and every node (the pacer); once they have listed it campaigns for the Lease
+`controller.leaseName` in `controller.leaseNamespace` (default: its own namespace, POD_NAMESPACE)
+as `--identity` (default: POD_NAME, else the host name). Only the leader requeues and releases
+(controller/leader.py); the webhook gates pods only while a leader renews that Lease.
+
+Configuration errors print one line naming the problem and exit with status 2. SIGTERM and SIGINT
+stop it: the leader gives its Lease up so a standby takes over at once; gated pods wait for the
+next leader, and the requeue journal keeps what was under way, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import kubernetes
+import prometheus_client
+from aiohttp import web
+
+from gpuslice import config
+from gpuslice.controller import leader, requeue
+from gpuslice.pacer import controller as pacer_
+from gpuslice.webhook import nodewatch
+
+__all__ = ["build_parser", "main"]
+
+log = logging.getLogger("gpuslice.controller")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuslice-controller",
+        description="Recreates converted pods kubelet refused and, with pacing on, releases the pods the webhook "
+        "gated; its replicas elect one leader that acts (docs/architecture.md).",
+    )
+    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
+    parser.add_argument("--port", type=int, default=8080, help="HTTP port for health and metrics (default 8080)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    parser.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="name held in the Lease while leading (default: POD_NAME, else the host name)",
+    )
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    config.add_arguments(parser, "controller")
+    return parser
+
+
+def make_app(ready: Callable[[], bool], registry: prometheus_client.CollectorRegistry) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if ready() else web.Response(status=503, text="watches not listed yet")
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=prometheus_client.generate_latest(registry), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _track_leadership(election: leader.Leadership, registry: prometheus_client.CollectorRegistry) -> None:
+    leading = prometheus_client.Gauge(
+        "gpuslice_controller_leading", "1 while this replica leads (requeues and paces)", registry=registry
+    )
+    leading.set_function(lambda: float(election.leading))
+    taken = prometheus_client.Counter(
+        "gpuslice_controller_leadership_taken", "Times this replica took the Lease", registry=registry
+    )
+    election.watch(lambda now_leading: taken.inc() if now_leading else None)
+
+
+async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api) -> None:
+    registry = prometheus_client.CollectorRegistry()
+    namespace = settings.controller.lease_namespace_in(os.environ)
+    election = leader.Leadership(
+        kubernetes.client.CoordinationV1Api(api.api_client),
+        name=settings.controller.lease_name,
+        namespace=namespace,
+        identity=args.identity,
+        lease_seconds=settings.controller.lease_seconds,
+    )
+    _track_leadership(election, registry)
+    feeds: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+    synced: list[Callable[[], bool]] = []
+    if settings.requeue.enabled:
+        requeuer = requeue.Requeuer(
+            api,
+            settings,
+            registry=registry,
+            paced=lambda: settings.pacing.enabled,  # the leader is the pacer: a replacement is gated like a new pod
+            namespace=os.environ.get("POD_NAMESPACE") or "default",  # the journal's: the controller's own
+        )
+        election.watch(requeuer.set_leading)
+        feeds.append(("requeuer", requeuer.run))
+        synced.append(requeuer.failed.synced.is_set)
+    if settings.pacing.enabled:
+        pacer = pacer_.Pacer(api, settings, registry=registry, leading=False)
+        election.watch(pacer.set_leading)
+        feeds.append(("pacer", pacer.run))
+        synced.append(lambda: pacer.synced)
+    runner = web.AppRunner(make_app(lambda: all(ready() for ready in synced), registry))
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks: set[asyncio.Task[None]] = {asyncio.create_task(run(), name=name) for name, run in feeds}
+    stopping = asyncio.create_task(stop.wait(), name="controller-stop")
+    try:
+        # Campaign only once every view is current: a leader acts from the moment it is elected.
+        while not all(ready() for ready in synced):
+            done, _ = await asyncio.wait({*tasks, stopping}, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                break
+        else:
+            log.info("views listed: campaigning for Lease %s/%s", namespace, settings.controller.lease_name)
+            tasks.add(asyncio.create_task(election.run(), name="leader-election"))
+        done, _ = await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        for task in done - {stopping}:
+            task.result()  # an unexpected end is an error, not a quiet exit
+    finally:
+        for task in (*tasks, stopping):
+            task.cancel()
+        await asyncio.gather(*tasks, stopping, return_exceptions=True)  # the leader gives its Lease up
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = config.from_args(args)
+        api = nodewatch.api_from_environment(args.kubeconfig)
+    except (config.ConfigError, kubernetes.config.ConfigException) as exc:
+        print(f"gpuslice-controller: {exc}", file=sys.stderr)
+        return 2
+    if api is None:
+        print(
+            "gpuslice-controller: no cluster found (not in a pod, no --kubeconfig, no ~/.kube/config)", file=sys.stderr
+        )
+        return 2
+    if settings.dra.enabled or not (settings.requeue.enabled or settings.pacing.enabled):
+        why = (
+            "dra.enabled is true (DRA mode refuses nothing on the node)"
+            if settings.dra.enabled
+            else ("requeue.enabled and pacing.enabled are both false")
+        )
+        print(f"gpuslice-controller: nothing to do: {why}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_run(args, settings, api))
+    except Exception as exc:  # noqa: BLE001 - e.g. a port in use: one clear line
+        print(f"gpuslice-controller: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
