@@ -142,8 +142,7 @@ def _node_summary(node: inventory.NodeInventory) -> str:
 def _asked(pod: dict[str, Any], contract: contract_.Contract) -> str:
     """The annotations the user wrote, and any nvidia.com/gpu it asks for (KAI's placeholder)."""
     annotations = pod["metadata"].get("annotations") or {}
-    keys = (*contract_.KAI_ANNOTATIONS, contract.isolation_annotation)
-    shown = [f"{k}={annotations[k]}" for k in keys if k in annotations]
+    shown = [f"{k}={annotations[k]}" for k in contract.pod_annotations if k in annotations]
     for container in pod["spec"].get("containers") or ():
         limits = (container.get("resources") or {}).get("limits") or {}
         if contract_.NVIDIA_GPU in limits:

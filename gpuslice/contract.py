@@ -202,6 +202,18 @@ class Contract:
         return f"{self.prefix}/isolation"
 
     @functools.cached_property
+    def mig_or_share_annotation(self) -> str:
+        """`<prefix>/mig-or-share: "true"` beside `isolation: mig` (DRA mode only): the MIG slice
+        when one is free, else a share of a GPU of at least its memory (a prioritized list)."""
+        return f"{self.prefix}/mig-or-share"
+
+    @functools.cached_property
+    def pod_annotations(self) -> tuple[str, ...]:
+        """Every annotation that asks the webhook for a device (KAI's and gpuslice's own): a pod
+        carrying any of them is converted or denied, never steered as one asking for no GPU."""
+        return (*KAI_ANNOTATIONS, self.isolation_annotation, self.mig_or_share_annotation)
+
+    @functools.cached_property
     def gpu_class_annotation(self) -> str:
         """`<prefix>/gpu-class: any`: a pod whose share depends on the GPU class (a fraction, whole
         GPUs) may take another class than the other pods of its owner (default: the same one)."""

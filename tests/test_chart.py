@@ -357,6 +357,7 @@ MATCH_CASES = [
     ("kai-num-devices", pod({"gpu-fraction-num-devices": "2", "gpu-fraction": "0.5"}), True, True),
     ("kai-container-name", pod({"gpu-fraction-container-name": "main"}), True, True),
     ("isolation-annotation", pod({"{prefix}/isolation": "mig"}), True, True),
+    ("mig-or-share-annotation", pod({"{prefix}/mig-or-share": "true"}), True, True),
     ("no-annotations-at-all", pod(), False, False),
     ("unrelated-annotations", pod({"team": "ml"}), False, False),
     ("whole-gpu-limit", pod(limits={"nvidia.com/gpu": "1"}), False, True),
@@ -421,6 +422,7 @@ CPU_POD_CASES = [
     ("kai-gpu-fraction", pod({"gpu-fraction": "0.5"}), False),
     ("kai-gpu-memory", pod({"gpu-memory": "2000"}), False),
     ("isolation-annotation", pod({"{prefix}/isolation": "mig"}), False),
+    ("mig-or-share-annotation", pod({"{prefix}/mig-or-share": "true"}), False),
     ("whole-gpu-limit", pod(limits={"nvidia.com/gpu": "1"}), False),
     # what the first entry made of a whole-GPU pod, as the API server shows it to the next entry
     ("converted-whole-gpu", pod({"{prefix}/decision": "{}"}, limits={"{prefix}/gpu-memory": "318"}), False),
@@ -447,7 +449,7 @@ def test_cpu_pods_entry_sends_only_pods_that_ask_for_no_device_and_never_one_the
     assert not (expected and sent_for_gpuslice), "both entries would mutate the same pod"
     # The first entry takes annotated pods always, pods asking for nvidia.com/gpu only with
     # convertWholeGpus; a DaemonSet's pod asking for nvidia.com/gpu without it goes to neither.
-    keys = (*contract.KAI_ANNOTATIONS, f"{prefix}/isolation")
+    keys = contract.Contract(prefix=prefix).pod_annotations
     annotated = any(k in obj["metadata"].get("annotations", {}) for k in keys)
     nvidia = any(f'"nvidia.com/{n}' in json.dumps(obj["spec"]) for n in ("gpu", "mig-"))
     kai = obj["spec"].get("schedulerName") == "kai-scheduler"
@@ -482,7 +484,7 @@ def test_cpu_pods_entry_fails_open_and_calls_the_same_service_as_the_first_entry
         "not-for-kai-scheduler",
         "not-a-daemonset-pod",
     }
-    names = [*contract.KAI_ANNOTATIONS, contract.Contract(prefix=prefix).isolation_annotation]
+    names = contract.Contract(prefix=prefix).pod_annotations
     (annotations,) = [c for c in cpu_pods["matchConditions"] if c["name"] == "no-gpuslice-annotations"]
     assert all(f"'{name}'" in annotations["expression"] for name in names)
 
@@ -513,7 +515,7 @@ def test_webhook_configuration_is_safe_to_fail_closed(combination):
     assert hook["reinvocationPolicy"] == "IfNeeded"
     assert hook["failurePolicy"] == "Fail"
     assert hook["matchConditions"], "failurePolicy Fail without matchConditions would gate every pod"
-    names = [*contract.KAI_ANNOTATIONS, contract.Contract(prefix=prefix_of(combination)).isolation_annotation]
+    names = contract.Contract(prefix=prefix_of(combination)).pod_annotations
     (condition,) = hook["matchConditions"]
     assert all(f"'{name}'" in condition["expression"] for name in names)  # the contract's names, every one
     assert hook["rules"] == [
@@ -1579,7 +1581,7 @@ def test_notes_say_exactly_which_pods_each_webhook_entry_intercepts_and_how_to_s
     c = contract.Contract()
     for name, hook in entries.items():
         assert f"{hook['name']} (failurePolicy {hook['failurePolicy']}" in notes, name
-    for annotation in (*contract.KAI_ANNOTATIONS, c.isolation_annotation):
+    for annotation in c.pod_annotations:
         assert annotation in notes
     converting = bool(values.get("config", {}).get("convertWholeGpus", True))
     assert ("requesting nvidia.com/gpu in any container" in notes) is converting

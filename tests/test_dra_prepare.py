@@ -169,6 +169,37 @@ async def test_a_mig_device_gets_its_slice_without_mps_limits(demo_node, dirs):
     assert env == {"NVIDIA_VISIBLE_DEVICES": MIG_3G, "GPUSLICE_MEMORY_LIMIT_MIB": "40192", "GPUSLICE_GPU_COUNT": "1"}
 
 
+@pytest.mark.parametrize(
+    ("allocated", "env"),
+    [
+        (
+            result("gpu/mig", "gpu-2-mig-0"),
+            {"NVIDIA_VISIBLE_DEVICES": MIG_3G, "GPUSLICE_MEMORY_LIMIT_MIB": "40192", "GPUSLICE_GPU_COUNT": "1"},
+        ),
+        (
+            result("gpu/share", "gpu-0", "40192Mi", share_id="cccccccc-2222-4333-8444-555555555555"),
+            {"NVIDIA_VISIBLE_DEVICES": H100, "GPUSLICE_MEMORY_LIMIT_MIB": "40192", "GPUSLICE_GPU_COUNT": "1"},
+        ),
+    ],
+    ids=["mig-taken", "share-taken"],
+)
+async def test_a_prioritized_list_result_is_prepared_under_its_request_whichever_subrequest_was_taken(
+    demo_node, dirs, allocated, env
+):
+    """The scheduler names a firstAvailable result "<request>/<subrequest>" (mig-or-share: "gpu/mig" or
+    "gpu/share"); containers reference the request, so the CDI device and the answer carry "gpu" either way."""
+    api = dra_kit.FakeApi()
+    either = claim(uid(6), [allocated])
+    api.add_claim(either)
+    (device,) = (await make(demo_node, dirs, api).prepare([ref(either)]))[uid(6)].devices
+    assert device.requests == ("gpu",) and device.device == allocated["device"]
+    assert device.share_id == allocated.get("shareID")
+    assert device.cdi_ids == (f"k8s.gpu.gpuslice.io/claim={uid(6)}-gpu",)
+    spec = spec_of(dirs, uid(6))
+    assert [d["name"] for d in spec["devices"]] == [f"{uid(6)}-gpu"]
+    assert {k: v for k, v in env_of(spec).items() if k in env} == env
+
+
 async def test_cdi_cri_adds_the_toolkits_device_beside_the_claims_own(demo_node, dirs):
     api = dra_kit.FakeApi()
     share = claim(uid(5), [result("gpu", "gpu-0", "1Gi", share_id="bbbbbbbb-2222-4333-8444-555555555555")])

@@ -137,6 +137,32 @@ def test_mig_isolation_selects_the_profile_in_the_mig_class():
     assert claims.template["metadata"]["name"].startswith("gpuslice-mig-1g.10gb-")
 
 
+def test_mig_or_share_is_one_request_listing_the_mig_device_then_a_share_of_its_memory():
+    mig = dra_claims.ContainerNeed("containers", 0, mig_profile="1g.10gb")
+    plain, _ = apply(pod(), dra_claims.Need(kind="mig", containers=(mig,)))
+    either = dra_claims.ContainerNeed("containers", 0, mig_profile="1g.10gb", or_memory_mib=9728)
+    claims, patched = apply(pod(), dra_claims.Need(kind="mig", containers=(either,)))
+    (request,) = claims.template["spec"]["spec"]["devices"]["requests"]
+    (mig_request,) = plain.template["spec"]["spec"]["devices"]["requests"]
+    assert request == {
+        "name": "gpu",
+        "firstAvailable": [
+            {"name": "mig", **mig_request["exactly"]},  # exactly today's MIG request, tried first
+            {
+                "name": "share",
+                "deviceClassName": "gpu.gpuslice.io",
+                "allocationMode": "ExactCount",
+                "count": 1,
+                "capacity": {"requests": {"memory": "9728Mi"}},
+            },
+        ],
+    }
+    assert "constraints" not in claims.template["spec"]["spec"]["devices"]
+    assert claims.template["metadata"]["name"].startswith("gpuslice-mig-1g.10gb-or-mem-9728mi-")
+    # The container references the request, not an alternative: the same whichever is allocated.
+    assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
+
+
 def test_claims_of_the_pod_and_annotations_already_there_are_kept():
     original = pod(
         ctr(claims=[{"name": "nic"}]),
@@ -178,38 +204,57 @@ def allocate(
 ) -> dict[str, list[str]]:
     """A model of the DRA allocator's capacity rules (KEP-5075): a request's memory is rounded up
     to min + n * step; it fits a device whose shares so far leave room; no capacity means the
-    policy default. Devices are tried in order (first fit), as the allocator does."""
+    policy default. Devices are tried in order (first fit), as the allocator does. A prioritized
+    list (KEP-4816) takes its first subrequest that fits, named "<request>/<subrequest>" as in
+    the allocation's results."""
     chosen: dict[str, list[str]] = {}
     for request in requests:
-        exactly = request["exactly"]
-        picks = []
-        for device in devices:
-            if len(picks) == exactly["count"]:
+        if "exactly" in request:
+            chosen[request["name"]] = _pick(devices, request["exactly"], used)
+            continue
+        for alternative in request["firstAvailable"]:
+            picks = _pick(devices, alternative, used)
+            if picks:
+                chosen[f"{request['name']}/{alternative['name']}"] = picks
                 break
-            type_wanted = "mig" if exactly["deviceClassName"].startswith("mig.") else "gpu"
-            if device["attributes"]["type"]["string"] != type_wanted:
-                continue
-            if not all(_cel(s["cel"]["expression"], device) for s in exactly.get("selectors", ())):
-                continue
-            memory = device["capacity"]["memory"]
-            if not device.get("allowMultipleAllocations"):
-                if device["name"] in used:
-                    continue
-                used[device["name"]] = _mi(memory["value"])
-                picks.append(device["name"])
-                continue
-            policy = memory["requestPolicy"]
-            low, step = _mi(policy["validRange"]["min"]), _mi(policy["validRange"].get("step", "1Mi"))
-            asked = _mi(exactly.get("capacity", {}).get("requests", {}).get("memory", policy["default"]))
-            consumed = low + -(-max(0, asked - low) // step) * step
-            if consumed > _mi(policy["validRange"]["max"]) or used.get(device["name"], 0) + consumed > _mi(
-                memory["value"]
-            ):
-                continue
-            used[device["name"]] = used.get(device["name"], 0) + consumed
-            picks.append(device["name"])
-        chosen[request["name"]] = picks if len(picks) == exactly["count"] else []
+        else:
+            chosen[request["name"]] = []
     return chosen
+
+
+def _pick(devices: list[dict[str, Any]], exactly: dict[str, Any], used: dict[str, int]) -> list[str]:
+    """The devices one (sub)request gets, taken from `used`; none (and nothing taken) when they are too few."""
+    taken = dict(used)
+    picks = []
+    for device in devices:
+        if len(picks) == exactly["count"]:
+            break
+        type_wanted = "mig" if exactly["deviceClassName"].startswith("mig.") else "gpu"
+        if device["attributes"]["type"]["string"] != type_wanted:
+            continue
+        if not all(_cel(s["cel"]["expression"], device) for s in exactly.get("selectors", ())):
+            continue
+        memory = device["capacity"]["memory"]
+        if not device.get("allowMultipleAllocations"):
+            if device["name"] in taken:
+                continue
+            taken[device["name"]] = _mi(memory["value"])
+            picks.append(device["name"])
+            continue
+        policy = memory["requestPolicy"]
+        low, step = _mi(policy["validRange"]["min"]), _mi(policy["validRange"].get("step", "1Mi"))
+        asked = _mi(exactly.get("capacity", {}).get("requests", {}).get("memory", policy["default"]))
+        consumed = low + -(-max(0, asked - low) // step) * step
+        if consumed > _mi(policy["validRange"]["max"]) or taken.get(device["name"], 0) + consumed > _mi(
+            memory["value"]
+        ):
+            continue
+        taken[device["name"]] = taken.get(device["name"], 0) + consumed
+        picks.append(device["name"])
+    if len(picks) != exactly["count"]:
+        return []
+    used.update(taken)
+    return picks
 
 
 def test_shares_from_the_webhook_fill_one_gpu_exactly_and_never_exceed_it(demo_node):
@@ -235,6 +280,20 @@ def test_whole_gpus_and_mig_requests_find_their_devices(demo_node):
     ) == {"gpu": []}
     mig_requests = dra_claims.build(pod(), mig, SETTINGS).template["spec"]["spec"]["devices"]["requests"]
     assert [allocate(devices, mig_requests, used)["gpu"] for _ in range(3)] == [["gpu-2-mig-2"], ["gpu-2-mig-3"], []]
+
+
+def test_mig_or_share_takes_the_free_mig_devices_then_shares_until_the_gpus_are_full(demo_node):
+    devices = slices.devices(demo_node, CONTRACT)
+    either = dra_claims.ContainerNeed("containers", 0, mig_profile="1g.10gb", or_memory_mib=9728)
+    requests = dra_claims.build(pod(), dra_claims.Need(kind="mig", containers=(either,)), SETTINGS).template["spec"][
+        "spec"
+    ]["devices"]["requests"]
+    used: dict[str, int] = {}
+    placed = [allocate(devices, requests, used) for _ in range(19)]
+    # The demo node's two 1g.10gb slices first, then 8 shares of 9728 MiB on each H100 (81408 // 9728), then none.
+    assert placed[:3] == [{"gpu/mig": ["gpu-2-mig-2"]}, {"gpu/mig": ["gpu-2-mig-3"]}, {"gpu/share": ["gpu-0"]}]
+    assert sum(1 for p in placed if "gpu/share" in p) == 16 and placed[-1] == {"gpu": []}
+    assert used["gpu-0"] == used["gpu-1"] == 8 * 9728
 
 
 @pytest.mark.parametrize("memory_mib", [256, 2048, 40704, 81408])
@@ -390,6 +449,52 @@ def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
 
 
+MIG_OR_SHARE = {"gpuslice.io/isolation": "mig", "gpuslice.io/mig-or-share": "true"}
+
+
+@pytest.mark.parametrize("share", [{"gpu-memory": "9000"}, {"gpu-fraction": "0.1"}], ids=["memory", "fraction"])
+def test_mig_or_share_converts_to_the_mig_request_else_a_share_of_the_profiles_memory(share):
+    plain, _ = mutate(pod(annotations={**share, "gpuslice.io/isolation": "mig"}))
+    outcome, patched = mutate(pod(ctr(limits={"nvidia.com/gpu": "1"}), annotations={**share, **MIG_OR_SHARE}))
+    (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
+    (mig_request,) = plain.objects[0]["spec"]["spec"]["devices"]["requests"]
+    mig, share_request = request["firstAvailable"]
+    assert mig == {"name": "mig", **mig_request["exactly"]}
+    assert share_request["deviceClassName"] == "gpu.gpuslice.io" and share_request["count"] == 1
+    # The profile's memory (1g.10gb: 9728 MiB; 2g.20gb: 19968 MiB), already whole units of 256 MiB.
+    profile_mib = plain.decision["memoryMiB"]
+    assert share_request["capacity"] == {"requests": {"memory": f"{profile_mib}Mi"}} and profile_mib % 256 == 0
+    assert "selectors" not in share_request  # any GPU that holds it: the allocator keeps it off smaller ones
+    assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
+    # The decision is the MIG one (the first choice; a MIG slice promises nothing), plus the share it may become.
+    assert outcome.kind == "mig"
+    template = outcome.decision["claimTemplate"]
+    assert outcome.decision == {**plain.decision, "orShareMiB": profile_mib, "claimTemplate": template}
+    view = cluster_view(SETTINGS)
+    view.promise_conversion(outcome.decision, 1000)
+    assert all(view.promised_units(c.memory_mib) == 0 for c in view.classes())
+
+
+def test_mig_or_share_rounds_the_share_up_to_whole_units():
+    settings = config.load(overrides={"dra.enabled": True, "memoryUnitMiB": 1024}, environ={})
+    outcome, _ = mutate(pod(annotations={"gpu-memory": "9000", **MIG_OR_SHARE}), settings)
+    (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
+    assert request["firstAvailable"][1]["capacity"] == {"requests": {"memory": "10240Mi"}}  # 9728 MiB: 9.5 units
+    assert outcome.decision["memoryMiB"] == 9728 and outcome.decision["orShareMiB"] == 10240
+
+
+def test_mig_or_share_false_is_the_plain_mig_request_in_both_modes():
+    for settings in (SETTINGS, DEVICE_PLUGIN_MODE):
+        plain, _ = mutate(pod(annotations={"gpu-memory": "9000", "gpuslice.io/isolation": "mig"}), settings)
+        off, _ = mutate(
+            pod(
+                annotations={"gpu-memory": "9000", "gpuslice.io/isolation": "mig", "gpuslice.io/mig-or-share": "false"}
+            ),
+            settings,
+        )
+        assert off.allowed and off.objects == plain.objects and off.decision == plain.decision
+
+
 def test_a_fraction_of_n_gpus_becomes_one_request_of_n_devices_kept_on_distinct_gpus():
     annotations = {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}
     one_gpu, _ = mutate(pod(annotations={"gpu-fraction": "0.5"}))
@@ -466,6 +571,21 @@ def test_num_devices_that_dra_mode_cannot_honour_are_denied(annotations, words):
         assert word in outcome.message, outcome.message
 
 
+def test_mig_or_share_on_n_gpus_is_denied_naming_what_to_remove():
+    annotations = {"gpu-fraction": "0.1", "gpu-fraction-num-devices": "2", **MIG_OR_SHARE}
+    outcome, _ = mutate(pod(annotations=annotations))
+    assert not outcome.allowed and outcome.objects == ()
+    for word in ("gpu-fraction-num-devices='2'", "gpuslice.io/mig-or-share='true'", "one MIG device", "remove"):
+        assert word in outcome.message, outcome.message
+
+
+def test_device_plugin_mode_refuses_mig_or_share_and_names_dra_mode():
+    outcome, _ = mutate(pod(annotations={"gpu-memory": "9000", **MIG_OR_SHARE}), DEVICE_PLUGIN_MODE)
+    assert not outcome.allowed and outcome.patch == []
+    assert "gpuslice.io/mig-or-share='true' is not supported in device-plugin mode" in outcome.message
+    assert "DRA mode, which supports it" in outcome.message
+
+
 def test_device_plugin_mode_still_refuses_num_devices_and_names_dra_mode():
     outcome, _ = mutate(pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}), DEVICE_PLUGIN_MODE)
     assert not outcome.allowed and "not supported in device-plugin mode" in outcome.message
@@ -484,6 +604,10 @@ def test_device_plugin_mode_still_refuses_num_devices_and_names_dra_mode():
         {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "0"},
         {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2.0"},
         {"gpu-fraction-num-devices": "2"},
+        {"gpu-memory": "9000", "gpuslice.io/isolation": "mig", "gpuslice.io/mig-or-share": "yes"},
+        {"gpu-memory": "9000", "gpuslice.io/isolation": "mig", "gpuslice.io/mig-or-share": "True"},
+        {"gpu-memory": "9000", "gpuslice.io/mig-or-share": "true"},
+        {"gpuslice.io/mig-or-share": "false"},
     ],
     ids=[
         "fraction-above-1",
@@ -495,6 +619,10 @@ def test_device_plugin_mode_still_refuses_num_devices_and_names_dra_mode():
         "num-devices-zero",
         "num-devices-not-a-count",
         "num-devices-without-share",
+        "mig-or-share-not-a-boolean",
+        "mig-or-share-capitalised",
+        "mig-or-share-without-mig",
+        "mig-or-share-alone",
     ],
 )
 def test_bad_input_is_denied_with_the_same_message_as_in_device_plugin_mode(annotations):

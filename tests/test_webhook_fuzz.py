@@ -45,14 +45,23 @@ def pod_validator(version: str) -> jsonschema.protocols.Validator:
 
 NUMBERISH = st.from_regex(r"\A[-+]?[0-9０-９²_ .]{0,12}([eE][-+]?[0-9]{1,12})?(Ki|Mi|Gi|Ei|m|k|E|i)?\Z")
 VALUES = st.one_of(
-    st.sampled_from(["0.5", "1", "0.25", "2000", "20Gi", "2e3", "mig", "main", "1", "0", "-1", "nan", "1e-400"]),
+    st.sampled_from(
+        ["0.5", "1", "0.25", "2000", "20Gi", "2e3", "mig", "main", "1", "0", "-1", "nan", "1e-400", "true", "false"]
+    ),
     NUMBERISH,
     st.text(max_size=40),
     st.integers(min_value=0, max_value=10**400).map(str),
     st.builds(lambda n, c: c * n, st.integers(300, 3000), st.sampled_from(["9", "x", "é"])),
 )
 ANNOTATION_KEYS = st.sampled_from(
-    ["gpu-fraction", "gpu-memory", "gpu-fraction-num-devices", "gpu-fraction-container-name", "gpuslice.io/isolation"]
+    [
+        "gpu-fraction",
+        "gpu-memory",
+        "gpu-fraction-num-devices",
+        "gpu-fraction-container-name",
+        "gpuslice.io/isolation",
+        "gpuslice.io/mig-or-share",
+    ]
 )
 ANNOTATIONS = st.dictionaries(ANNOTATION_KEYS, VALUES, max_size=4)
 # Resource values the API server would accept in the pod it sends (the pod reaches us valid).

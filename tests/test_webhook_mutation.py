@@ -848,6 +848,21 @@ DENIALS = [
         {"gpu-memory": "50000", "gpuslice.io/isolation": "mig"},
         ["50000 MiB", "larger than any MIG profile", "3g.40gb"],
     ),
+    (
+        "mig-or-share-in-device-plugin-mode",
+        {"gpu-memory": "9000", "gpuslice.io/isolation": "mig", "gpuslice.io/mig-or-share": "true"},
+        ["gpuslice.io/mig-or-share='true'", "not supported in device-plugin mode", "else", "DRA mode"],
+    ),
+    (
+        "mig-or-share-not-a-boolean",
+        {"gpu-memory": "9000", "gpuslice.io/isolation": "mig", "gpuslice.io/mig-or-share": "1"},
+        ["gpuslice.io/mig-or-share='1'", "not a boolean", '"true" or "false"'],
+    ),
+    (
+        "mig-or-share-without-mig",
+        {"gpu-memory": "9000", "gpuslice.io/mig-or-share": "true"},
+        ["gpuslice.io/mig-or-share='true'", "needs gpuslice.io/isolation: mig"],
+    ),
 ]
 
 
@@ -866,6 +881,7 @@ def test_denials_quote_at_most_about_a_hundred_characters_of_any_value() -> None
         deployment_pod({"gpu-fraction": long}),
         deployment_pod({"gpu-fraction": "0.5", "gpu-fraction-num-devices": long}),
         deployment_pod({"gpu-memory": "2000", "gpuslice.io/isolation": long}),
+        deployment_pod({"gpu-memory": "2000", "gpuslice.io/isolation": "mig", "gpuslice.io/mig-or-share": long}),
         deployment_pod({"gpu-memory": long, "gpu-fraction": long}),
         deployment_pod({"gpu-memory": "2000", "gpu-fraction-container-name": long}),
         deployment_pod({"gpu-fraction": "0.5"}, containers=[container(long, limits={"nvidia.com/gpu": long})]),

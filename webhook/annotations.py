@@ -1,6 +1,7 @@
 """Reading the KAI-style annotations a pod asks for a share of a GPU with (gpu-fraction or
 gpu-memory, optionally `<prefix>/isolation: mig`, and in DRA mode gpu-fraction-num-devices: the
-same share on N distinct GPUs), and the container the share goes to. Every combination that
+same share on N distinct GPUs, or `<prefix>/mig-or-share: "true"` beside MIG isolation: the MIG
+slice, else a share of its memory), and the container the share goes to. Every combination that
 cannot be honoured is refused here, before any class is chosen, with a message naming the
 annotation, the value and the accepted forms. Pure.
 
@@ -40,6 +41,7 @@ class Share:
     index: int
     container: Mapping[str, Any]
     devices: int = 1  # gpu-fraction-num-devices: the share on each of this many distinct GPUs (DRA mode only)
+    or_share: bool = False  # <prefix>/mig-or-share: "true": the MIG slice, else a share (DRA mode only)
 
 
 def wanted(annotations: Mapping[str, Any], contract: contract_.Contract) -> bool:
@@ -47,7 +49,7 @@ def wanted(annotations: Mapping[str, Any], contract: contract_.Contract) -> bool
     for key in _TRIGGERS:
         if key in annotations:
             return True
-    return contract.isolation_annotation in annotations
+    return contract.isolation_annotation in annotations or contract.mig_or_share_annotation in annotations
 
 
 _FRACTION_NAME = f"annotation {contract_.KAI_GPU_FRACTION}"
@@ -70,15 +72,18 @@ def read(
     contract: contract_.Contract,
     *,
     distinct_gpus: bool = False,
+    alternatives: bool = False,
 ) -> Share | None:
     """The share the annotations ask for; None when there is nothing to convert (only a container
     name, or a container already carries a gpuslice resource); parsing.Invalid when refused.
     `distinct_gpus`: the mode can keep N shares on N distinct GPUs (DRA mode), so
-    gpu-fraction-num-devices above 1 is accepted."""
+    gpu-fraction-num-devices above 1 is accepted. `alternatives`: the mode can ask for one device
+    else another (DRA's prioritized list), so mig-or-share "true" is accepted."""
     fraction_text = annotations.get(contract_.KAI_GPU_FRACTION)
     memory_text = annotations.get(contract_.KAI_GPU_MEMORY)
     devices_text = annotations.get(contract_.KAI_GPU_FRACTION_NUM_DEVICES)
     isolation = annotations.get(contract.isolation_annotation)
+    or_share_text = annotations.get(contract.mig_or_share_annotation)
 
     if fraction_text is not None and memory_text is not None:
         raise parsing.Invalid(
@@ -98,6 +103,9 @@ def read(
             f"annotation {contract.isolation_annotation}={parsing.quote(isolation)} is not known; "
             f"accepted: {ISOLATION_MIG!r}"
         )
+    or_share = False
+    if or_share_text is not None:
+        or_share = _parse_mig_or_share(or_share_text, isolation, (devices, devices_text), contract, alternatives)
     if devices > 1 and isolation == ISOLATION_MIG:
         raise parsing.Invalid(
             f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={parsing.quote(devices_text)} next to "
@@ -121,7 +129,40 @@ def read(
     _check_placeholder(container, share)
     fraction = parse_fraction(fraction_text) if fraction_text is not None else None
     memory_mib = parse_memory_mib(memory_text) if memory_text is not None else None
-    return Share(share, fraction, memory_mib, isolation == ISOLATION_MIG, field, index, container, devices)
+    return Share(share, fraction, memory_mib, isolation == ISOLATION_MIG, field, index, container, devices, or_share)
+
+
+def _parse_mig_or_share(
+    text: Any, isolation: Any, devices: tuple[int, Any], contract: contract_.Contract, alternatives: bool
+) -> bool:
+    """mig-or-share: a boolean, beside `isolation: mig` only (it widens a MIG request; alone it
+    would mean nothing). "true" needs a mode that can say "else" (DRA); "false" is the plain MIG
+    request in either mode. What both modes refuse, they refuse in the same words."""
+    name = f"annotation {contract.mig_or_share_annotation}"
+    wants = parsing.boolean(name, text)
+    isolation_mig = f"{contract.isolation_annotation}: {ISOLATION_MIG}"
+    if isolation != ISOLATION_MIG:
+        raise parsing.Invalid(
+            f"{name}={parsing.quote(text)} needs {isolation_mig}: it lets a MIG request fall back to a share of a "
+            f"GPU, and without MIG isolation there is none to fall back from; add {isolation_mig} or remove "
+            f"{contract.mig_or_share_annotation}"
+        )
+    if not wants:
+        return False
+    if not alternatives:
+        raise parsing.Invalid(
+            f"{name}={parsing.quote(text)} is not supported in device-plugin mode: a pod's extended resources "
+            'cannot say "this, else that" (the scheduler needs every resource a pod requests), so the pod '
+            f"would wait for its MIG slice anyway; remove the annotation to wait for a MIG slice, remove "
+            f"{contract.isolation_annotation} as well to take a share, or run gpuslice in DRA mode, which supports it"
+        )
+    if devices[0] > 1:
+        raise parsing.Invalid(
+            f"annotation {contract_.KAI_GPU_FRACTION_NUM_DEVICES}={parsing.quote(devices[1])} next to "
+            f"{name}={parsing.quote(text)} is not supported: the MIG choice is one MIG device; for a share on N GPUs "
+            f"remove {contract.isolation_annotation} and {contract.mig_or_share_annotation}"
+        )
+    return True
 
 
 _NUM_DEVICES_FORMS = 'a positive integer, a GPU count such as "1"'

@@ -69,7 +69,7 @@ def key_rules(contract: contract_.Contract) -> decoding.KeyRules:
     this module's patch, which reads resource names only."""
     return decoding.KeyRules(
         labels_read=(contract.label_pod_cpu_steering,),
-        device_annotations=(*contract_.KAI_ANNOTATIONS, contract.isolation_annotation),
+        device_annotations=contract.pod_annotations,
         plain=_plain_resource,
         plain_names=_PLAIN_RESOURCES,
         owner_opt_out=(contract.gpu_class_annotation, contract_.GPU_CLASS_ANY),
@@ -88,7 +88,7 @@ def asks_for_no_device(pod: Mapping[str, Any], contract: contract_.Contract) -> 
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = metadata.get("annotations") or {}
-    if contract.isolation_annotation in annotations or any(k in annotations for k in contract_.KAI_ANNOTATIONS):
+    if any(k in annotations for k in contract.pod_annotations):
         return False
     if spec.get("nodeName") or (metadata.get("labels") or {}).get(contract.label_pod_cpu_steering) == "off":
         return False

@@ -31,6 +31,7 @@ _ESSENTIALS = (
     "memoryMiB",
     "migProfile",
     "mode",
+    "orShareMiB",
     "requestedMiB",
     "resource",
     "rule",

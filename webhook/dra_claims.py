@@ -13,7 +13,13 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                the others smallest first, then any GPU), so that a class whose
                                labels lag never keeps the pod waiting while another has GPUs
                                free, the N GPUs alike in memory (a matchAttribute constraint);
-  <prefix>/isolation: mig   -> one request of class mig.<prefix> selecting the profile.
+  <prefix>/isolation: mig   -> one request of class mig.<prefix> selecting the profile; with
+                               <prefix>/mig-or-share: "true" a prioritized list instead: that
+                               MIG request (subrequest "mig"), else a share of class gpu.<prefix>
+                               of at least the profile's memory in whole units (subrequest
+                               "share", shaped as every share). Either way one request, so the
+                               container's claim reference and its CDI device do not depend on
+                               which was taken (the plugin names devices by the base request).
   gpu-fraction-num-devices: N -> the share's request with count N: the capacity is taken on each
                                device, and a distinctAttribute constraint on the GPU's uuid keeps
                                the N on distinct GPUs (the allocator may place several shares of
@@ -49,6 +55,8 @@ from gpuslice.webhook import decision as decision_
 __all__ = [
     "CLAIM_NAME",
     "API_VERSION",
+    "SUBREQUEST_MIG",
+    "SUBREQUEST_SHARE",
     "ContainerNeed",
     "Need",
     "already_converted",
@@ -59,6 +67,9 @@ __all__ = [
 
 API_VERSION = "resource.k8s.io/v1"
 CLAIM_NAME = "gpuslice"  # the pod's resourceClaims entry (and the containers' claims reference)
+# mig-or-share's alternatives: allocation results name them "<request>/mig" or "<request>/share".
+SUBREQUEST_MIG = "mig"
+SUBREQUEST_SHARE = "share"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +82,7 @@ class ContainerNeed:
     gpus: int = 0  # whole GPUs
     mig_profile: str = ""
     devices: int = 1  # the share of `memory_mib` on each of this many distinct GPUs (gpu-fraction-num-devices)
+    or_memory_mib: int = 0  # the MIG device, else a share of this much (mig-or-share); 0: the MIG device only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +134,8 @@ def need_from_conversion(
     needs = []
     for (field, index), units in conversion.container_units.items():
         if conversion.kind == conversions.KIND_MIG:  # `units`: MIG devices (more than one: NVIDIA's MIG names)
-            needs.append(ContainerNeed(field, index, gpus=units, mig_profile=str(decision.get("migProfile", ""))))
+            profile, or_share = str(decision.get("migProfile", "")), int(decision.get("orShareMiB", 0))
+            needs.append(ContainerNeed(field, index, gpus=units, mig_profile=profile, or_memory_mib=or_share))
         elif conversion.kind == conversions.KIND_WHOLE_GPUS:
             name = str(spec[field][index].get("name"))
             needs.append(ContainerNeed(field, index, gpus=int(decision["containers"][name])))
@@ -187,33 +200,62 @@ def _constraints(need: Need, contract: contract_.Contract) -> list[dict[str, Any
     return constraints
 
 
+def _share(contract: contract_.Contract, memory_mib: int, count: int = 1) -> dict[str, Any]:
+    """`memory_mib` of each of `count` GPUs (whole units: the request policy's step)."""
+    return {
+        "deviceClassName": contract.dra_device_class,
+        "allocationMode": "ExactCount",
+        "count": count,
+        "capacity": {"requests": {contract_.DRA_CAPACITY_MEMORY: f"{memory_mib}Mi"}},
+    }
+
+
+def _exactly(need: Need, container: ContainerNeed, contract: contract_.Contract) -> dict[str, Any]:
+    """A share of `memory_mib` (on `devices` GPUs), or `gpus` MIG devices of the profile."""
+    if container.mig_profile:
+        exactly: dict[str, Any] = {
+            "deviceClassName": contract.dra_mig_device_class,
+            "allocationMode": "ExactCount",
+            "count": container.gpus or 1,
+        }
+    else:
+        exactly = _share(contract, container.memory_mib, container.devices)
+    selectors = _selectors(need, container, contract)
+    if selectors:
+        exactly["selectors"] = selectors
+    return exactly
+
+
+def _mig_or_share(mig: dict[str, Any], memory_mib: int, contract: contract_.Contract) -> list[dict[str, Any]]:
+    """The MIG device, else a share of `memory_mib` on any GPU that holds it: the allocator keeps
+    the share off GPUs too small by their request policy, so no class selector is needed."""
+    return [{"name": SUBREQUEST_MIG, **mig}, {"name": SUBREQUEST_SHARE, **_share(contract, memory_mib)}]
+
+
 def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
     single = len(need.containers) == 1
     requests = []
     for container in need.containers:
+        name = request_name(container, single)
         if container.gpus and not container.mig_profile:
-            requests.append(_whole_gpus(need, container, contract, request_name(container, single)))
-            continue
-        exactly: dict[str, Any] = {
-            "deviceClassName": contract.dra_mig_device_class if container.mig_profile else contract.dra_device_class,
-            "allocationMode": "ExactCount",
-            "count": container.gpus or container.devices,
-        }
-        selectors = _selectors(need, container, contract)
-        if selectors:
-            exactly["selectors"] = selectors
-        if container.memory_mib:
-            exactly["capacity"] = {"requests": {contract_.DRA_CAPACITY_MEMORY: f"{container.memory_mib}Mi"}}
-        requests.append({"name": request_name(container, single), "exactly": exactly})
+            requests.append(_whole_gpus(need, container, contract, name))
+        elif container.or_memory_mib:
+            mig = _exactly(need, container, contract)
+            requests.append({"name": name, "firstAvailable": _mig_or_share(mig, container.or_memory_mib, contract)})
+        else:
+            requests.append({"name": name, "exactly": _exactly(need, container, contract)})
     return requests
 
 
 def _describe(need: Need) -> str:
-    """A readable part of the template name: 'mem-2048mi', 'mem-2048mi-x2' (on 2 GPUs), 'gpus-2', 'mig-1g.10gb'."""
+    """A readable part of the template name: 'mem-2048mi', 'mem-2048mi-x2' (on 2 GPUs), 'gpus-2', 'mig-1g.10gb',
+    'mig-1g.10gb-or-mem-9728mi'."""
     parts = []
     for container in need.containers:
         if container.mig_profile:
             parts.append(f"mig-{container.mig_profile.replace('+', '.')}")
+            if container.or_memory_mib:
+                parts.append(f"or-mem-{container.or_memory_mib}mi")
         elif container.gpus:
             parts.append(f"gpus-{container.gpus}")
         else:

@@ -3,7 +3,8 @@ JSON patch out. Pure and fast (the simulator calls it for every pod it places); 
 
 `mutate` is the flow of a pod; each step is its own module (docs/webhook.md explains the
 conversions for users):
-  annotations  read and check gpu-fraction / gpu-memory / isolation / num-devices, find the container
+  annotations  read and check gpu-fraction / gpu-memory / isolation / num-devices / mig-or-share,
+               find the container
   shares       a share of one GPU -> units (or a MIG device), choosing the GPU class (classchoice)
   wholegpus    nvidia.com/gpu: N (convertWholeGpus, no annotations) -> N GPUs of units of one class
   foreign      other systems' names (convertWholeGpus): NVIDIA's nvidia.com/mig-<profile> -> our MIG
@@ -152,8 +153,10 @@ def _convert(
 ) -> conversions.Conversion | None:
     """What the pod is converted to; None when nothing is (parsing.Invalid when it is refused)."""
     if annotated:
-        # Only DRA's allocator can keep N shares on N distinct GPUs (gpu-fraction-num-devices).
-        share = annotations_.read(spec, annotations, settings.contract, distinct_gpus=settings.dra.enabled)
+        # Only DRA's allocator can keep N shares on N distinct GPUs (gpu-fraction-num-devices), and
+        # only a claim's prioritized list can ask for a MIG slice, else a share (mig-or-share).
+        dra = settings.dra.enabled
+        share = annotations_.read(spec, annotations, settings.contract, distinct_gpus=dra, alternatives=dra)
         if share is None:
             return None
         other = foreign.names_in(spec, settings.contract)

@@ -1,5 +1,5 @@
 """Reading the values users write in annotations and resource maps: a share of a GPU, an amount
-of GPU memory, a count of GPUs or devices. Pure; no I/O.
+of GPU memory, a count of GPUs or devices, a switch. Pure; no I/O.
 
 Strict on purpose. Python's int(), float() and Decimal() accept "１２" (full-width digits), "1_0"
 and " 12 ", which Kubernetes' own quantity grammar and KAI's parsers do not: every value must
@@ -20,7 +20,19 @@ from typing import Any
 
 from kubernetes.utils import quantity
 
-__all__ = ["Invalid", "QUOTE_CHARS", "count", "cpu_milli", "cut", "fraction", "memory_mib", "quote", "request_quantity"]
+__all__ = [
+    "BOOLEAN_FORMS",
+    "Invalid",
+    "QUOTE_CHARS",
+    "boolean",
+    "count",
+    "cpu_milli",
+    "cut",
+    "fraction",
+    "memory_mib",
+    "quote",
+    "request_quantity",
+]
 
 # A denial quotes at most this much of a value: the message goes back to the user and into events.
 QUOTE_CHARS = 100
@@ -124,6 +136,19 @@ def count(name: str, value: Any, *, forms: str) -> int:
     if not _COUNT_RE.fullmatch(text) or int(text) > 2**31:
         raise Invalid(f"{name}={quote(text)} is not a whole number; accepted: {forms}")
     return int(text)
+
+
+BOOLEAN_FORMS = '"true" or "false"'
+
+
+def boolean(name: str, value: Any) -> bool:
+    """A switch: exactly "true" or "false", as Kubernetes writes them ("True", "yes" and "1" are
+    refused rather than guessed)."""
+    if value == "true":
+        return True
+    if value == "false":
+        return False
+    raise Invalid(f"{name}={quote(value)} is not a boolean; accepted: {BOOLEAN_FORMS}")
 
 
 def request_quantity(value: Any) -> decimal.Decimal:

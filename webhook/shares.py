@@ -4,7 +4,9 @@ class pin and the steering request, with the decision notes that explain them. P
 
   gpu-memory: "2000"       -> ceil(2000 / unit) units, kept off GPUs too small for it
   gpu-fraction: "0.5"      -> floor(0.5 x the units of one GPU of the class chosen), pinned to it
-  <prefix>/isolation: mig  -> one device of the smallest MIG profile that holds the memory
+  <prefix>/isolation: mig  -> one device of the smallest MIG profile that holds the memory;
+                           with mig-or-share "true" (DRA mode) else a share of that profile's
+                           memory in whole units (the decision's `orShareMiB`)
   gpu-fraction-num-devices: N (DRA mode) -> the same share on each of N distinct GPUs: the
                            decision's units and memoryMiB are the N shares' sum (what the promises
                            count), the container's units one share
@@ -178,6 +180,11 @@ def _mig(
         "migProfile": profile,
         "rule": "smallest MIG profile that holds the request",
     }
+    if share.or_share:
+        # The MIG slice stays the first choice, and the decision's units are its (a MIG slice
+        # promises nothing), as a whole-GPU list records its preferred class; the share holds at
+        # least what the slice would, rounded up to whole units as every share is.
+        decision["orShareMiB"] = contract_.units_for_mib(mib, contract.unit_mib) * contract.unit_mib
     return conversions.Conversion(
         conversions.KIND_MIG,
         resource,

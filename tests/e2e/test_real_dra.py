@@ -505,3 +505,58 @@ def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_
     # Both H100s are full now: a third pair waits.
     create_from_webhook(admin, core, resource_api, namespace, "pair-2", pair)
     k8skit.scheduling_failure(core, namespace, "pair-2", timeout=90, containing="cannot allocate all claims")
+
+
+def test_mig_or_share_takes_a_free_mig_slice_and_else_a_share_of_its_memory(
+    admin, core, namespace, resource_api, device_classes, dra_node
+):
+    """gpu-memory 9000 with gpuslice.io/isolation: mig and gpuslice.io/mig-or-share: "true": one request
+    listing the 1g.10gb slice, else a share of its 9728 MiB. While the node has a 1g.10gb slice free the
+    real allocator gives the pod one (the H100s are free too: the slice comes first); once both are taken,
+    the next pod gets a share of an H100 where a pod asking for the slice alone waits. Kubelet's DRA
+    manager and our plugin prepare each under the request the container references, with a MIG device's
+    environment or a share's."""
+    either = {"gpu-memory": "9000", "gpuslice.io/isolation": "mig", "gpuslice.io/mig-or-share": "true"}
+    names = [f"either-{i}" for i in range(3)]
+    template: dict[str, Any] = {}
+    for name in names:  # one at a time: which pod finds the slices taken is then known
+        template = create_from_webhook(admin, core, resource_api, namespace, name, either)
+        assert k8skit.bound_node(core, namespace, name, timeout=90) == dra_node.name
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert [a["name"] for a in request["firstAvailable"]] == ["mig", "share"]
+    claims = [read_json(resource_api, core, "claim", namespace, name) for name in names]
+    results = [claim["status"]["allocation"]["devices"]["results"] for claim in claims]
+    assert sorted((r["request"], r["device"]) for (r,) in results[:2]) == [
+        ("gpu/mig", "gpu-2-mig-2"),
+        ("gpu/mig", "gpu-2-mig-3"),
+    ]
+    (share,) = results[2]
+    assert share["request"] == "gpu/share" and share["device"] in ("gpu-0", "gpu-1"), share
+    assert share["consumedCapacity"] == {"memory": "9728Mi"} and share.get("shareID")
+
+    # Without mig-or-share the same pod waits: both 1g.10gb slices are taken.
+    plain = {"gpu-memory": "9000", "gpuslice.io/isolation": "mig"}
+    create_from_webhook(admin, core, resource_api, namespace, "mig-only", plain)
+    k8skit.scheduling_failure(core, namespace, "mig-only", timeout=90, containing="cannot allocate all claims")
+
+    # Prepared under the request "gpu" whichever alternative was taken: the container's one CDI device.
+    node = nodefile.load(DEMO_NODE)
+    uuids = {slices.device_name(g): g.uuid for g in node.gpus if not g.mig_enabled}
+    uuids.update(
+        {slices.mig_device_name(g, i): m.uuid for g in node.gpus if g.mig_enabled for i, m in enumerate(g.mig)}
+    )
+    for name, claim, (result,) in zip(names, claims, results, strict=True):
+        status, body = dra_node.harness.prepare(read_json(resource_api, core, "pod", namespace, name))
+        assert status == 200, body
+        uid = claim["metadata"]["uid"]
+        assert body["containers"]["main"] == [f"{CONTRACT.dra_cdi_kind}={cdi.device_name(uid, 'gpu')}"]
+        (prepared,) = body["claims"][name]
+        assert prepared["requests"] == ["gpu"] and prepared["device"] == result["device"]
+        assert prepared.get("shareID") == result.get("shareID")
+        (device,) = json.loads(dra_node.spec_file(uid).read_text())["devices"]
+        env = device["containerEdits"]["env"]
+        assert f"NVIDIA_VISIBLE_DEVICES={uuids[result['device']]}" in env, env
+        assert "GPUSLICE_MEMORY_LIMIT_MIB=9728" in env, env
+        # A share says its fraction of the GPU (38 of an H100's 318 units); a MIG device is all the container's.
+        assert any(e.startswith("GPUSLICE_GPU_FRACTION=") for e in env) is (result is share), env
+    assert dra_node.prepared_claims() == 3
