@@ -69,7 +69,7 @@ CREATE_CONCURRENCY = 32  # pod creates in flight in burst and compressed modes
 # Burst and compressed arrivals: the paced model is the median of this many draws of the order the
 # webhook converted the pods in (the run's own, and orders within what it cannot tell apart).
 PACED_DRAWS = 9
-REQUEUE_BACKOFF_SECONDS = 0.1  # the webhook's first requeue delay here (x2 each time, 5 at most: 3.1 s)
+REQUEUE_BACKOFF_SECONDS = 0.1  # the controller's first requeue delay here (x2 each time, 5 at most: 3.1 s)
 QUIET_SECONDS = 3.0  # burst/compressed: done once every pod is accounted for and nothing moved this long
 POD_TIMEOUT = 120.0  # sequential: longest wait for one pod's outcome
 
@@ -434,8 +434,8 @@ def _start_webhook(
     (directory / "tls.key").write_bytes(key)
     (directory / "tls.key").chmod(0o600)
     document = settings_document(settings)
-    # The requeuer recreates refused pods, as in a cluster; quickly, so that a burst's last
-    # recreation comes well inside the quiet time that ends the run.
+    # The controller (which reads this file too) recreates refused pods, as in a cluster; quickly,
+    # so that a burst's last recreation comes well inside the quiet time that ends the run.
     document["requeue"]["backoffSeconds"] = REQUEUE_BACKOFF_SECONDS
     (directory / "config.yaml").write_text(yaml.safe_dump(document))
     port = controlplane.free_port()
@@ -494,59 +494,66 @@ def _start_webhooks(
     return port, ca_pem
 
 
-def start_pacer(
+def start_controller(
     plane: controlplane.ControlPlane,
     config_file: str | os.PathLike[str],
     kubeconfig: str,
     *,
+    name: str = "controller",
     env: Mapping[str, str] | None = None,
     log_level: str = "WARNING",
 ) -> tuple[Any, int]:
-    """`gpuslice-pacer` as its own process on 127.0.0.1, once both its watches have listed;
-    (process, HTTP port). The replay and the end-to-end tests both start it this way."""
+    """`gpuslice-controller` as its own process on 127.0.0.1 with `name` as its identity, once its
+    watches have listed (leading or standing by); (process, HTTP port). The replay and the
+    end-to-end tests both start it this way."""
     port = controlplane.free_port()
     process = plane.spawn(
-        "pacer",
+        name,
         [
             sys.executable,
             "-m",
-            "gpuslice.pacer.main",
+            "gpuslice.controller.main",
             f"--config={config_file}",
             "--host=127.0.0.1",
             f"--port={port}",
             f"--kubeconfig={kubeconfig}",
+            f"--identity={name}",
             f"--log-level={log_level}",
         ],
         env={"PYTHONUNBUFFERED": "1", **(env or {})},
     )
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=3) as answer:  # noqa: S310
-                return bool(answer.status == 200)
-        except OSError:
-            return False
-
-    plane._wait(process, "gpuslice pacer", ready, timeout=60)
+    plane._wait(process, f"gpuslice {name}", functools.partial(controller_answers, port, "/readyz"), timeout=60)
     return process, port
 
 
-def _start_pacer(plane: controlplane.ControlPlane, webhook_port: int) -> Any:
-    """The pacer (pacing.enabled) on the webhook's config.yaml, as the chart runs it; once the
-    webhook at `webhook_port` has read its Lease (both use the admin kubeconfig and, with no
-    POD_NAMESPACE, the Lease in "default"), so that the burst is gated from its first pod."""
-    process, _ = start_pacer(
+def controller_answers(port: int, path: str, expected: bytes = b"") -> bool:
+    """Whether the controller at `port` answers `path` with 200 (and a body containing `expected`)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as answer:  # noqa: S310
+            return bool(answer.status == 200) and expected in answer.read()
+    except OSError:
+        return False
+
+
+def _start_controller(plane: controlplane.ControlPlane, webhook_port: int, pacing: bool) -> Any:
+    """The controller on the webhook's config.yaml, as the chart runs it, once it leads (with no
+    POD_NAMESPACE its Lease and journal are in "default"); with pacing, once the webhook at
+    `webhook_port` has seen its Lease renewed, so that the burst is gated from its first pod."""
+    process, port = start_controller(
         plane,
         plane.workdir / "webhook" / "config.yaml",
         str(plane.admin_kubeconfig),
-        log_level=os.environ.get("GPUSLICE_SIM_PACER_LOG", "WARNING"),
+        log_level=os.environ.get("GPUSLICE_SIM_CONTROLLER_LOG", "WARNING"),
     )
+    leading = functools.partial(controller_answers, port, "/metrics", b"\ngpuslice_controller_leading 1.0")
+    plane._wait(process, "the controller to lead", leading, timeout=60)
+    if pacing:
 
-    def gating() -> bool:
-        status, body = controlplane._https_get(f"https://127.0.0.1:{webhook_port}/metrics", plane.ca_file)
-        return status == 200 and b"\ngpuslice_webhook_pacer_alive 1.0" in body
+        def gating() -> bool:
+            status, body = controlplane._https_get(f"https://127.0.0.1:{webhook_port}/metrics", plane.ca_file)
+            return status == 200 and b"\ngpuslice_webhook_pacer_alive 1.0" in body
 
-    plane._wait(process, "the webhook to see the pacer's Lease", gating, timeout=60)
+        plane._wait(process, "the webhook to see the controller's Lease", gating, timeout=60)
     return process
 
 
@@ -616,7 +623,7 @@ def _figures(
     placements: bool = False,
 ) -> tuple[replay.Result, list[str], int]:
     """(the run in the model's terms, pods with no outcome, pods lost). `admission_failures` counts
-    every refusal by a kubelet; a refused pod the webhook's requeuer recreated is judged by what
+    every refusal by a kubelet; a refused pod the controller's requeuer recreated is judged by what
     became of the new one, and only a pod whose last outcome is a refusal is lost. `placements`:
     also each pod's line of --placements (Result.placements), from what the node plugins granted."""
     placed = lost = failed = denied = 0
@@ -735,8 +742,8 @@ async def _drive(
             )
             probe = trace.user_pod(trace.TracePod("gpuslice-sim-probe", 0, 0, 1, 500), contract, namespace=NAMESPACE)
             await _webhook_in_effect(api, probe)
-            if settings.pacing.enabled and not fleet.dra:
-                await asyncio.to_thread(_start_pacer, plane, port)
+            if (settings.requeue.enabled or settings.pacing.enabled) and not fleet.dra:
+                await asyncio.to_thread(_start_controller, plane, port, settings.pacing.enabled)
         outcomes = _Outcomes(fleet)
         watch = asyncio.create_task(
             kube_api.follow(api, f"/api/v1/namespaces/{NAMESPACE}/pods", outcomes.on_event), name="pods-watch"
@@ -1089,7 +1096,7 @@ def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]])
     lines += [
         "",
         "unsched = the scheduler found no node (PodScheduled False); refused = refusals by a node's kubelet "
-        "(UnexpectedAdmissionError; the webhook's requeuer recreates a refused pod, which counts by what became "
+        "(UnexpectedAdmissionError; the controller's requeuer recreates a refused pod, which counts by what became "
         "of it, and a pod refused at its last attempt is lost); wall = first create to last outcome (model: its "
         "run time);",
         "model = labels seen at once; paced = the model with each node's labels written at most once per "

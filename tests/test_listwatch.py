@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from gpuslice import config, listwatch
+from gpuslice.controller import requeue
 from gpuslice.deviceplugin import nodepods
 from gpuslice.dra import slicewatch
 from gpuslice.pacer import controller
-from gpuslice.controller import requeue
 from gpuslice.webhook import cluster, nodewatch, waiting
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,7 @@ import kubernetes
 import pytest
 
 from gpuslice.deviceplugin import nodefile
-from gpuslice.sim import controlplane
+from gpuslice.sim import controlplane, kube_replay
 
 HERE = pathlib.Path(__file__).resolve().parent
 _NOT_RUN: list[pytest.Item] = []
@@ -100,9 +101,30 @@ def workdir(cluster: controlplane.ControlPlane, request: pytest.FixtureRequest) 
 
 
 @dataclasses.dataclass
+class Controller:
+    """A gpuslice-controller process: its HTTP port and identity in the Lease."""
+
+    process: Any
+    port: int
+    identity: str
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as answer:  # noqa: S310
+            text = answer.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((f"{name}{{", f"{name} "))
+        )
+
+    @property
+    def leading(self) -> bool:
+        return self.metric("gpuslice_controller_leading") == 1
+
+
+@dataclasses.dataclass
 class Release:
     """charts/gpuslice installed with webhook.externalURL, and the webhook it points at running here as a
-    process with the chart's certificate, the chart's config.yaml and its ServiceAccount's identity."""
+    process with the chart's certificate, the chart's config.yaml and its ServiceAccount's identity;
+    the controller too, as a process with its ServiceAccount's identity (no kubelet runs pods here)."""
 
     plane: controlplane.ControlPlane
     core: kubernetes.client.CoreV1Api
@@ -112,6 +134,7 @@ class Release:
     values: dict[str, Any]
     directory: pathlib.Path
     webhook: k8skit.Webhook | None = None
+    controllers: list[Controller] = dataclasses.field(default_factory=list)
 
     @property
     def fullname(self) -> str:
@@ -143,14 +166,46 @@ class Release:
             self.plane.stop_process(self.webhook.process)
             self.webhook = None
 
+    def start_controller(self, identity: str = "controller-0") -> Controller | None:
+        """A controller replica on the chart's config.yaml, with its ServiceAccount and namespace, once
+        its watches have listed; None where the chart runs no controller."""
+        account = f"{self.fullname}-controller"
+        try:
+            self.core.read_namespaced_service_account(account, self.namespace)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        directory = self.directory / identity
+        directory.mkdir(exist_ok=True)
+        (directory / "config.yaml").write_text(self.config_yaml())
+        process, port = kube_replay.start_controller(
+            self.plane,
+            directory / "config.yaml",
+            self.kubeconfig_of(account),
+            name=f"{identity}-{self.name}",
+            env={"POD_NAMESPACE": self.namespace},  # as the chart's downward API gives it
+            log_level="DEBUG",
+        )
+        controller = Controller(process, port, f"{identity}-{self.name}")
+        self.controllers.append(controller)
+        return controller
+
+    def stop_controller(self, controller: Controller) -> None:
+        self.plane.stop_process(controller.process)
+        self.controllers.remove(controller)
+
     def upgrade(self, values: dict[str, Any]) -> None:
-        """`helm upgrade` with new values, then the webhook restarted on the new config.yaml."""
+        """`helm upgrade` with new values, then the webhook and a controller restarted on the new config.yaml."""
         self.values = values
         k8skit.install_chart(
             self.plane.admin_kubeconfig, self.name, self.namespace, values, self.directory, upgrade=True
         )
         self.stop_webhook()
+        for controller in list(self.controllers):
+            self.stop_controller(controller)
         self.start_webhook()
+        self.start_controller()
 
     def admissions(self) -> float:
         """AdmissionReviews the webhook has answered so far (its own Prometheus counter)."""
@@ -177,17 +232,20 @@ def release_values(port: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def release(cluster: controlplane.ControlPlane, core: kubernetes.client.CoreV1Api) -> Iterator[Release]:
-    """The chart installed once for the session (release gpuslice-e2e), its webhook running."""
+    """The chart installed once for the session (release gpuslice-e2e), its webhook and a controller running."""
     port = k8skit.free_port()
     directory = cluster.workdir / "release"
     directory.mkdir(exist_ok=True)
     installed = Release(cluster, core, "e2e", "gpuslice-e2e", port, release_values(port), directory)
     k8skit.install_chart(cluster.admin_kubeconfig, installed.name, installed.namespace, installed.values, directory)
     installed.start_webhook()
+    installed.start_controller()
     try:
         yield installed
     finally:
         installed.stop_webhook()
+        for controller in list(installed.controllers):
+            installed.stop_controller(controller)
         k8skit.helm(
             cluster.admin_kubeconfig, "uninstall", installed.name, "--namespace", installed.namespace, check=False
         )

@@ -25,8 +25,8 @@ import yaml
 
 from gpuslice import config as config_
 from gpuslice import contract as contract_
+from gpuslice.controller import requeue, requeue_journal
 from gpuslice.sim import controlplane
-from gpuslice.webhook import requeue, requeue_journal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
@@ -190,7 +190,7 @@ def test_a_burst_of_replicas_ahead_of_the_labels_loses_no_replica(
     print(f"{scheduler_profile}: burst of {replicas}: {refusals} kubelet refusals, all replaced")
 
 
-def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_webhook_requeues_the_refused(
+def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_controller_requeues_the_refused(
     release: Any,
     core: kubernetes.client.CoreV1Api,
     scheduler_profile: str,
@@ -199,7 +199,7 @@ def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_webhook_requeue
 ) -> None:
     # The same four shares as bare pods created back to back (no ReplicaSet slow start): the
     # scheduler binds them before any label moves, and without a controller a refused pod would
-    # stay Failed. The webhook's requeuer (config.requeue, on in the chart) recreates it.
+    # stay Failed. The controller's leader (config.requeue, on in the chart) recreates it.
     names = [f"bare-{i}" for i in range(2 * NODES)]
     for name in names:
         pod = k8skit.pod_object(
@@ -232,25 +232,29 @@ def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_webhook_requeue
     print(f"{scheduler_profile}: {len(names)} bare pods: {refusals} kubelet refusals, all requeued")
 
 
-def test_a_requeue_a_dead_webhook_left_half_done_is_finished_from_its_journal(
+def test_a_requeue_a_dead_leader_left_half_done_is_finished_from_its_journal(
     release: Any, core: kubernetes.client.CoreV1Api, namespace: str
 ) -> None:
-    # As the webhook's ServiceAccount under the chart's RBAC: a requeuer writes down a refused
-    # pod's replacement and deletes the pod, then dies before its create. The next requeuer's
-    # pass (another replica, or this one restarted) creates it from the journal.
+    # As the controller's ServiceAccount under the chart's RBAC: a requeuer writes down a refused
+    # pod's replacement and deletes the pod, then dies before its create. The next leader's pass
+    # (the standby taking over, or this one restarted) creates it from the journal.
     settings = config_.Config()
-    own = kubernetes.client.CoreV1Api(k8skit.api_client(release.kubeconfig_of(f"{release.fullname}-webhook")))
+    own = kubernetes.client.CoreV1Api(k8skit.api_client(release.kubeconfig_of(f"{release.fullname}-controller")))
     pod = k8skit.pod_object(
         "half-requeued", annotations={CONTRACT.decision_annotation: "{}"}, nodeSelector={GROUP: "none"}
     )
     created = core.create_namespaced_pod(namespace, pod)
     refused = core.api_client.sanitize_for_serialization(created)
-    dead = requeue.Requeuer(own, settings, registry=prometheus_client.CollectorRegistry(), namespace=release.namespace)
+    dead = requeue.Requeuer(
+        own, settings, registry=prometheus_client.CollectorRegistry(), namespace=release.namespace, leading=True
+    )
     assert asyncio.run(dead.journal.write(created.metadata.uid, requeue.replacement(refused, CONTRACT)))
     own.delete_namespaced_pod("half-requeued", namespace, grace_period_seconds=0)
     k8skit.wait_for("the pod to be gone", lambda: "half-requeued" not in _pod_names(core, namespace))
 
-    after = requeue.Requeuer(own, settings, registry=prometheus_client.CollectorRegistry(), namespace=release.namespace)
+    after = requeue.Requeuer(
+        own, settings, registry=prometheus_client.CollectorRegistry(), namespace=release.namespace, leading=True
+    )
     done = asyncio.run(after.finish_journal(grace_seconds=0))
     assert done.created == [f"{namespace}/half-requeued"], done
     again = core.read_namespaced_pod("half-requeued", namespace)
@@ -264,12 +268,12 @@ def test_a_requeue_a_dead_webhook_left_half_done_is_finished_from_its_journal(
     assert asyncio.run(after.journal.recover(after._create, grace_seconds=0)) == requeue_journal.Recovered()
 
 
-def test_the_webhook_may_write_only_its_journals_configmaps(
+def test_the_controller_may_write_only_its_journals_configmaps(
     release: Any, core: kubernetes.client.CoreV1Api, admin: kubernetes.client.ApiClient
 ) -> None:
-    # The chart's Role lets the webhook create and delete any ConfigMap of its namespace (RBAC cannot
+    # The chart's Role lets the controller create and delete any ConfigMap of its namespace (RBAC cannot
     # name objects not made yet); its ValidatingAdmissionPolicy narrows that to journal entries.
-    own = kubernetes.client.CoreV1Api(k8skit.api_client(release.kubeconfig_of(f"{release.fullname}-webhook")))
+    own = kubernetes.client.CoreV1Api(k8skit.api_client(release.kubeconfig_of(f"{release.fullname}-controller")))
     journal = requeue_journal.Journal(own, release.namespace, CONTRACT)
     chart_config = f"{release.fullname}-config"
 
@@ -292,7 +296,7 @@ def test_the_webhook_may_write_only_its_journals_configmaps(
 
     k8skit.wait_for("the journal policy to be in force", in_force, timeout=60, interval=0.5)
     policy = kubernetes.client.AdmissionregistrationV1Api(admin).read_validating_admission_policy(
-        f"{release.fullname}-webhook-requeue-journal"
+        f"{release.fullname}-controller-requeue-journal"
     )
     assert not (policy.status and policy.status.type_checking and policy.status.type_checking.expression_warnings)
 

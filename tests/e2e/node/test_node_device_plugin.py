@@ -1,8 +1,9 @@
 """The chart in device-plugin mode on the real node, installed with `helm install` as a user would:
 the plugin DaemonSet pod (our image, NVML from the node's driver root, here the NVML built on
 go-nvml's mock DGX A100 with GPU 0 in MIG mode) registers with the real kubelet, the webhook runs as
-the chart's pods and the API server calls it through its Service's endpoints, and pods written for
-KAI run with the share they asked for."""
+the chart's pods and the API server calls it through its Service's endpoints, the controller's two
+pods elect a leader that requeues what kubelet refuses, and pods written for KAI run with the share
+they asked for."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def release(
     try:
         installed.wait_ready("device-plugin")
         installed.wait_ready("webhook", count=2)
+        installed.wait_ready("controller", count=2)
         # kubelet posts what the plugin registered with the Node's status a few seconds later
         k8skit.wait_for(
             "the units in the node's allocatable",
@@ -165,8 +167,8 @@ def test_a_pod_whose_units_would_span_gpus_is_refused_by_kubelet_then_requeued_a
     node_core, node_namespace, release
 ):
     """A converted pod bound by spec.nodeName skips the scheduler and the steering labels: kubelet
-    must refuse it when no single GPU holds its units (UnexpectedAdmissionError), and the webhook's
-    requeuer recreates it unbound, so that it waits for room instead of being lost."""
+    must refuse it when no single GPU holds its units (UnexpectedAdmissionError), and the leader of
+    the controller's pods recreates it unbound, so that it waits for room instead of being lost."""
     fillers = [f"filler-{i}" for i in range(SHARED_GPUS)]
     for name in fillers:  # 0.6 of a GPU each: no two share a GPU, each GPU keeps 0.4 free
         node_core.create_namespaced_pod(node_namespace, nodepods.kai_pod(name, {"gpu-fraction": "0.6"}))
@@ -195,6 +197,12 @@ def test_a_pod_whose_units_would_span_gpus_is_refused_by_kubelet_then_requeued_a
 
     again = k8skit.wait_for("the requeued pod", requeued, 60)
     assert again.metadata.annotations[CONTRACT.requeues_annotation] == "1"
+    # One of the two controller pods leads, by the Lease the chart names after the release.
+    lease = kubernetes.client.CoordinationV1Api(node_core.api_client).read_namespaced_lease(
+        f"{release.fullname}-controller", release.namespace
+    )
+    controllers = {p.metadata.name for p in release.wait_ready("controller", count=2)}
+    assert len(controllers) == 2 and lease.spec.holder_identity in controllers, (lease.spec, controllers)
     assert again.spec.node_name is None  # unbound: it waits for the scheduler and the labels
     node_core.delete_namespaced_pod(fillers[0], node_namespace, grace_period_seconds=0)
     pod = nodepods.running(node_core, node_namespace, "pinned", timeout=120)
