@@ -182,8 +182,9 @@ class PacingConfig:
     # Webhook: gate every converted device-plugin pod while a controller leads (controller.lease*).
     # Device plugin: write every allocation to the labels at once (the pacer waits for them).
     enabled: bool = False
-    # Controller: released pods the scheduler has not yet bound (nor found unschedulable) at any moment.
-    max_in_flight: int = 1
+    # Controller: released pods the scheduler has not yet bound (nor found unschedulable) at any moment;
+    # each goes only where it cannot race the others (pacer/room.py).
+    max_in_flight: int = 32
     # Controller: seconds a released pod counts as in flight at most, bound or not.
     bind_timeout_seconds: float = 10.0
     # Controller: seconds a node may lag before the pacer stops waiting for it (a node whose kubelet does not

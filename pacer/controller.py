@@ -4,20 +4,21 @@ Two watches (gpuslice.listwatch) feed it: every pod not finished, cluster-wide, 
 From them the ledger (pacer/ledger.py) knows which nodes lag. The release loop removes the gate of
 the next gated pod (pacer/release.py, in order of priority and age) when fewer than
 `pacing.maxInFlight` released pods are still on their way to the scheduler (neither bound nor
-marked unschedulable, for at most `pacing.bindTimeoutSeconds`) and no node the pod could be placed
-on (pacer/selection.py) lags, or has lagged for less than `pacing.lagTimeoutSeconds`. It watches
+marked unschedulable, for at most `pacing.bindTimeoutSeconds`) and, on every node the pod could be
+placed on (pacer/selection.py), it fits beside every pod that could land there too: the pods in
+flight that could be placed there and those bound there that its labels do not count yet
+(pacer/room.py: GPUs touched against the GPUs the labels show free). A node that has lagged for
+`pacing.lagTimeoutSeconds` holds no one back (its kubelet admits nothing). It watches
 on every controller replica but releases only on the leader (`set_leading`, controller/leader.py),
 whose Lease the webhook reads: it gates only while a leader renews it. A replica that takes over
 counts the pods its predecessor released and the scheduler has not placed yet as in flight, where
 they could be anywhere.
 
-With one pod in flight (the default) no two released pods can meet on a node whose labels have not
-caught up: the next goes only once the last is bound and the labels of its node count it. With
-more, a pod also waits while a pod in flight could be placed on one of the nodes it could be placed
-on (their node selections, by the labels at release): pods pinned to different GPU classes go
-together, two of one class do not. A burst
-then runs at the pace of one scheduling round trip and one label write per pod; a pod that asks
-for no device (a CPU pod the webhook gated to keep its place in line) goes as soon as it is first.
+So pods go together wherever they cannot race: to different GPU classes, and within a class while
+the nodes they could share have a free GPU for each. Where a node has no free GPU left for the
+next one, that pod waits until the pods that could land there are placed and the labels count
+them. A pod that asks for no device (a CPU pod the webhook gated to keep its place in line) goes as
+soon as it is first.
 
 May import gpuslice.{backoff,config,contract,listwatch,timeouts}, the pacer's own modules, prometheus_client
 and the kubernetes client.
@@ -38,7 +39,7 @@ import prometheus_client
 
 from gpuslice import config, listwatch, timeouts
 from gpuslice.pacer import ledger as ledger_
-from gpuslice.pacer import release, selection
+from gpuslice.pacer import release, room, selection
 
 __all__ = ["Pacer"]
 
@@ -142,9 +143,11 @@ class Pacer:
         self._released: set[str] = set()  # released, until the pod is bound or goes
         self._in_flight: dict[str, float] = {}  # released, not bound or unschedulable: uid -> deadline
         self._flight_nodes: dict[str, frozenset[str]] = {}  # uid in flight -> nodes it could be placed on
+        self._flight_demand: dict[str, dict[str, int]] = {}  # uid in flight -> what it takes (ledger.pod_demand)
         self._attempts: dict[str, int] = {}
         self._seen: dict[str, int] = {}  # uid -> the order the pacer first saw it in
-        self._loose: set[str] = set()  # released by anyone, taking a device, not yet bound nor unschedulable
+        # released by anyone, taking a device, not yet bound nor unschedulable -> what it takes
+        self._loose: dict[str, dict[str, int]] = {}
         self._counter = itertools.count()
         self.pods = _Pods(api, self)
         self.nodes = _Nodes(api, self)
@@ -162,7 +165,8 @@ class Pacer:
         for uid in set(self._in_flight) - listed:
             del self._in_flight[uid]
         self._released &= listed
-        self._loose &= listed
+        for uid in set(self._loose) - listed:
+            del self._loose[uid]
         for uid in set(self._seen) - listed:
             del self._seen[uid]
         # A list comes by name; pods not seen yet are taken in the order they were last written,
@@ -180,7 +184,7 @@ class Pacer:
             self._released.discard(uid)
             self._attempts.pop(uid, None)
             self._seen.pop(uid, None)
-            self._loose.discard(uid)
+            self._loose.pop(uid, None)
         else:
             self.ledger.update_pod(pod)
             self._track(pod)
@@ -199,15 +203,11 @@ class Pacer:
             self._seen[uid] = next(self._counter)
         entry = release.gated(pod, self.contract, self._seen[uid]) if uid not in self._released else None
         spec = pod.get("spec") or {}
-        if (
-            not bound
-            and not _unschedulable(pod)
-            and not spec.get("schedulingGates")
-            and ledger_.pod_demand(spec, self.contract)
-        ):
-            self._loose.add(uid)
+        demand = ledger_.pod_demand(spec, self.contract) if not bound and not spec.get("schedulingGates") else {}
+        if demand and not _unschedulable(pod):
+            self._loose[uid] = demand
         else:
-            self._loose.discard(uid)
+            self._loose.pop(uid, None)
         if entry is None:
             self._gated.pop(uid, None)
         elif uid not in self._gated or self._gated[uid].resource_version != entry.resource_version:
@@ -220,9 +220,11 @@ class Pacer:
         self.leading = leading
         if leading:
             until = asyncio.get_running_loop().time() + self.settings.pacing.bind_timeout_seconds
-            for uid in self._loose - set(self._in_flight):
-                self._in_flight[uid] = until
-                self._flight_nodes.pop(uid, None)
+            for uid, demand in self._loose.items():
+                if uid not in self._in_flight:
+                    self._in_flight[uid] = until
+                    self._flight_nodes.pop(uid, None)
+                    self._flight_demand[uid] = demand
         self.changed.set()
 
     # --- releasing -----------------------------------------------------------------------------
@@ -259,19 +261,18 @@ class Pacer:
                 while (entry := self._next()) is not None:
                     # A pod that asks for no device (a CPU pod the webhook gated to keep its place in
                     # line) cannot be refused by a device plugin: it goes as soon as it is first.
-                    devices = bool(ledger_.pod_demand(entry.spec, self.contract))
-                    if devices and (
-                        len(self._in_flight) >= pacing.max_in_flight or self._waits_for(entry, loop.time())
-                    ):
-                        break  # a binding or a label write wakes us
-                    # Where it could go matters only beside other pods in flight (maxInFlight > 1).
-                    nodes = self._candidates(entry) if devices and pacing.max_in_flight > 1 else frozenset()
-                    if self._meets_in_flight(nodes):
-                        break
+                    demand = ledger_.pod_demand(entry.spec, self.contract)
+                    nodes: frozenset[str] = frozenset()
+                    if demand:
+                        if len(self._in_flight) >= pacing.max_in_flight:
+                            break  # a binding wakes us
+                        nodes = self._candidates(entry)
+                        if not self._has_room(demand, nodes, loop.time()):
+                            break  # a binding or a label write wakes us
                     heapq.heappop(self._queue)
                     del self._gated[entry.uid]
-                    until = loop.time() + pacing.bind_timeout_seconds if devices else None
-                    await self._release(entry, until, nodes)
+                    until = loop.time() + pacing.bind_timeout_seconds if demand else None
+                    await self._release(entry, until, nodes, demand)
                 self.metrics.gated.set(len(self._gated))
                 self.metrics.lagging.set(len(self.ledger.lagging))
                 # Wake for the first in-flight deadline, and for a lag about to time out.
@@ -289,33 +290,49 @@ class Pacer:
                 task.cancel()
             await asyncio.gather(*feeds, return_exceptions=True)
 
-    def _waits_for(self, entry: release.Gated, now: float) -> bool:
-        """Whether a node the pod could be placed on lags (for less than lagTimeoutSeconds)."""
-        limit = self.settings.pacing.lag_timeout_seconds
-        for name, since in self.ledger.lagging.items():
-            if now - since < limit and selection.admits(entry.spec, name, self.ledger.labels(name)):
-                return True
-        return False
-
     def _candidates(self, entry: release.Gated) -> frozenset[str]:
         """The nodes the pod could be placed on, by their labels now."""
         return frozenset(n for n in self.ledger.names() if selection.admits(entry.spec, n, self.ledger.labels(n)))
 
-    def _meets_in_flight(self, mine: frozenset[str]) -> bool:
-        """Whether a node of `mine` (where a pod could be placed) is one a pod in flight could be
-        placed on too: released together, the two could land there before its labels count the
-        first. (With one pod in flight at most, the default, the count above already holds it back.)"""
+    def _has_room(self, demand: dict[str, int], nodes: frozenset[str], now: float) -> bool:
+        """Whether a pod taking `demand` fits, on each node of `nodes` (where it could be placed), beside
+        every pod that could land there too: in flight and possibly placed there (anywhere, for one
+        in flight since before this pacer knew where it could go), and bound there but not yet in its
+        labels (pacer/room.py). A node that lags with no such pod known waits as before; one that
+        has lagged for lagTimeoutSeconds admits nothing and holds no one back."""
         for uid in set(self._flight_nodes) - set(self._in_flight):
             del self._flight_nodes[uid]
-        if not self._in_flight:
-            return False
-        if any(uid not in self._flight_nodes for uid in self._in_flight):
-            return True  # in flight since before this pacer knew where it could go: assume anywhere
-        return any(not mine.isdisjoint(nodes) for nodes in self._flight_nodes.values())
+        for uid in set(self._flight_demand) - set(self._in_flight):
+            del self._flight_demand[uid]
+        anywhere = [self._flight_demand.get(uid, {}) for uid in self._in_flight if uid not in self._flight_nodes]
+        landing: dict[str, list[dict[str, int]]] = {}
+        for uid, where in self._flight_nodes.items():
+            for name in where & nodes:
+                landing.setdefault(name, []).append(self._flight_demand.get(uid, {}))
+        limit = self.settings.pacing.lag_timeout_seconds
+        for name in nodes:
+            since = self.ledger.lagging.get(name)
+            if since is not None and now - since >= limit:
+                continue
+            unlabelled = self.ledger.unlabelled(name)
+            if since is not None and not unlabelled:
+                return False  # lagging for a reason the ledger cannot name: wait for its labels
+            others = [*anywhere, *landing.get(name, ()), *unlabelled]
+            if others and not room.fit_together(
+                [demand, *others], self.ledger.allocatable(name), self.ledger.labels(name), self.contract
+            ):
+                return False
+        return True
 
-    async def _release(self, entry: release.Gated, deadline: float | None, nodes: frozenset[str] = frozenset()) -> None:
+    async def _release(
+        self,
+        entry: release.Gated,
+        deadline: float | None,
+        nodes: frozenset[str] = frozenset(),
+        demand: dict[str, int] | None = None,
+    ) -> None:
         """Let `entry` go; until `deadline` (None: it takes no device) it counts as in flight, with
-        `nodes` where it could be placed."""
+        `nodes` where it could be placed and `demand` what it takes."""
         attempts = self._attempts.get(entry.uid, 0)
         ops = release.patch(entry, self.contract)
         try:
@@ -344,6 +361,7 @@ class Pacer:
             if deadline is not None:
                 self._in_flight[entry.uid] = deadline
                 self._flight_nodes[entry.uid] = nodes
+                self._flight_demand[entry.uid] = demand or {}
             self.metrics.released.labels("device" if deadline is not None else "none").inc()
             return
         # Refused (its version moved on) or not answered: wait a little, longer each time, and take

@@ -8,6 +8,9 @@ no longer hold. The rule needs no memory of what was released: a pod bound by an
 pod that ends or is refused stops counting (kubelet's release then only makes the labels lower,
 never higher, than the rule allows), and events of the two watches may come in either order.
 
+While a node lags, the pods bound to it since it last did not (`unlabelled`) are the ones its
+labels do not count yet: the pacer counts them as landing there, beside the pods it released.
+
 May import gpuslice.{contract,podrequests} only.
 """
 
@@ -55,6 +58,8 @@ class _Node:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     free_labels: dict[str, int] = dataclasses.field(default_factory=dict)  # resource -> the label's count
     bound: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    # uid -> demand of the pods bound since the node last caught up: what its labels may not count yet
+    unlabelled: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 class Ledger:
@@ -75,6 +80,15 @@ class Ledger:
     def labels(self, name: str) -> Mapping[str, str]:
         record = self._nodes.get(name)
         return record.labels if record is not None else {}
+
+    def allocatable(self, name: str) -> Mapping[str, int]:
+        record = self._nodes.get(name)
+        return record.allocatable if record is not None else {}
+
+    def unlabelled(self, name: str) -> list[dict[str, int]]:
+        """The demand of each pod bound to the node that its labels may not count yet (empty unless it lags)."""
+        record = self._nodes.get(name)
+        return list(record.unlabelled.values()) if record is not None else []
 
     # --- nodes ---------------------------------------------------------------------------------
     def update_node(self, node: Mapping[str, Any]) -> None:
@@ -134,6 +148,7 @@ class Ledger:
         self._pods[uid] = (node, demand)
         record = self._nodes.setdefault(node, _Node())
         record.bound.update(demand)
+        record.unlabelled[uid] = demand
         self._judge(node)
 
     def forget_pod(self, uid: str) -> None:
@@ -145,6 +160,7 @@ class Ledger:
         record = self._nodes.get(node)
         if record is not None:
             record.bound.subtract(demand)
+            record.unlabelled.pop(uid, None)
             self._judge(node)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
@@ -165,3 +181,5 @@ class Ledger:
             self.lagging.setdefault(name, self.clock())
         else:
             self.lagging.pop(name, None)
+            if record is not None:
+                record.unlabelled.clear()  # the labels count every pod bound to it

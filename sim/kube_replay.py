@@ -467,13 +467,14 @@ def _webhook_ready(plane: controlplane.ControlPlane, port: int) -> bool:
 
 def _start_webhooks(
     plane: controlplane.ControlPlane, settings: config.Config, replicas: int | None
-) -> tuple[int, bytes]:
+) -> tuple[int, bytes, list[int]]:
     """The webhook, or (`replicas`) that many webhook processes behind a round-robin TCP proxy
     (sim/rrproxy.py), as a Service spreads the API server's connections over a Deployment's pods
-    (one replica behind it too, so that a comparison differs in the replicas alone); (port, CA PEM)."""
+    (one replica behind it too, so that a comparison differs in the replicas alone); (port the API
+    server calls, CA PEM, each replica's own port)."""
     if replicas is None:
         _, port, ca_pem = _start_webhook(plane, settings)
-        return port, ca_pem
+        return port, ca_pem, [port]
     ports = []
     for i in range(replicas):
         _, backend, ca_pem = _start_webhook(plane, settings, "webhook" if i == 0 else f"webhook-{i}")
@@ -491,7 +492,7 @@ def _start_webhooks(
     )
 
     plane._wait(proxy, "the webhook proxy", functools.partial(_webhook_ready, plane, port), timeout=30)
-    return port, ca_pem
+    return port, ca_pem, ports
 
 
 def start_controller(
@@ -535,10 +536,11 @@ def controller_answers(port: int, path: str, expected: bytes = b"") -> bool:
         return False
 
 
-def _start_controller(plane: controlplane.ControlPlane, webhook_port: int, pacing: bool) -> Any:
+def _start_controller(plane: controlplane.ControlPlane, webhook_ports: Sequence[int], pacing: bool) -> Any:
     """The controller on the webhook's config.yaml, as the chart runs it, once it leads (with no
-    POD_NAMESPACE its Lease and journal are in "default"); with pacing, once the webhook at
-    `webhook_port` has seen its Lease renewed, so that the burst is gated from its first pod."""
+    POD_NAMESPACE its Lease and journal are in "default"); with pacing, once every webhook replica
+    (`webhook_ports`, each asked directly) has seen its Lease renewed, so that the burst is gated
+    from its first pod."""
     process, port = start_controller(
         plane,
         plane.workdir / "webhook" / "config.yaml",
@@ -550,8 +552,11 @@ def _start_controller(plane: controlplane.ControlPlane, webhook_port: int, pacin
     if pacing:
 
         def gating() -> bool:
-            status, body = controlplane._https_get(f"https://127.0.0.1:{webhook_port}/metrics", plane.ca_file)
-            return status == 200 and b"\ngpuslice_webhook_pacer_alive 1.0" in body
+            for port in webhook_ports:
+                status, body = controlplane._https_get(f"https://127.0.0.1:{port}/metrics", plane.ca_file)
+                if status != 200 or b"\ngpuslice_webhook_pacer_alive 1.0" not in body:
+                    return False
+            return True
 
         plane._wait(process, "the webhook to see the controller's Lease", gating, timeout=60)
     return process
@@ -735,7 +740,7 @@ async def _drive(
         )
         await fleet.create_nodes()
         if configuration.sharing:
-            port, ca_pem = await asyncio.to_thread(_start_webhooks, plane, settings, webhook_replicas)
+            port, ca_pem, replica_ports = await asyncio.to_thread(_start_webhooks, plane, settings, webhook_replicas)
             await api.create(
                 "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
                 _webhook_configuration(port, ca_pem, side_effects="NoneOnDryRun" if fleet.dra else "None"),
@@ -743,7 +748,7 @@ async def _drive(
             probe = trace.user_pod(trace.TracePod("gpuslice-sim-probe", 0, 0, 1, 500), contract, namespace=NAMESPACE)
             await _webhook_in_effect(api, probe)
             if (settings.requeue.enabled or settings.pacing.enabled) and not fleet.dra:
-                await asyncio.to_thread(_start_controller, plane, port, settings.pacing.enabled)
+                await asyncio.to_thread(_start_controller, plane, replica_ports, settings.pacing.enabled)
         outcomes = _Outcomes(fleet)
         watch = asyncio.create_task(
             kube_api.follow(api, f"/api/v1/namespaces/{NAMESPACE}/pods", outcomes.on_event), name="pods-watch"

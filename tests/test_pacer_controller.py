@@ -18,8 +18,14 @@ UNITS = CONTRACT.gpu_memory_resource
 CLASS = CONTRACT.label_gpu_memory_mib
 
 
-def node(name: str, memory: str = "81559", free: int = 636) -> dict[str, Any]:
-    labels = {CLASS: memory, CONTRACT.label_free_units: str(free)}
+def node(name: str, memory: str = "81559", free: int = 636, free_gpus: int = 2) -> dict[str, Any]:
+    """A node of 2 GPUs of 318 units."""
+    labels = {
+        CLASS: memory,
+        CONTRACT.label_free_units: str(free),
+        CONTRACT.label_gpu_count: "2",
+        CONTRACT.label_free_gpus: str(free_gpus),
+    }
     return {"metadata": {"name": name, "labels": labels}, "status": {"allocatable": {UNITS: "636"}}}
 
 
@@ -73,7 +79,7 @@ def test_a_newer_version_of_a_gated_pod_replaces_the_one_in_line() -> None:
     assert entry is not None and entry.resource_version == "5"
 
 
-def test_a_pod_waits_only_for_lagging_nodes_it_could_be_placed_on() -> None:
+def test_a_pod_beside_one_its_node_s_labels_do_not_count_goes_only_where_both_fit() -> None:
     paced = pacer()
     paced.on_pod("ADDED", pod("h100-pod"))
     paced.on_pod("ADDED", pod("h200-pod", memory="143771"))
@@ -81,12 +87,20 @@ def test_a_pod_waits_only_for_lagging_nodes_it_could_be_placed_on() -> None:
     assert set(paced.ledger.lagging) == {"h100-a"}
     entries = {e.name: e for e in paced._queue}
     now = paced.ledger.lagging["h100-a"]
-    assert paced._waits_for(entries["h100-pod"], now)
-    assert not paced._waits_for(entries["h200-pod"], now)
+    h100, h200 = (paced._candidates(entries[n]) for n in ("h100-pod", "h200-pod"))
+    assert (h100, h200) == ({"h100-a"}, {"h200-a"})
+    share = {UNITS: 191}
+    # The bound pod and this one touch two GPUs at most, and the labels show two free: no order of
+    # admission can refuse either.
+    assert paced._has_room(share, h100, now)
+    paced.nodes.apply("MODIFIED", node("h100-a", free_gpus=1))  # one free GPU: the two could meet on it
+    assert "h100-a" in paced.ledger.lagging and not paced._has_room(share, h100, now)
+    assert paced._has_room(share, h200, now)  # another class's node is not in the way
     # A node that lags longer than lagTimeoutSeconds (its kubelet admits nothing) holds no one back.
-    assert not paced._waits_for(entries["h100-pod"], now + SETTINGS.pacing.lag_timeout_seconds)
-    paced.nodes.apply("MODIFIED", node("h100-a", free=636 - 191))
-    assert not paced._waits_for(entries["h100-pod"], now)
+    assert paced._has_room(share, h100, now + SETTINGS.pacing.lag_timeout_seconds)
+    paced.nodes.apply("MODIFIED", node("h100-a", free=636 - 191, free_gpus=1))  # the labels count it now
+    assert not paced.ledger.lagging and paced.ledger.unlabelled("h100-a") == []
+    assert paced._has_room(share, h100, now)
 
 
 def test_a_released_pod_stops_counting_in_flight_once_bound_or_found_unschedulable() -> None:
@@ -111,23 +125,36 @@ def test_a_list_orders_pods_not_seen_yet_by_when_they_were_written() -> None:
     assert order == ["b", "a", "c"]
 
 
-def test_with_more_in_flight_a_pod_waits_only_for_those_that_could_land_where_it_could() -> None:
+def test_pods_in_flight_go_together_while_every_node_they_could_share_has_a_free_gpu_for_each() -> None:
     paced = pacer()
-    paced.nodes.replace([node("h100-a"), node("h100-b"), node("h200-a", memory="143771")])
-    for name, memory in (("first", "81559"), ("same-class", "81559"), ("other-class", "143771")):
+    paced.nodes.replace([node("h100-a"), node("h100-b"), node("h200-a", memory="143771")])  # 2 free GPUs each
+    for name, memory in (("first", "81559"), ("second", "81559"), ("third", "81559"), ("other", "143771")):
         paced.on_pod("ADDED", pod(name, memory=memory))
     entries = {e.name: e for e in paced._queue}
-    assert not paced._meets_in_flight(paced._candidates(entries["first"]))  # nothing in flight
-    paced._in_flight["first"] = 1e12
-    paced._flight_nodes["first"] = paced._candidates(entries["first"])
+    share = {UNITS: 191}
+
+    def fly(name: str) -> None:
+        paced._in_flight[name] = 1e12
+        paced._flight_nodes[name] = paced._candidates(entries[name])
+        paced._flight_demand[name] = share
+
+    assert paced._has_room(share, paced._candidates(entries["first"]), 0)  # nothing in flight
+    fly("first")
     assert paced._flight_nodes["first"] == {"h100-a", "h100-b"}
-    # Both could land on h100-a before its labels move.
-    assert paced._meets_in_flight(paced._candidates(entries["same-class"]))
-    assert not paced._meets_in_flight(paced._candidates(entries["other-class"]))
-    paced._in_flight["unknown"] = 1e12  # in flight before this pacer knew where it could go
-    assert paced._meets_in_flight(paced._candidates(entries["other-class"]))
-    del paced._in_flight["unknown"], paced._in_flight["first"]
-    assert not paced._meets_in_flight(paced._candidates(entries["same-class"])) and not paced._flight_nodes
+    # Both could land on h100-a before its labels move, and it has a free GPU for each.
+    assert paced._has_room(share, paced._candidates(entries["second"]), 0)
+    fly("second")
+    # A third could make three on a node of two free GPUs: it waits; the other class does not.
+    assert not paced._has_room(share, paced._candidates(entries["third"]), 0)
+    assert paced._has_room(share, paced._candidates(entries["other"]), 0)
+    # In flight before this pacer knew where it could go (a takeover): it could be anywhere.
+    paced._in_flight["unknown-1"] = paced._in_flight["unknown-2"] = 1e12
+    paced._flight_demand["unknown-1"] = paced._flight_demand["unknown-2"] = share
+    assert not paced._has_room(share, paced._candidates(entries["other"]), 0)  # three on h200-a's two
+    for name in ("first", "second", "unknown-1", "unknown-2"):
+        del paced._in_flight[name]
+    assert paced._has_room(share, paced._candidates(entries["third"]), 0)
+    assert not paced._flight_nodes and not paced._flight_demand  # forgotten once they landed
 
 
 async def test_a_replica_that_takes_over_counts_pods_released_before_and_not_yet_placed_as_in_flight() -> None:
@@ -144,8 +171,10 @@ async def test_a_replica_that_takes_over_counts_pods_released_before_and_not_yet
     assert set(paced._in_flight) == {"released-by-the-last-leader"}
     entry = paced._next()
     assert entry is not None and entry.name == "waiting"
-    # Where it could land is not known: it meets every pod, whichever nodes that one could go to.
-    assert paced._meets_in_flight(paced._candidates(entry))
+    # Where it could land is not known: it counts on every node, whichever nodes the next could go to.
+    assert paced._flight_demand["released-by-the-last-leader"] == {UNITS: 191}
+    paced.nodes.apply("MODIFIED", node("h100-a", free_gpus=1))
+    assert not paced._has_room({UNITS: 191}, paced._candidates(entry), 0)
     paced.on_pod("MODIFIED", pod("released-by-the-last-leader", gated=False, node_name="h100-a", rv="2"))
     assert paced._in_flight == {}
 
@@ -156,7 +185,7 @@ async def test_a_standby_releases_nothing() -> None:
     paced.on_pod("ADDED", pod("waiting"))
     released: list[str] = []
 
-    async def release(entry: Any, deadline: Any, nodes: Any = frozenset()) -> None:
+    async def release(entry: Any, *_: Any) -> None:
         released.append(entry.name)
 
     paced._release = release  # type: ignore[method-assign]

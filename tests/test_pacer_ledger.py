@@ -141,3 +141,18 @@ def test_a_node_lags_since_the_first_moment_its_labels_fell_behind() -> None:
     assert book.lagging == {"n1": 10.0}
     book.update_node(node("n1", free=636 - 201))
     assert book.lagging == {}
+
+
+def test_while_a_node_lags_the_pods_its_labels_may_not_count_are_named() -> None:
+    book = ledger.Ledger(CONTRACT)
+    book.update_node(node("n1"))
+    book.update_pod(pod("a", "n1", units=191))
+    book.update_pod(pod("b", "n1", units=100))
+    assert book.unlabelled("n1") == [{UNITS: 191}, {UNITS: 100}]
+    book.forget_pod("b")  # deleted, or refused: it will never be in the labels
+    assert book.unlabelled("n1") == [{UNITS: 191}]
+    book.update_node(node("n1", free=636 - 191))  # caught up: the labels count every pod bound to it
+    assert book.unlabelled("n1") == [] and book.unlabelled("unknown") == []
+    book.update_node(node("n1", free=636 - 191 - 50))  # the labels ahead of the watch: no lag at all
+    book.update_pod(pod("c", "n1", units=50))
+    assert not book.lagging and book.unlabelled("n1") == []
