@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -317,3 +319,41 @@ def test_the_controller_may_write_only_its_journals_configmaps(
 
 def _pod_names(core: kubernetes.client.CoreV1Api, namespace: str) -> set[str]:
     return {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
+
+
+def test_the_controller_leader_killed_in_the_middle_of_a_burst_loses_no_pod(
+    release: Any,
+    core: kubernetes.client.CoreV1Api,
+    gpu_nodes: dict[str, nodeagent.NodeAgent],
+    namespace: str,
+) -> None:
+    # The burst of bare pods above, with the controller's leader killed (SIGKILL: no Lease given
+    # up) as the last pod is created: the refused pods wait as Failed until the standby's Lease
+    # check finds the leader's renewal expired, and the standby, whose views were listed all
+    # along, recreates them.
+    standby = release.start_controller("controller-standby")
+    (leader,) = [c for c in release.controllers if c.leading]
+    assert leader is not standby
+    names = [f"chaos-{i}" for i in range(2 * NODES)]
+    for name in names:
+        pod = k8skit.pod_object(
+            name, annotations={"gpu-fraction": "0.6"}, limits={"nvidia.com/gpu": 1}, nodeSelector={GROUP: namespace}
+        )
+        core.create_namespaced_pod(namespace, pod)
+    os.killpg(leader.process.popen.pid, signal.SIGKILL)
+    release.stop_controller(leader)
+
+    running = k8skit.all_running(core, namespace, names, "every pod to run after the leader was killed", timeout=120)
+    assert standby.leading
+    gpus = set()
+    for agent in gpu_nodes.values():
+        assert not agent.errors, agent.errors
+        for decision in agent.decisions.values():
+            if decision.admitted and decision.namespace == namespace and not decision.released:
+                gpus |= {(agent.node, contract_.parse_unit_device_id(i).gpu_uuid) for i in decision.devices[GPU_MEMORY]}
+    assert len(gpus) == len(names)  # one per GPU: nothing overcommitted
+    refusals = sum(len(agent.refusals()) for agent in gpu_nodes.values())
+    requeued = sum(int((p.metadata.annotations or {}).get(CONTRACT.requeues_annotation, "0")) for p in running)
+    assert requeued == refusals, (requeued, refusals)
+    assert core.list_namespaced_config_map(release.namespace, label_selector=JOURNAL_LABEL).items == []
+    print(f"leader killed mid-burst: {refusals} kubelet refusals, all requeued by the standby")

@@ -121,6 +121,9 @@ def test_the_standby_takes_over_when_the_leader_stops_and_with_none_left_a_new_p
     k8skit.wait_for("the standby to lead", lambda: pacing.standby.leading, timeout=LEASE_SECONDS)
     lease = leases.read_namespaced_lease(lease_name, release.namespace)
     assert lease.spec.holder_identity == pacing.standby.identity and lease.spec.lease_transitions >= 1
+    # Between the give-up and the webhook's next read of the new renewal, new pods go ungated (a
+    # Lease with no holder is no pacer); then they are gated again, for the new leader.
+    k8skit.wait_for("the webhook to see the new leader", lambda: webhook_sees_pacer(release), timeout=LEASE_SECONDS)
     taken_over = k8skit.pod_object(
         "taken-over", annotations={"gpu-fraction": "0.6"}, limits={"nvidia.com/gpu": 1}, nodeSelector={GROUP: namespace}
     )
