@@ -77,7 +77,6 @@ class Leadership:
         self.clock = clock
         self.monotonic = monotonic
         self.leading = False
-        self.transitions = 0  # times this replica became leader
         self._watchers: list[Callable[[bool], None]] = []
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) as last read
         self._observed_at = 0.0  # monotonic time that observation was first seen
@@ -177,7 +176,6 @@ class Leadership:
             log.info("Lease %s/%s written again", self.namespace, self.name)
             self._failing = False
         if not self.leading:
-            self.transitions += 1
             log.info("leading: Lease %s/%s taken as %s", self.namespace, self.name, self.identity)
             self._set(True)
         return True

@@ -27,6 +27,7 @@ and the kubernetes client.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import itertools
 import json
@@ -120,6 +121,15 @@ class _Nodes(listwatch.ListWatch):
         self.pacer.changed.set()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Flight:
+    """A released pod on its way to the scheduler (neither bound nor found unschedulable)."""
+
+    deadline: float  # it counts as in flight until then at most (pacing.bindTimeoutSeconds)
+    demand: dict[str, int]  # what it takes (ledger.pod_demand)
+    nodes: frozenset[str] | None = None  # where it could be placed, by the labels at release; None: anywhere
+
+
 class Pacer:
     """`run()` until cancelled."""
 
@@ -141,9 +151,7 @@ class Pacer:
         self._gated: dict[str, release.Gated] = {}  # uid -> the latest gated version seen
         self._queue: list[release.Gated] = []  # heap; entries no longer in _gated are skipped
         self._released: set[str] = set()  # released, until the pod is bound or goes
-        self._in_flight: dict[str, float] = {}  # released, not bound or unschedulable: uid -> deadline
-        self._flight_nodes: dict[str, frozenset[str]] = {}  # uid in flight -> nodes it could be placed on
-        self._flight_demand: dict[str, dict[str, int]] = {}  # uid in flight -> what it takes (ledger.pod_demand)
+        self._in_flight: dict[str, _Flight] = {}  # released pods taking a device, not yet bound or unschedulable
         self._attempts: dict[str, int] = {}
         self._seen: dict[str, int] = {}  # uid -> the order the pacer first saw it in
         # released by anyone, taking a device, not yet bound nor unschedulable -> what it takes
@@ -221,10 +229,7 @@ class Pacer:
         if leading:
             until = asyncio.get_running_loop().time() + self.settings.pacing.bind_timeout_seconds
             for uid, demand in self._loose.items():
-                if uid not in self._in_flight:
-                    self._in_flight[uid] = until
-                    self._flight_nodes.pop(uid, None)
-                    self._flight_demand[uid] = demand
+                self._in_flight.setdefault(uid, _Flight(until, demand))
         self.changed.set()
 
     # --- releasing -----------------------------------------------------------------------------
@@ -255,8 +260,8 @@ class Pacer:
                     self.metrics.gated.set(len(self._gated))
                     await self.changed.wait()
                     continue
-                for uid, deadline in list(self._in_flight.items()):
-                    if deadline <= now:
+                for uid, flight in list(self._in_flight.items()):
+                    if flight.deadline <= now:
                         del self._in_flight[uid]
                 while (entry := self._next()) is not None:
                     # A pod that asks for no device (a CPU pod the webhook gated to keep its place in
@@ -277,7 +282,7 @@ class Pacer:
                 self.metrics.lagging.set(len(self.ledger.lagging))
                 # Wake for the first in-flight deadline, and for a lag about to time out.
                 moments = [
-                    *self._in_flight.values(),
+                    *(flight.deadline for flight in self._in_flight.values()),
                     *(t + pacing.lag_timeout_seconds for t in self.ledger.lagging.values()),
                 ]
                 timeout = min((m for m in moments if m > now), default=now + 1.0) - loop.time()
@@ -300,15 +305,11 @@ class Pacer:
         in flight since before this pacer knew where it could go), and bound there but not yet in its
         labels (pacer/room.py). A node that lags with no such pod known waits as before; one that
         has lagged for lagTimeoutSeconds admits nothing and holds no one back."""
-        for uid in set(self._flight_nodes) - set(self._in_flight):
-            del self._flight_nodes[uid]
-        for uid in set(self._flight_demand) - set(self._in_flight):
-            del self._flight_demand[uid]
-        anywhere = [self._flight_demand.get(uid, {}) for uid in self._in_flight if uid not in self._flight_nodes]
+        anywhere = [flight.demand for flight in self._in_flight.values() if flight.nodes is None]
         landing: dict[str, list[dict[str, int]]] = {}
-        for uid, where in self._flight_nodes.items():
-            for name in where & nodes:
-                landing.setdefault(name, []).append(self._flight_demand.get(uid, {}))
+        for flight in self._in_flight.values():
+            for name in (flight.nodes or frozenset()) & nodes:
+                landing.setdefault(name, []).append(flight.demand)
         limit = self.settings.pacing.lag_timeout_seconds
         for name in nodes:
             since = self.ledger.lagging.get(name)
@@ -359,9 +360,7 @@ class Pacer:
             self._attempts.pop(entry.uid, None)
             self._released.add(entry.uid)
             if deadline is not None:
-                self._in_flight[entry.uid] = deadline
-                self._flight_nodes[entry.uid] = nodes
-                self._flight_demand[entry.uid] = demand or {}
+                self._in_flight[entry.uid] = _Flight(deadline, demand or {}, nodes)
             self.metrics.released.labels("device" if deadline is not None else "none").inc()
             return
         # Refused (its version moved on) or not answered: wait a little, longer each time, and take

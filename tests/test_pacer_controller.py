@@ -105,14 +105,14 @@ def test_a_pod_beside_one_its_node_s_labels_do_not_count_goes_only_where_both_fi
 
 def test_a_released_pod_stops_counting_in_flight_once_bound_or_found_unschedulable() -> None:
     paced = pacer()
-    paced._in_flight = {"a": 1e12, "b": 1e12, "c": 1e12}
+    paced._in_flight = {uid: controller._Flight(1e12, {UNITS: 191}) for uid in "abc"}
     paced._released = {"a", "b", "c"}
     paced.on_pod("MODIFIED", pod("a", gated=False, node_name="h100-a"))
     unschedulable = pod("b", gated=False)
     unschedulable["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
     paced.on_pod("MODIFIED", unschedulable)
     paced.on_pod("MODIFIED", pod("c", rv="0"))  # an older event still showing the gate: not queued again
-    assert paced._in_flight == {"c": 1e12} and paced._next() is None
+    assert set(paced._in_flight) == {"c"} and paced._next() is None
 
 
 def test_a_list_orders_pods_not_seen_yet_by_when_they_were_written() -> None:
@@ -134,13 +134,11 @@ def test_pods_in_flight_go_together_while_every_node_they_could_share_has_a_free
     share = {UNITS: 191}
 
     def fly(name: str) -> None:
-        paced._in_flight[name] = 1e12
-        paced._flight_nodes[name] = paced._candidates(entries[name])
-        paced._flight_demand[name] = share
+        paced._in_flight[name] = controller._Flight(1e12, share, paced._candidates(entries[name]))
 
     assert paced._has_room(share, paced._candidates(entries["first"]), 0)  # nothing in flight
     fly("first")
-    assert paced._flight_nodes["first"] == {"h100-a", "h100-b"}
+    assert paced._in_flight["first"].nodes == {"h100-a", "h100-b"}
     # Both could land on h100-a before its labels move, and it has a free GPU for each.
     assert paced._has_room(share, paced._candidates(entries["second"]), 0)
     fly("second")
@@ -148,13 +146,11 @@ def test_pods_in_flight_go_together_while_every_node_they_could_share_has_a_free
     assert not paced._has_room(share, paced._candidates(entries["third"]), 0)
     assert paced._has_room(share, paced._candidates(entries["other"]), 0)
     # In flight before this pacer knew where it could go (a takeover): it could be anywhere.
-    paced._in_flight["unknown-1"] = paced._in_flight["unknown-2"] = 1e12
-    paced._flight_demand["unknown-1"] = paced._flight_demand["unknown-2"] = share
+    paced._in_flight["unknown-1"] = paced._in_flight["unknown-2"] = controller._Flight(1e12, share)
     assert not paced._has_room(share, paced._candidates(entries["other"]), 0)  # three on h200-a's two
     for name in ("first", "second", "unknown-1", "unknown-2"):
         del paced._in_flight[name]
-    assert paced._has_room(share, paced._candidates(entries["third"]), 0)
-    assert not paced._flight_nodes and not paced._flight_demand  # forgotten once they landed
+    assert paced._has_room(share, paced._candidates(entries["third"]), 0)  # they landed: nothing in the way
 
 
 async def test_a_replica_that_takes_over_counts_pods_released_before_and_not_yet_placed_as_in_flight() -> None:
@@ -172,7 +168,8 @@ async def test_a_replica_that_takes_over_counts_pods_released_before_and_not_yet
     entry = paced._next()
     assert entry is not None and entry.name == "waiting"
     # Where it could land is not known: it counts on every node, whichever nodes the next could go to.
-    assert paced._flight_demand["released-by-the-last-leader"] == {UNITS: 191}
+    flight = paced._in_flight["released-by-the-last-leader"]
+    assert flight.demand == {UNITS: 191} and flight.nodes is None
     paced.nodes.apply("MODIFIED", node("h100-a", free_gpus=1))
     assert not paced._has_room({UNITS: 191}, paced._candidates(entry), 0)
     paced.on_pod("MODIFIED", pod("released-by-the-last-leader", gated=False, node_name="h100-a", rv="2"))

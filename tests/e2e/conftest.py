@@ -100,6 +100,13 @@ def workdir(cluster: controlplane.ControlPlane, request: pytest.FixtureRequest) 
     return path
 
 
+def metric_sum(text: str, name: str) -> float:
+    """Prometheus metric `name` in an exposition `text`, summed over its labels."""
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((f"{name}{{", f"{name} "))
+    )
+
+
 @dataclasses.dataclass
 class Controller:
     """A gpuslice-controller process: its HTTP port and identity in the Lease."""
@@ -110,10 +117,7 @@ class Controller:
 
     def metric(self, name: str) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as answer:  # noqa: S310
-            text = answer.read().decode()
-        return sum(
-            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((f"{name}{{", f"{name} "))
-        )
+            return metric_sum(answer.read().decode(), name)
 
     @property
     def leading(self) -> bool:
@@ -217,11 +221,7 @@ class Release:
         cafile = str(self.plane.workdir / f"webhook-{self.name}" / "ca.crt")
         status, body = controlplane._https_get(self.webhook.url + "/metrics", cafile)
         assert status == 200
-        total = 0.0
-        for line in body.decode().splitlines():
-            if line.startswith((f"{name}{{", f"{name} ")):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(body.decode(), name)
 
 
 def release_values(port: int) -> dict[str, Any]:

@@ -102,6 +102,18 @@ def gpu_nodes(
             harness.close()
 
 
+def gpus_held(gpu_nodes: dict[str, nodeagent.NodeAgent], namespace: str) -> set[tuple[str, str]]:
+    """(node, GPU UUID) of every GPU the admitted pods of `namespace` hold units of; no node agent
+    may have met an error."""
+    gpus = set()
+    for agent in gpu_nodes.values():
+        assert not agent.errors, agent.errors
+        for decision in agent.decisions.values():
+            if decision.admitted and decision.namespace == namespace and not decision.released:
+                gpus |= {(agent.node, contract_.parse_unit_device_id(i).gpu_uuid) for i in decision.devices[GPU_MEMORY]}
+    return gpus
+
+
 def _deployment(name: str, group: str, replicas: int, fraction: str) -> dict[str, Any]:
     pod = k8skit.pod_object("unused", annotations={"gpu-fraction": fraction}, limits={"nvidia.com/gpu": 1})
     template = {
@@ -210,14 +222,7 @@ def test_a_burst_of_bare_pods_ahead_of_the_labels_loses_none_the_controller_requ
         core.create_namespaced_pod(namespace, pod)
 
     running = k8skit.all_running(core, namespace, names, "every bare pod to run")
-    gpus = set()
-    for agent in gpu_nodes.values():
-        for decision in agent.decisions.values():
-            if decision.admitted and decision.namespace == namespace and not decision.released:
-                gpus |= {(agent.node, contract_.parse_unit_device_id(i).gpu_uuid) for i in decision.devices[GPU_MEMORY]}
-    assert len(gpus) == len(names)  # one per GPU
-    for agent in gpu_nodes.values():
-        assert not agent.errors, agent.errors
+    assert len(gpus_held(gpu_nodes, namespace)) == len(names)  # one per GPU
 
     refusals = sum(len(agent.refusals()) for agent in gpu_nodes.values())
     requeued = {
@@ -345,13 +350,7 @@ def test_the_controller_leader_killed_in_the_middle_of_a_burst_loses_no_pod(
 
     running = k8skit.all_running(core, namespace, names, "every pod to run after the leader was killed", timeout=120)
     assert standby.leading
-    gpus = set()
-    for agent in gpu_nodes.values():
-        assert not agent.errors, agent.errors
-        for decision in agent.decisions.values():
-            if decision.admitted and decision.namespace == namespace and not decision.released:
-                gpus |= {(agent.node, contract_.parse_unit_device_id(i).gpu_uuid) for i in decision.devices[GPU_MEMORY]}
-    assert len(gpus) == len(names)  # one per GPU: nothing overcommitted
+    assert len(gpus_held(gpu_nodes, namespace)) == len(names)  # one per GPU: nothing overcommitted
     refusals = sum(len(agent.refusals()) for agent in gpu_nodes.values())
     requeued = sum(int((p.metadata.annotations or {}).get(CONTRACT.requeues_annotation, "0")) for p in running)
     assert requeued == refusals, (requeued, refusals)

@@ -21,9 +21,8 @@ import k8skit
 import kubernetes
 import nodeagent
 import pytest
-from test_real_burst import CONTRACT, GPU_MEMORY, GROUP, NODES, gpu_nodes  # noqa: F401 - gpu_nodes is a fixture
+from test_real_burst import CONTRACT, GROUP, NODES, gpu_nodes, gpus_held  # noqa: F401 - gpu_nodes is a fixture
 
-from gpuslice import contract as contract_
 from gpuslice.sim import controlplane
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
@@ -83,13 +82,7 @@ def test_a_paced_burst_of_bare_pods_is_admitted_whole_one_share_per_gpu(
 
     running = k8skit.all_running(core, namespace, names, "every paced pod to run")
     assert not any(p.spec.scheduling_gates for p in running)
-    gpus = set()
-    for agent in gpu_nodes.values():
-        assert not agent.errors, agent.errors
-        for decision in agent.decisions.values():
-            if decision.admitted and decision.namespace == namespace and not decision.released:
-                gpus |= {(agent.node, contract_.parse_unit_device_id(i).gpu_uuid) for i in decision.devices[GPU_MEMORY]}
-    assert len(gpus) == len(names)  # one per GPU
+    assert len(gpus_held(gpu_nodes, namespace)) == len(names)  # one per GPU
     refusals = [d for agent in gpu_nodes.values() for d in agent.refusals() if d.namespace == namespace]
     assert refusals == []
     assert all(CONTRACT.requeues_annotation not in (p.metadata.annotations or {}) for p in running)
