@@ -289,6 +289,15 @@ class _FailedPods(listwatch.PodWatch):
         self._consider = consider
         self.pods: dict[str, dict[str, Any]] = {}
 
+    def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Pods kubelet refused (a Failed pod's reason does not change), whole but for their managed
+        fields: a requeue recreates the pod from its spec. Other Failed pods (a cluster may keep
+        thousands of finished Jobs' pods) are never requeued."""
+        if (obj.get("status") or {}).get("reason") != contract_.KUBELET_REFUSED_REASON:
+            return None
+        metadata = obj.get("metadata") or {}
+        return {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         self.pods = {_uid(pod): dict(pod) for pod in items}
         for pod in list(self.pods.values()):

@@ -41,7 +41,6 @@ class NodeSlices(listwatch.ListWatch):
             lambda: resource_api().list_resource_slice,  # the client is made on first use
             f"ResourceSlices of {selector}",
             field_selector=selector,
-            from_cache=True,
             **options,
         )
         self._on_gone = on_gone

@@ -1,15 +1,21 @@
-"""List + watch one kind of Kubernetes object, the way informers do: list (paged, or from the API
-server's watch cache), then watch from the list's resourceVersion; on 410 Gone list again; on any
-other error keep the last view and list again after a backoff (gpuslice.backoff: doubling, capped,
-cut short by `stop()`). The webhook's node view and the device plugin's pods of its node are both
-kept this way.
+"""List + watch one kind of Kubernetes object, the way informers do: list in pages, then watch
+from the list's resourceVersion; on 410 Gone list again; on any other error keep the last view and
+list again after a backoff (gpuslice.backoff: doubling, capped, cut short by `stop()`). The
+webhook's node view and the device plugin's pods of its node are both kept this way.
 
 The official client blocks, so its calls run in a thread; responses are read raw and parsed as
 JSON (building client model objects for thousands of nodes would cost more than what is read), and
 events are handed to the subclass on the event loop, so its view is only touched from one thread.
 
+Lists are paged (500 objects a page), never whole: a whole list of 60,000 pending pods is about a
+gigabyte once parsed, and parsing it holds the interpreter's lock for tens of seconds, during which
+the webhook answers nothing (docs/benchmarks.md, "Cluster scale"). A page is cut down to what the
+subclass `keep`s before the next one is read. The pages are consistent reads, which the API server
+(1.34 and later) serves from its watch cache; a list at resourceVersion "0" would be served from the
+cache too, but whole, whatever the limit.
+
 Subclasses take the loop's timing as `**options` (`Options`) and pass it on; `PodWatch` is the
-pods a field selector picks out, cluster-wide, from the watch cache, which most of them watch.
+pods a field selector picks out, cluster-wide, which most of them watch.
 
 May import gpuslice.{backoff,timeouts} and the kubernetes client.
 """
@@ -47,9 +53,13 @@ class _Gone(Exception):
     """The resourceVersion (or a list's continue token) is too old (HTTP 410): list again."""
 
 
+class _Stopped(Exception):
+    """`stop()` was called while a list was being read: its last pages are not read."""
+
+
 class ListWatch:
     """`run()` until cancelled or `stop()`; `synced` is set after the first list. Subclasses give
-    `replace` (the whole list) and `apply` (one watch event)."""
+    `replace` (the whole list) and `apply` (one watch event), and may give `keep`."""
 
     def __init__(
         self,
@@ -57,7 +67,6 @@ class ListWatch:
         what: str,
         *,
         field_selector: str | None = None,
-        from_cache: bool = False,
         watch_timeout_seconds: int = 300,
         request_timeout_seconds: float = 30.0,
         backoff_initial_seconds: float = 0.5,
@@ -68,7 +77,6 @@ class ListWatch:
         self._list_call = list_call
         self.what = what  # for log lines: "nodes", "pods of spec.nodeName=n1"
         self.field_selector = field_selector
-        self.from_cache = from_cache  # list with resourceVersion "0": the watch cache, not etcd
         self.watch_timeout_seconds = watch_timeout_seconds
         self.request_timeout_seconds = request_timeout_seconds
         self.backoff_initial_seconds = backoff_initial_seconds
@@ -82,6 +90,13 @@ class ListWatch:
         self._wakeup: asyncio.Event | None = None
 
     # --- what subclasses give ------------------------------------------------------------------
+    def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """What of a listed or watched object is handed on (gpuslice.compact), or None to skip it.
+        Runs in the reading thread. An object skipped is skipped in every event, so the test
+        must be one an object the subclass holds cannot stop passing (an annotation set at
+        admission, a phase it never leaves). Default: the whole object."""
+        return obj
+
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         raise NotImplementedError
 
@@ -125,6 +140,8 @@ class ListWatch:
                             await self._pause(self.backoff_initial_seconds)
                 except _Gone:
                     log.info("watch of %s expired (410 Gone): listing again", self.what)
+                except _Stopped:
+                    break
                 except Exception as exc:  # noqa: BLE001 - any API failure: keep the last view, retry
                     if self._stopping.is_set():
                         break
@@ -154,18 +171,19 @@ class ListWatch:
         items: list[Mapping[str, Any]] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"_request_timeout": self.request_timeout_seconds}
-            if self.from_cache:
-                kwargs["resource_version"] = "0"  # served whole from the cache: no pages
-            else:
-                kwargs["limit"] = _LIST_PAGE
-                if token:
-                    kwargs["_continue"] = token
+            kwargs: dict[str, Any] = {"_request_timeout": self.request_timeout_seconds, "limit": _LIST_PAGE}
+            if token:
+                kwargs["_continue"] = token
             body = json.loads(self._call(**kwargs).data)
-            items.extend(body.get("items") or ())
+            for obj in body.get("items") or ():
+                if (kept := self.keep(obj)) is not None:
+                    items.append(kept)
             metadata = body.get("metadata") or {}
             token = metadata.get("continue")
-            if self.from_cache or not token:
+            del body  # the page, whole, is not kept while the next one is read
+            if self._stopping.is_set():
+                raise _Stopped()
+            if not token:
                 return items, str(metadata.get("resourceVersion", ""))
 
     def _watch(self, loop: asyncio.AbstractEventLoop, version: str) -> str:
@@ -194,8 +212,8 @@ class ListWatch:
                         raise _Gone()
                     raise RuntimeError(f"watch error: {obj.get('message') or obj}")
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    loop.call_soon_threadsafe(self.apply, kind, obj)
+                if kind in ("ADDED", "MODIFIED", "DELETED") and (kept := self.keep(obj)) is not None:
+                    loop.call_soon_threadsafe(self.apply, kind, kept)
             return version
         finally:
             self._response = None
@@ -203,8 +221,8 @@ class ListWatch:
 
 
 class PodWatch(ListWatch):
-    """The pods `field_selector` picks out, of every namespace, listed from the API server's watch
-    cache (resourceVersion "0", no pages). Subclasses give `replace` and `apply`."""
+    """The pods `field_selector` picks out, of every namespace. Subclasses give `replace` and
+    `apply`, and may give `keep` (gpuslice.compact.pod keeps what gpuslice reads)."""
 
     def __init__(self, core_api: Callable[[], Any], what: str, field_selector: str, **options: Unpack[Options]) -> None:
         # core_api() -> the CoreV1Api, looked up on each call so a client can be made on first use.
@@ -212,6 +230,5 @@ class PodWatch(ListWatch):
             lambda: core_api().list_pod_for_all_namespaces,
             what,
             field_selector=field_selector,
-            from_cache=True,
             **options,
         )

@@ -20,7 +20,7 @@ next one, that pod waits until the pods that could land there are placed and the
 them. A pod that asks for no device (a CPU pod the webhook gated to keep its place in line) goes as
 soon as it is first.
 
-May import gpuslice.{backoff,config,contract,listwatch,timeouts}, the pacer's own modules, prometheus_client
+May import gpuslice.{backoff,compact,config,contract,listwatch,timeouts}, the pacer's own modules, prometheus_client
 and the kubernetes client.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 import kubernetes
 import prometheus_client
 
-from gpuslice import config, listwatch, timeouts
+from gpuslice import compact, config, listwatch, timeouts
 from gpuslice.pacer import ledger as ledger_
 from gpuslice.pacer import release, room, selection
 
@@ -93,6 +93,9 @@ class _Pods(listwatch.PodWatch):
         super().__init__(lambda: api, "pods not finished", "status.phase!=Succeeded,status.phase!=Failed")
         self.pacer = pacer
 
+    def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return compact.pod(obj, self.pacer.contract)
+
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         self.pacer.replace_pods(items)
 
@@ -104,6 +107,9 @@ class _Nodes(listwatch.ListWatch):
     def __init__(self, api: kubernetes.client.CoreV1Api, pacer: Pacer) -> None:
         super().__init__(lambda: api.list_node, "nodes")
         self.pacer = pacer
+
+    def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return compact.node(obj)
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         self.pacer.ledger.replace_nodes(items)

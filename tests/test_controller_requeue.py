@@ -363,3 +363,13 @@ async def test_the_journal_is_swept_when_a_replica_takes_over_not_before() -> No
     finally:
         sweeping.cancel()
         await asyncio.gather(sweeping, return_exceptions=True)
+
+
+def test_the_failed_pod_watch_keeps_only_refused_pods_whole_but_for_their_managed_fields() -> None:
+    failed = requeue.Requeuer(_Api(), config.Config()).failed
+    completed = refused_pod()
+    completed["status"]["reason"] = "Completed"  # a finished Job's pod: never requeued, not kept
+    assert failed.keep(completed) is None
+    kept = failed.keep(refused_pod())
+    assert kept is not None and "managedFields" not in kept["metadata"]
+    assert requeue.replacement(kept, CONTRACT) == requeue.replacement(refused_pod(), CONTRACT)

@@ -32,59 +32,53 @@ def view() -> cluster.ClusterView:
 
 
 WATCHES = {
-    "webhook-nodes": (lambda: nodewatch.NodeWatcher(API, view()), "list_node", None, False, 30.0),
+    "webhook-nodes": (lambda: nodewatch.NodeWatcher(API, view()), "list_node", None, 30.0),
     "webhook-pending-pods": (
         lambda: waiting.WaitingPods(API, view()),
         "list_pod_for_all_namespaces",
         "status.phase=Pending",
-        True,
         30.0,
     ),
     "webhook-refused-pods": (
         lambda: waiting.RefusedPods(API, waiting.WaitingPods(API, view())),
         "list_pod_for_all_namespaces",
         "status.phase=Failed",
-        True,
         30.0,
     ),
     "controller-refused-pods": (
         lambda: requeue.Requeuer(API, SETTINGS).failed,
         "list_pod_for_all_namespaces",
         "status.phase=Failed",
-        True,
         30.0,
     ),
     "pacer-pods": (
         lambda: controller.Pacer(API, SETTINGS, registry=None).pods,
         "list_pod_for_all_namespaces",
         "status.phase!=Succeeded,status.phase!=Failed",
-        True,
         30.0,
     ),
-    "pacer-nodes": (lambda: controller.Pacer(API, SETTINGS, registry=None).nodes, "list_node", None, False, 30.0),
+    "pacer-nodes": (lambda: controller.Pacer(API, SETTINGS, registry=None).nodes, "list_node", None, 30.0),
     "device-plugin-node-pods": (
         lambda: nodepods.NodePods(lambda: API, "n1"),
         "list_pod_for_all_namespaces",
         "spec.nodeName=n1",
-        True,
         10.0,
     ),
     "dra-node-slices": (
         lambda: slicewatch.NodeSlices(lambda: API, "n1", "gpu.gpuslice.io", lambda: None),
         "list_resource_slice",
         "spec.nodeName=n1,spec.driver=gpu.gpuslice.io",
-        True,
         10.0,
     ),
 }
 
 
-@pytest.mark.parametrize(("make", "call", "selector", "from_cache", "request_timeout"), WATCHES.values(), ids=WATCHES)
-def test_each_watch_asks_for_its_own_objects_with_its_own_defaults(make, call, selector, from_cache, request_timeout):
+@pytest.mark.parametrize(("make", "call", "selector", "request_timeout"), WATCHES.values(), ids=WATCHES)
+def test_each_watch_asks_for_its_own_objects_with_its_own_defaults(make, call, selector, request_timeout):
     watch = make()
     assert isinstance(watch, listwatch.ListWatch)
     assert watch._list_call() == call
-    assert (watch.field_selector, watch.from_cache) == (selector, from_cache)
+    assert watch.field_selector == selector
     assert (watch.request_timeout_seconds, watch.watch_timeout_seconds) == (request_timeout, 300)
     assert (watch.backoff_initial_seconds, watch.backoff_max_seconds) == (0.5, 30.0)
 

@@ -47,8 +47,12 @@ class FakeApiServer:
         self.lists = 0
         self.watches: list[str] = []  # resourceVersion of every watch
         self.page_size = 1
+        self.queries: list[dict[str, str]] = []  # every request's query
+        self.on_request: Callable[[web.Request], None] = lambda _: None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.queries.append(dict(request.query))
+        self.on_request(request)
         if request.query.get("watch") in ("true", "1", "True"):
             return await self._watch(request)
         if self.list_failures:
@@ -247,3 +251,73 @@ async def test_a_node_with_unbelievable_labels_is_left_out_logged_and_counted(
         assert view.untrusted["good"][0] == "device-plugin-down"
     finally:
         await stop_watcher(watcher, task, fake)
+
+
+class RecordingNodes(nodewatch.NodeWatcher):
+    """A node watch that records what reached it, to see what `keep` handed on."""
+
+    def __init__(self, api: Any, view: cluster.ClusterView) -> None:
+        super().__init__(api, view)
+        self.listed: list[Any] = []
+        self.applied: list[Any] = []
+
+    def replace(self, items: Any) -> None:
+        self.listed = list(items)
+        super().replace(items)
+
+    def apply(self, kind: str, obj: Any) -> None:
+        self.applied.append(obj)
+        super().apply(kind, obj)
+
+
+def kubelet_node(name: str) -> dict[str, Any]:
+    """A node as kubelet writes it: images, conditions and managed fields beside our labels."""
+    obj = node(name, 81920, 2)
+    obj["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    obj["status"] = {
+        "allocatable": {CONTRACT.gpu_memory_resource: "640", "cpu": "32"},
+        "capacity": {CONTRACT.gpu_memory_resource: "640", "cpu": "32"},
+        "images": [{"names": [f"registry.example/image-{i}:v1"], "sizeBytes": 10**9} for i in range(50)],
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    return obj
+
+
+async def test_lists_are_paged_consistent_reads_and_only_what_is_kept_is_handed_on(
+    apiserver: Any, view: cluster.ClusterView
+) -> None:
+    fake, api = apiserver
+    for name in ("a", "b", "c"):
+        fake.nodes[name] = kubelet_node(name)
+    watcher = RecordingNodes(api, view)
+    task = await run_watcher(watcher)
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 10)
+        lists = [q for q in fake.queries if "watch" not in q]
+        # three pages of one, never a whole list from the watch cache (resourceVersion "0")
+        assert [q.get("continue", "") for q in lists] == ["", "1", "2"]
+        assert all(q["limit"] == "500" and "resourceVersion" not in q for q in lists)
+        assert [n["metadata"]["name"] for n in watcher.listed] == ["a", "b", "c"]
+        assert all(set(n["status"]) == {"allocatable", "capacity"} for n in watcher.listed)
+        assert all("managedFields" not in n["metadata"] for n in watcher.listed)
+        assert memory_of(view) == {81920: (6, 6 * 320)}
+        fake.change("MODIFIED", kubelet_node("d"))
+        await until(lambda: len(watcher.applied) == 1)
+        assert set(watcher.applied[0]["status"]) == {"allocatable", "capacity"}
+        assert memory_of(view) == {81920: (8, 8 * 320)}
+    finally:
+        await stop_watcher(watcher, task, fake)
+
+
+async def test_stop_during_a_list_ends_the_watch_without_reading_the_rest(
+    apiserver: Any, view: cluster.ClusterView
+) -> None:
+    fake, api = apiserver
+    for name in ("a", "b", "c"):
+        fake.nodes[name] = node(name, 81920, 2)
+    watcher = RecordingNodes(api, view)
+    fake.on_request = lambda _: watcher.stop()  # the first page is read, then nothing more
+    async with asyncio.timeout(10):
+        await watcher.run()
+    assert [q.get("continue", "") for q in fake.queries] == [""]
+    assert not watcher.synced.is_set() and watcher.failures == 0

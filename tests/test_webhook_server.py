@@ -16,7 +16,7 @@ import pytest
 import reviewkit
 import trustme
 
-from gpuslice import config
+from gpuslice import config, listwatch
 from gpuslice.webhook import certs, cluster, cpudemand, server
 from gpuslice.webhook import metrics as metrics_
 
@@ -370,3 +370,29 @@ def test_unreadable_or_mismatched_certificate_files_raise_a_clear_error(tmp_path
     (tmp_path / "bad.key").write_text("not a key")
     with pytest.raises(certs.CertificateError, match="cannot load TLS certificate"):
         certs.server_context(str(tmp_path / "bad.crt"), str(tmp_path / "bad.key"))
+
+
+class Unlisted(listwatch.ListWatch):
+    """A watch that is never run: it has not listed until the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda: None, "pending pods")
+
+
+async def test_not_ready_until_every_watch_has_listed(tls: Tls, ca: trustme.CA) -> None:
+    context = certs.server_context(str(tls.cert_file), str(tls.key_file))
+    view = cluster.ClusterView(SETTINGS.contract, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    pending = Unlisted()
+    runner = await server.start(server.make_app(SETTINGS, view, listed=[pending]), context, host="127.0.0.1", port=0)
+    running = Running(runner, metrics_.Metrics(), None)  # type: ignore[arg-type]
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context(ca))) as client:
+            async with client.get(running.url("/readyz"), server_hostname=SERVICE_DNS) as response:
+                assert (response.status, await response.text()) == (503, "pending pods not listed yet\n")
+            status, _ = await post(client, running, review(**{"gpu-fraction": "0.5"}))
+            assert status == 200  # admissions are answered all the same
+            pending.synced.set()
+            async with client.get(running.url("/readyz"), server_hostname=SERVICE_DNS) as response:
+                assert response.status == 200
+    finally:
+        await runner.cleanup()

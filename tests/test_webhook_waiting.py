@@ -8,6 +8,7 @@ from typing import Any
 
 from test_webhook_admission import SETTINGS, two_class_view
 
+from gpuslice import contract as contract_
 from gpuslice.webhook import cluster, waiting
 
 CONTRACT = SETTINGS.contract
@@ -195,3 +196,20 @@ def test_failed_pods_not_refused_at_admission_or_not_held_here_give_nothing_back
     pods.kubelet_refused(refused("a", reason="OOMKilled"))  # ran, then failed: its units were in the labels
     pods.kubelet_refused(refused("never-seen"))  # bound before this replica saw it: it promised nothing
     assert view.promised_units(81559) == 159 and pods.refused == 0
+
+
+def test_the_pod_watches_keep_only_the_pods_they_count() -> None:
+    view = cluster.ClusterView(CONTRACT, default_gpu_memory_mib=81920)
+    pending = waiting.WaitingPods(None, view)  # type: ignore[arg-type]
+    plain = {"metadata": {"uid": "u1", "annotations": {"team": "a"}}, "spec": {}, "status": {"phase": "Pending"}}
+    assert pending.keep(plain) is None  # not converted: it holds no promise
+    converted = {**plain, "metadata": {"uid": "u2", "annotations": {CONTRACT.decision_annotation: "{}", "team": "a"}}}
+    assert pending.keep(converted) == {
+        "metadata": {"uid": "u2", "annotations": {CONTRACT.decision_annotation: "{}"}},
+        "spec": {},
+        "status": {"phase": "Pending"},
+    }
+    refused = waiting.RefusedPods(None, pending)  # type: ignore[arg-type]
+    done = {**converted, "status": {"phase": "Failed", "reason": "Completed"}}
+    assert refused.keep(done) is None
+    assert refused.keep({**done, "status": {"phase": "Failed", "reason": contract_.KUBELET_REFUSED_REASON}}) is not None

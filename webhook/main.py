@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import kubernetes
 
-from gpuslice import config
+from gpuslice import config, listwatch
 from gpuslice.webhook import certs, claim_templates, nodewatch, pacerlease, server, waiting
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
@@ -66,6 +66,7 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
         log.info("no cluster found: gpu-fraction uses defaultGpuMemoryMiB=%d", settings.default_gpu_memory_mib)
     metrics = metrics_.Metrics()
     background = []
+    listed: list[listwatch.ListWatch] = []
     # Promises of pods never stored, that no node takes or that kubelet refused go back, and other
     # replicas' conversions are promised here too (webhook/waiting.py). The webhook writes nothing
     # else: refused pods are recreated by the controller (controller/requeue.py).
@@ -83,8 +84,11 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
         background.append(lease.run)
     if api is not None and waiting_pods is not None:
         background.append(waiting_pods.run)
+        listed.append(waiting_pods)
         if not settings.dra.enabled:  # kubelet refuses nothing in DRA mode
-            background.append(waiting.RefusedPods(api, waiting_pods).run)
+            refused = waiting.RefusedPods(api, waiting_pods)
+            background.append(refused.run)
+            listed.append(refused)
         watched = waiting_pods
 
         def promises_returned() -> dict[str, int]:
@@ -100,7 +104,14 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
         else None
     )
     app = server.make_app(
-        settings, view, metrics=metrics, watcher=watcher, reloader=reloader, templates=templates, background=background
+        settings,
+        view,
+        metrics=metrics,
+        watcher=watcher,
+        reloader=reloader,
+        templates=templates,
+        background=background,
+        listed=listed,
     )
     # Everything built so far (the Kubernetes client's many modules included) lives as long as the
     # process: keep it out of the garbage collector's full scans, which each admission's JSON triggers.

@@ -2,7 +2,7 @@
 watched (gpuslice.listwatch: relist on 410 Gone, backoff on errors). Admissions read the view in
 memory; nothing is fetched per request.
 
-May import gpuslice.listwatch, gpuslice.contract (through cluster) and the kubernetes client.
+May import gpuslice.{compact,listwatch}, gpuslice.contract (through cluster) and the kubernetes client.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Unpack
 
 import kubernetes
 
-from gpuslice import listwatch
+from gpuslice import compact, listwatch
 from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["NodeWatcher", "api_from_environment"]
@@ -54,6 +54,9 @@ class NodeWatcher(listwatch.ListWatch):
         super().__init__(lambda: api.list_node, "nodes", **options)
         self.api = api
         self.cluster = cluster
+
+    def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return compact.node(obj)
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         seen = set()

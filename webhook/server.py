@@ -2,7 +2,7 @@
 
 POST /mutate   AdmissionReview v1 -> AdmissionReview v1 (400 with a message when malformed)
 GET  /healthz  the process answers
-GET  /readyz   the cluster view is synced (or there is no cluster to watch)
+GET  /readyz   every watch has listed: nodes, pending and refused pods (or there is no cluster to watch)
 GET  /metrics  Prometheus text
 
 The handler only reads the body, calls `admission.review` and writes the answer; background
@@ -10,7 +10,7 @@ tasks (certificate reload, node watch, and those `main` adds: the pacer's Lease,
 waiting pods) live in the app's cleanup context: created on start,
 cancelled and awaited on shutdown.
 
-May import gpuslice.config and the webhook's modules.
+May import gpuslice.{config,listwatch} and the webhook's modules.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gpuslice import config
+from gpuslice import config, listwatch
 from gpuslice.webhook import admission, certs, claim_templates, connections, nodewatch, repeats
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
@@ -42,6 +42,7 @@ WATCHER = web.AppKey("watcher", object)  # nodewatch.NodeWatcher | None
 RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
 TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
 BACKGROUND = web.AppKey("background", tuple)  # more coroutine functions to run while serving
+LISTED = web.AppKey("listed", tuple)  # more watches (listwatch.ListWatch) that must list before /readyz is ok
 BOOK = web.AppKey("book", connections.Book)
 REPEATS = web.AppKey("repeats", repeats.RepeatAnswers)
 
@@ -126,6 +127,11 @@ async def _readyz(request: web.Request) -> web.Response:
     watcher = request.app[WATCHER]
     if isinstance(watcher, nodewatch.NodeWatcher) and not watcher.synced.is_set():
         return web.Response(status=503, text="node list not synced yet\n")
+    # Not ready before the pending pods are listed either: until then this replica steers by its own
+    # promises alone, and a Service should send admissions to a replica that knows the others'.
+    for watch in request.app[LISTED]:
+        if not watch.synced.is_set():
+            return web.Response(status=503, text=f"{watch.what} not listed yet\n")
     return web.Response(text="ok\n")
 
 
@@ -163,8 +169,10 @@ def make_app(
     reloader: certs.CertificateReloader | None = None,
     templates: claim_templates.ClaimTemplates | None = None,
     background: Sequence[Callable[[], Awaitable[None]]] = (),
+    listed: Sequence[listwatch.ListWatch] = (),
 ) -> web.Application:
-    """The webhook application; `watcher`, `reloader` and `background` run as its background tasks."""
+    """The webhook application; `watcher`, `reloader` and `background` run as its background tasks;
+    it is ready once `watcher` and every watch of `listed` have listed."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_count_errors])
     app[SETTINGS] = settings
     app[CLUSTER] = cluster
@@ -176,6 +184,7 @@ def make_app(
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
     app[BACKGROUND] = tuple(background)
+    app[LISTED] = tuple(listed)
     app[BOOK] = connections.Book()
     app[REPEATS] = repeats.RepeatAnswers()
     app[METRICS].track_repeats(lambda: app[REPEATS].repeats)

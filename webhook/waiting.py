@@ -23,7 +23,7 @@ watch's selection is shown as it last matched, Pending, without the refusal). On
 view gives back the promise of a pod of this replica that does not appear within APPEAR_SECONDS of
 its admission (refused later in admission).
 
-May import gpuslice.{contract,listwatch}, the webhook's cluster view and pods modules and the kubernetes client.
+May import gpuslice.{compact,contract,listwatch}, the webhook's cluster view and pods modules and the kubernetes client.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any, Unpack
 
 import kubernetes
 
+from gpuslice import compact, listwatch
 from gpuslice import contract as contract_
-from gpuslice import listwatch
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import pods
 
@@ -86,6 +86,15 @@ class WaitingPods(listwatch.PodWatch):
         self._bound: collections.OrderedDict[str, float] = collections.OrderedDict()
         self.released = 0
         self.refused = 0  # promises given back because kubelet refused the pod (`kubelet_refused`)
+
+    def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Converted pods only (the decision annotation is written at admission and stays), cut down."""
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        return (
+            compact.pod(obj, self.cluster.contract)
+            if self.cluster.contract.decision_annotation in annotations
+            else None
+        )
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         listed = {str((p.get("metadata") or {}).get("uid")) for p in items}
@@ -172,6 +181,11 @@ class RefusedPods(listwatch.PodWatch):
     def __init__(self, api: kubernetes.client.CoreV1Api, waiting: WaitingPods, **options: Unpack[listwatch.Options]):
         super().__init__(lambda: api, "failed pods", "status.phase=Failed", **options)
         self.waiting = waiting
+
+    def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Pods kubelet refused (a Failed pod's reason does not change), cut down."""
+        refused = (obj.get("status") or {}).get("reason") == contract_.KUBELET_REFUSED_REASON
+        return compact.pod(obj, self.waiting.cluster.contract) if refused else None
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         for pod in items:  # a list after an expired watch may show a refusal made meanwhile
