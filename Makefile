@@ -86,12 +86,14 @@ GPU_CHECK_ARGS ?=
 gpu-check:
 	$(GPU_CHECK_PYTHON) tools/gpu-check.py $(GPU_CHECK_ARGS)
 
-# Lint and types (run by .ci/run). ruff does not follow the gpuslice/<folder> links, so it is given
-# the folders; mypy checks the package (pyproject's [tool.mypy]) and follows them.
+# Lint, types and layers (run by .ci/run). ruff does not follow the gpuslice/<folder> links, so it is
+# given the folders; mypy checks the package (pyproject's [tool.mypy]) and follows them, as does
+# import-linter, which checks what may import what (pyproject's [tool.importlinter]; no cache written).
 check: venv proto
 	$(BIN)/ruff check gpuslice webhook deviceplugin dra pacer controller sim demo proto tests benchmarks tools e2e
 	$(BIN)/ruff format --check gpuslice webhook deviceplugin dra pacer controller sim demo proto tests benchmarks tools e2e
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 # The container image (Dockerfile) with the first of docker, podman and buildah that answers (ENGINE=...
 # to choose; buildah needs no daemon). BASE_IMAGE=<ref> builds on another Python base than the one the

@@ -21,8 +21,8 @@ once it exists, so a process that dies between the delete and the create, or a c
 server keeps refusing, loses nothing: the leader finishes such entries when it takes over and then
 every `JOURNAL_SWEEP_SECONDS` (docs/steering.md, "Bursts").
 
-May import gpuslice.{backoff,config,contract,listwatch}, the controller's requeue_journal module and
-the kubernetes client (in threads).
+May import gpuslice.{backoff,config,contract,listwatch,timeouts}, the controller's requeue_journal module
+and the kubernetes client (in threads).
 """
 
 from __future__ import annotations

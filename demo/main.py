@@ -10,7 +10,8 @@
 4. A short report: pod -> GPU, memory, the container's environment, denials, GPUs saved.
 
 Everything started is stopped and the temp dir removed, also on errors and Ctrl-C.
-May import gpuslice.{config, contract}, gpuslice.deviceplugin, gpuslice.webhook and gpuslice.sim.
+May import gpuslice.{config, contract}, gpuslice.deviceplugin, gpuslice.webhook, gpuslice.sim and the demo's
+own modules.
 """
 
 from __future__ import annotations

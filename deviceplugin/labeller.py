@@ -23,9 +23,9 @@ The node's CPU and memory headroom comes from its allocatable (one GET of the No
 and its pods, which `KubernetesNodeApi.watch_pods` keeps by list + watch with the field selector
 `spec.nodeName=<node>` (deviceplugin/nodepods.py) while the labeller runs.
 
-May import gpuslice.{backoff,config,contract,timeouts} and gpuslice.deviceplugin.{allocation, health (its
-ALL marker), inventory, labels, nodepods, podresources}; the `kubernetes` client is used only by
-`KubernetesNodeApi`, in a thread.
+May import gpuslice.{backoff,config,contract,kubeclient,timeouts} and gpuslice.deviceplugin.{allocation,
+health (its ALL marker), inventory, labels, nodepods, podresources}; the `kubernetes` client is used only
+by `KubernetesNodeApi`, in a thread.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ which compares the files' identities with what it served and registered with, an
 re-registers the affected plugins. A failed registration (kubelet not up yet) is retried with
 backoff; a slow periodic pass is the safety net for what a watch can miss.
 
-May import gpuslice.{backoff,config,timeouts}, gpuslice.deviceplugin.{allocation,health,metrics,response,server}
-and watchfiles.
+May import gpuslice.{backoff,config,timeouts}, gpuslice.deviceplugin.{allocation,health,inventory,metrics,
+response,server} and watchfiles.
 """
 
 from __future__ import annotations

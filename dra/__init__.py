@@ -18,6 +18,9 @@ Modules, from pure to I/O:
   server      the gRPC services: kubelet plugin registration, DRAPlugin v1 and v1beta1
   main        `gpuslice-dra-plugin`
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin's discovery, health and container
-response modules, and the generated stubs; nothing imports gpuslice.dra except its own modules.
+May import the shared core (gpuslice.{backoff,config,contract,kubeclient,listwatch,timeouts}),
+gpuslice.deviceplugin (discovery, allocation, health, labels and the labeller, metrics, start-up,
+the container response) and the generated stubs; never the webhook, the pacer or the controller.
+Nothing in the product imports gpuslice.dra; the simulator does (its slices and labeller, for the
+DRA-mode replay).
 """

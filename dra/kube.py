@@ -9,7 +9,8 @@ model older than the API server. The client is blocking, so every call runs in a
 RBAC this needs (charts/gpuslice/templates/dra-plugin.yaml): get resourceclaims; get nodes;
 get, list, watch, create, update, delete resourceslices.
 
-May import the kubernetes client and gpuslice.dra.preparer (its error types).
+May import the kubernetes client (gpuslice.kubeclient when none is given) and gpuslice.dra.preparer (its
+error types).
 """
 
 from __future__ import annotations

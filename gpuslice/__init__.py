@@ -1,10 +1,13 @@
 """gpuslice: fractional GPUs for the stock kube-scheduler.
 
-This package holds what both halves share: `contract` (resource names, units, labels,
-annotations) and `config` (the one configuration schema). The halves install beside it:
-`gpuslice.deviceplugin` (node, from deviceplugin/), `gpuslice.webhook` (admission, from
-webhook/), `gpuslice.proto` (wire contracts, from proto/), `gpuslice.sim` (packing simulator,
-from sim/) and `gpuslice.demo` (from demo/).
+This package holds the shared core every component imports: `contract` (resource names, units,
+labels, annotations), `config` (the one configuration schema), `podrequests` (what a pod asks, as
+the scheduler counts it), `listwatch`, `backoff`, `timeouts` and `kubeclient`. The rest installs
+beside it, each from its top-level folder: the processes `gpuslice.webhook` (admission),
+`gpuslice.deviceplugin` (node), `gpuslice.dra` (node, DRA mode), `gpuslice.pacer` and
+`gpuslice.controller`; `gpuslice.proto` (wire contracts); the tools `gpuslice.sim` (packing
+simulator) and `gpuslice.demo`. What may import what: docs/architecture.md, checked by
+import-linter (pyproject.toml) in `make check`; the core imports no process or tool.
 """
 
 __version__ = "0.1.0"

@@ -4,9 +4,10 @@ never lands two shares on a node by labels that no longer hold (docs/steering.md
 
 ledger      which nodes lag (pure)
 release     which gated pod goes next and the patch that lets it go (pure)
+room        whether pods that could land on one node fit there together (pure)
 selection   which nodes a gated pod could be placed on (pure)
 controller  the watches and the release loop, run by `gpuslice-controller` (controller/)
 
-May import gpuslice.{backoff,config,contract,listwatch} and gpuslice.webhook.nodewatch (the API
-client from the environment); never the device plugin.
+May import gpuslice.{config,contract,listwatch,podrequests,timeouts}; never the webhook, the device
+plugin or the DRA plugin (the controller, which runs the pacer, gives it its API client).
 """

@@ -18,8 +18,8 @@ In DRA mode (`dra=True`) the nodes offer no extended resources: each publishes R
 simulated device manager; kubelet has nothing left to refuse. Each node's DRA plugin labeller
 (dra/labeller.py) counts the claims as its plugin would once prepared.
 
-May import aiohttp (through sim.kube_api), gpuslice.config/contract, gpuslice.deviceplugin and the
-other gpuslice.sim modules.
+May import aiohttp (through sim.kube_api), gpuslice.config/contract, gpuslice.deviceplugin, gpuslice.dra
+(labeller, slices: the DRA plugin's node side) and the other gpuslice.sim modules.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ with a url), then the arrivals created through the API server in one of three mo
 The same seed's arrivals also go through the Python model (sim/replay.py) and both sets of figures
 are reported side by side.
 
-May import aiohttp (through sim.kube_api), PyYAML, numpy, tqdm (a run's bar), gpuslice.{config,timeouts} and the other
-gpuslice.sim modules; the webhook runs as `python -m gpuslice.webhook.main`.
+May import aiohttp (through sim.kube_api), PyYAML, numpy, tqdm (a run's bar), gpuslice.{config,timeouts},
+gpuslice.dra.slices (DRA mode) and the other gpuslice.sim modules; the webhook runs as
+`python -m gpuslice.webhook.main`.
 """
 
 from __future__ import annotations

@@ -4,5 +4,7 @@ Turns KAI-style `gpu-fraction` / `gpu-memory` annotations into gpuslice extended
 so the stock kube-scheduler counts GPU memory. The mutation is a pure function
 (`mutation.mutate`, one module per step of a pod's flow); the aiohttp server only decodes, calls
 it and encodes.
-May import gpuslice.contract and gpuslice.config; never gpuslice.deviceplugin.
+
+May import the shared core: gpuslice.{config,contract,kubeclient,listwatch,podrequests}; never the
+device plugin, the DRA plugin, the pacer or the controller (pyproject.toml's import-linter contracts).
 """

@@ -8,7 +8,7 @@ declares sideEffects NoneOnDryRun, and nothing is created for a dry-run request.
 template cannot be created the pod is denied with the reason (no pod is admitted that would
 wait for a template that does not exist).
 
-May import the kubernetes client (in a thread: it blocks).
+May import the kubernetes client (in a thread: it blocks; gpuslice.kubeclient when none is given).
 """
 
 from __future__ import annotations
