@@ -8,6 +8,6 @@ main             the `gpuslice-controller` command: the requeuer and, with pacin
 The webhook answers admissions from every replica and writes nothing but its answers; whatever
 changes the cluster on its own runs here, under the Lease.
 
-May import gpuslice.{backoff,config,contract,listwatch,timeouts}, gpuslice.pacer and
-gpuslice.webhook.nodewatch (the API client from the environment); never the device plugin.
+May import gpuslice.{backoff,config,contract,kubeclient,listwatch,timeouts} and gpuslice.pacer;
+never the webhook or the device plugin.
 """

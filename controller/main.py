@@ -34,10 +34,9 @@ import kubernetes
 import prometheus_client
 from aiohttp import web
 
-from gpuslice import config
+from gpuslice import config, kubeclient
 from gpuslice.controller import leader, requeue
 from gpuslice.pacer import controller as pacer_
-from gpuslice.webhook import nodewatch
 
 __all__ = ["build_parser", "main"]
 
@@ -153,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = config.from_args(args)
-        api = nodewatch.api_from_environment(args.kubeconfig)
+        api = kubeclient.core_api_from_flag(args.kubeconfig)
     except (config.ConfigError, kubernetes.config.ConfigException) as exc:
         print(f"gpuslice-controller: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["default_api_client", "kubeconfig_paths"]
+__all__ = ["core_api_from_flag", "default_api_client", "kubeconfig_paths"]
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
@@ -64,3 +64,21 @@ def _load_kubeconfig(configuration: Any, in_cluster_error: str) -> None:
             f"{not_in_cluster}, and the kubeconfig {shown} ({origin}) could not be "
             f"loaded: {exc}; fix it, or point $KUBECONFIG at another kubeconfig file"
         ) from exc
+
+
+def core_api_from_flag(kubeconfig: str | None = None) -> Any:
+    """A kubernetes.client.CoreV1Api from a process's --kubeconfig, else the in-cluster
+    ServiceAccount, else $KUBECONFIG or ~/.kube/config; None when there is no cluster to talk to
+    (the webhook then uses defaultGpuMemoryMiB). Loading errors are kubernetes.config.ConfigException."""
+    import kubernetes
+
+    configuration = kubernetes.client.Configuration()
+    if kubeconfig:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    elif os.environ.get("KUBECONFIG") or pathlib.Path(DEFAULT_KUBECONFIG).expanduser().exists():
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    else:
+        return None
+    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))

@@ -13,7 +13,7 @@ import kubernetes
 import pytest
 from aiohttp import web
 
-from gpuslice import config
+from gpuslice import config, kubeclient
 from gpuslice.webhook import cluster, nodewatch
 from gpuslice.webhook import metrics as metrics_
 
@@ -207,7 +207,7 @@ def test_without_a_cluster_or_kubeconfig_there_is_no_api(monkeypatch: pytest.Mon
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert nodewatch.api_from_environment(None) is None
+    assert kubeclient.core_api_from_flag(None) is None
 
 
 def test_a_kubeconfig_file_gives_an_api_for_its_server(tmp_path: Any) -> None:
@@ -217,7 +217,7 @@ def test_a_kubeconfig_file_gives_an_api_for_its_server(tmp_path: Any) -> None:
         "clusters: [{name: k, cluster: {server: 'https://10.0.0.1:6443', insecure-skip-tls-verify: true}}]\n"
         "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
     )
-    api = nodewatch.api_from_environment(str(kubeconfig))
+    api = kubeclient.core_api_from_flag(str(kubeconfig))
     assert api is not None and api.api_client.configuration.host == "https://10.0.0.1:6443"
     api.api_client.close()
 

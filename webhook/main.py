@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import kubernetes
 
-from gpuslice import config, listwatch
+from gpuslice import config, kubeclient, listwatch
 from gpuslice.webhook import certs, claim_templates, nodewatch, pacerlease, server, waiting
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = config.from_args(args)
         certs.server_context(args.tls_cert_file, args.tls_private_key_file)  # fail fast, before serving
-        api = nodewatch.api_from_environment(args.kubeconfig)
+        api = kubeclient.core_api_from_flag(args.kubeconfig)
     except (config.ConfigError, certs.CertificateError, kubernetes.config.ConfigException) as exc:
         print(f"gpuslice-webhook: {exc}", file=sys.stderr)
         return 2

@@ -2,14 +2,12 @@
 watched (gpuslice.listwatch: relist on 410 Gone, backoff on errors). Admissions read the view in
 memory; nothing is fetched per request.
 
-May import gpuslice.{compact,listwatch}, gpuslice.contract (through cluster) and the kubernetes client.
+May import gpuslice.{compact,listwatch}, the webhook's cluster module and the kubernetes client.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Unpack
 
@@ -18,24 +16,9 @@ import kubernetes
 from gpuslice import compact, listwatch
 from gpuslice.webhook import cluster as cluster_
 
-__all__ = ["NodeWatcher", "api_from_environment"]
+__all__ = ["NodeWatcher"]
 
 log = logging.getLogger(__name__)
-
-
-def api_from_environment(kubeconfig: str | None = None) -> kubernetes.client.CoreV1Api | None:
-    """A CoreV1Api from --kubeconfig, the in-cluster service account, $KUBECONFIG or ~/.kube/config;
-    None when there is no cluster to talk to (the webhook then uses defaultGpuMemoryMiB)."""
-    configuration = kubernetes.client.Configuration()
-    if kubeconfig:
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
-    elif os.environ.get("KUBECONFIG") or (pathlib.Path.home() / ".kube" / "config").exists():
-        kubernetes.config.load_kube_config(client_configuration=configuration)
-    else:
-        return None
-    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
 
 
 def _labels(node: Mapping[str, Any]) -> tuple[str, Mapping[str, str], Mapping[str, Any] | None]:
