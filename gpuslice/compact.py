@@ -21,9 +21,12 @@ __all__ = ["node", "pod"]
 
 _NODE_STATUS = ("allocatable", "capacity")
 _POD_METADATA = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "labels")
-# What placement reads (pacer/selection.py, the scheduler's filters the pacer follows) and what a
-# pod holds (gpuslice.podrequests: containers, init containers and sidecars, overhead).
-_POD_SPEC = ("nodeName", "schedulingGates", "priority", "nodeSelector", "affinity", "tolerations", "overhead")
+# What the pacer's placement reads (pacer/selection.py: nodeSelector, and of the affinity only the
+# required node affinity, below) and what a pod holds (gpuslice.podrequests: containers, init
+# containers and sidecars, overhead). The preferences our webhook writes are most of a converted
+# pod's spec: nothing that watches reads them.
+_POD_SPEC = ("nodeName", "schedulingGates", "priority", "nodeSelector", "overhead")
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 _CONTAINER = ("name", "resources", "restartPolicy")
 _CONDITION = ("type", "status", "reason")
 
@@ -46,7 +49,8 @@ def node(obj: Mapping[str, Any]) -> dict[str, Any]:
 def pod(obj: Mapping[str, Any], contract: contract_.Contract) -> dict[str, Any]:
     """A pod's identity, owners and our annotations (`<prefix>/...`: the webhook's decision, the
     requeue count, the class a user allows); its placement fields and each container's name and
-    resources; its phase, reason and conditions' type, status and reason."""
+    resources; its required node affinity; its phase, reason and conditions' type, status and
+    reason. Values are shared with `obj`, not copied: cut a parsed object nothing else holds."""
     metadata = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -61,6 +65,9 @@ def pod(obj: Mapping[str, Any], contract: contract_.Contract) -> dict[str, Any]:
             _pick(o, ("kind", "name", "uid", "controller")) for o in owners if isinstance(o, Mapping)
         ]
     compact_spec = _pick(spec, _POD_SPEC)
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(_REQUIRED)
+    if required:
+        compact_spec["affinity"] = {"nodeAffinity": {_REQUIRED: required}}
     for field in ("containers", "initContainers"):
         containers = spec.get(field)
         if isinstance(containers, list):

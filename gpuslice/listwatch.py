@@ -10,9 +10,9 @@ events are handed to the subclass on the event loop, so its view is only touched
 Lists are paged (500 objects a page), never whole: a whole list of 60,000 pending pods is about a
 gigabyte once parsed, and parsing it holds the interpreter's lock for tens of seconds, during which
 the webhook answers nothing (docs/benchmarks.md, "Cluster scale"). A page is cut down to what the
-subclass `keep`s before the next one is read. The pages are consistent reads, which the API server
-(1.34 and later) serves from its watch cache; a list at resourceVersion "0" would be served from the
-cache too, but whole, whatever the limit.
+subclass `keep`s and handed to it (`listed`) before the next one is read. The pages are
+consistent reads, which the API server (1.34 and later) serves from its watch cache; a list at
+resourceVersion "0" would be served from the cache too, but whole, whatever the limit.
 
 Subclasses take the loop's timing as `**options` (`Options`) and pass it on; `PodWatch` is the
 pods a field selector picks out, cluster-wide, which most of them watch.
@@ -88,6 +88,7 @@ class ListWatch:
         self._stopping = threading.Event()
         self._response: Any = None  # the open watch stream, shut down by stop()
         self._wakeup: asyncio.Event | None = None
+        self._listing: list[Mapping[str, Any]] = []  # the pages `listed` kept of the list being read
 
     # --- what subclasses give ------------------------------------------------------------------
     def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -96,6 +97,13 @@ class ListWatch:
         must be one an object the subclass holds cannot stop passing (an annotation set at
         admission, a phase it never leaves). Default: the whole object."""
         return obj
+
+    def listed(self, page: Sequence[Mapping[str, Any]]) -> None:
+        """One page of a list, on the event loop, as soon as it is read. By default it is kept
+        until the list is whole and `replace` gets every page's objects at once; a subclass that can
+        take a page at a time (so that no list is ever held whole) handles it here and keeps what
+        it needs, and gets an empty list in `replace`."""
+        self._listing.extend(page)
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         raise NotImplementedError
@@ -128,7 +136,8 @@ class ListWatch:
         try:
             while not self._stopping.is_set():
                 try:
-                    items, version = await asyncio.to_thread(self._list)
+                    version = await self._list()
+                    items, self._listing = self._listing, []
                     self.replace(items)
                     self.lists += 1
                     self.synced.set()
@@ -167,24 +176,28 @@ class ListWatch:
                 raise _Gone() from None
             raise
 
-    def _list(self) -> tuple[list[Mapping[str, Any]], str]:
-        items: list[Mapping[str, Any]] = []
+    async def _list(self) -> str:
+        """Read a list page by page, each handed to `listed` before the next is asked for; the
+        list's resourceVersion."""
+        self._listing = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"_request_timeout": self.request_timeout_seconds, "limit": _LIST_PAGE}
-            if token:
-                kwargs["_continue"] = token
-            body = json.loads(self._call(**kwargs).data)
-            for obj in body.get("items") or ():
-                if (kept := self.keep(obj)) is not None:
-                    items.append(kept)
-            metadata = body.get("metadata") or {}
-            token = metadata.get("continue")
-            del body  # the page, whole, is not kept while the next one is read
+            page, token, version = await asyncio.to_thread(self._page, token)
             if self._stopping.is_set():
                 raise _Stopped()
+            self.listed(page)
             if not token:
-                return items, str(metadata.get("resourceVersion", ""))
+                return version
+
+    def _page(self, token: str | None) -> tuple[list[Mapping[str, Any]], str | None, str]:
+        """(what `keep` kept of one page, the next page's token, the list's resourceVersion)."""
+        kwargs: dict[str, Any] = {"_request_timeout": self.request_timeout_seconds, "limit": _LIST_PAGE}
+        if token:
+            kwargs["_continue"] = token
+        body = json.loads(self._call(**kwargs).data)
+        kept = [k for obj in body.get("items") or () if (k := self.keep(obj)) is not None]
+        metadata = body.get("metadata") or {}
+        return kept, metadata.get("continue") or None, str(metadata.get("resourceVersion", ""))
 
     def _watch(self, loop: asyncio.AbstractEventLoop, version: str) -> str:
         """Stream events from `version` until the server ends the watch; returns the last version."""

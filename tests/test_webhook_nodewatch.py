@@ -258,11 +258,11 @@ class RecordingNodes(nodewatch.NodeWatcher):
 
     def __init__(self, api: Any, view: cluster.ClusterView) -> None:
         super().__init__(api, view)
-        self.listed: list[Any] = []
+        self.replaced: list[Any] = []
         self.applied: list[Any] = []
 
     def replace(self, items: Any) -> None:
-        self.listed = list(items)
+        self.replaced = list(items)
         super().replace(items)
 
     def apply(self, kind: str, obj: Any) -> None:
@@ -297,9 +297,9 @@ async def test_lists_are_paged_consistent_reads_and_only_what_is_kept_is_handed_
         # three pages of one, never a whole list from the watch cache (resourceVersion "0")
         assert [q.get("continue", "") for q in lists] == ["", "1", "2"]
         assert all(q["limit"] == "500" and "resourceVersion" not in q for q in lists)
-        assert [n["metadata"]["name"] for n in watcher.listed] == ["a", "b", "c"]
-        assert all(set(n["status"]) == {"allocatable", "capacity"} for n in watcher.listed)
-        assert all("managedFields" not in n["metadata"] for n in watcher.listed)
+        assert [n["metadata"]["name"] for n in watcher.replaced] == ["a", "b", "c"]
+        assert all(set(n["status"]) == {"allocatable", "capacity"} for n in watcher.replaced)
+        assert all("managedFields" not in n["metadata"] for n in watcher.replaced)
         assert memory_of(view) == {81920: (6, 6 * 320)}
         fake.change("MODIFIED", kubelet_node("d"))
         await until(lambda: len(watcher.applied) == 1)

@@ -213,3 +213,22 @@ def test_the_pod_watches_keep_only_the_pods_they_count() -> None:
     done = {**converted, "status": {"phase": "Failed", "reason": "Completed"}}
     assert refused.keep(done) is None
     assert refused.keep({**done, "status": {"phase": "Failed", "reason": contract_.KUBELET_REFUSED_REASON}}) is not None
+
+
+def test_a_list_in_pages_is_taken_a_page_at_a_time_and_pruned_once_whole() -> None:
+    pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
+    view = pods.cluster
+    pods.listed([pod("a", reason="")])  # another replica's conversion, on the first page
+    assert view.promised_from_others == 1 and not view.track_appearance  # counted before the list is whole
+    pods.listed([pod("b", reason="")])
+    pods.replace([])  # the pages were taken one by one: nothing is left for the whole list
+    pods.lists = 1
+    assert view.track_appearance and view.promised_units(81559) == 2 * 159
+    # The watch expired, then a list in pages: "a" went meanwhile (its delete was missed) and is
+    # forgotten once the list is whole, so its later events release nothing; "b" is still held.
+    pods.listed([pod("b", reason="")])
+    pods.replace([])
+    pods.apply("DELETED", pod("a", reason=""))
+    assert pods.released == 0 and view.promised_units(81559) == 2 * 159
+    pods.apply("MODIFIED", pod("b"))  # marked unschedulable: its promise goes back
+    assert pods.released == 1 and view.promised_units(81559) == 159

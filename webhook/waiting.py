@@ -84,6 +84,7 @@ class WaitingPods(listwatch.PodWatch):
         self._seen: set[str] = set()  # UIDs of converted pending pods seen (until the pod goes or binds)
         # UIDs bound while their promise was held here -> when: kubelet may still refuse them
         self._bound: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._listed: set[str] = set()  # UIDs of the list being read (a list after the first)
         self.released = 0
         self.refused = 0  # promises given back because kubelet refused the pod (`kubelet_refused`)
 
@@ -96,17 +97,27 @@ class WaitingPods(listwatch.PodWatch):
             else None
         )
 
-    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
-        listed = {str((p.get("metadata") or {}).get("uid")) for p in items}
+    def listed(self, page: Sequence[Mapping[str, Any]]) -> None:
+        """A page at a time: 60,000 pending pods are never held at once, and no page keeps the
+        event loop (and the admissions waiting on it) for long."""
         if self.lists == 0:
-            for pod in items:  # pods converted by this replica, by others, or by a process before
+            for pod in page:  # pods converted by this replica, by others, or by a process before
                 self._first_sight(pod)
+            return
+        # A list after an expired watch: what changed meanwhile is applied as it comes; pods gone
+        # meanwhile are forgotten once the list is whole (`replace`).
+        for pod in page:
+            self._listed.add(str((pod.get("metadata") or {}).get("uid")))
+            self.apply("MODIFIED", pod)
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        self.listed(items)  # empty when the list came in pages (`listed` took them)
+        if self.lists == 0:
             self.cluster.track_appearance = True
             return
-        self._held &= listed  # a list after an expired watch: pods gone meanwhile are forgotten
-        self._seen &= listed
-        for pod in items:
-            self.apply("MODIFIED", pod)
+        self._held &= self._listed
+        self._seen &= self._listed
+        self._listed = set()
 
     def _first_sight(self, pod: Mapping[str, Any]) -> None:
         """A converted pod seen pending for the first time: this replica's conversion appeared, or
