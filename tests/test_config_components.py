@@ -178,8 +178,11 @@ CLUSTER_WIDE = "the webhook reads it too, with one value for the whole cluster"
 CHART = "the chart grants what it needs (MPS daemon, host /proc, hostPID, eviction rights) to every plugin pod alike"
 WEBHOOK_ONLY = "only the webhook reads it"
 DRA = "the DRA plugin does not read node configurations"
-# Why each other key cannot be set by a node configuration (the controller's keys fall through to
-# a fallback written before the controller existed).
+CONTROLLER_ONLY = "only the controller reads it"
+CONTROLLER_AND_WEBHOOK = "only the controller and the webhook read it"
+# Why each other key cannot be set by a node configuration. The controller's keys and
+# pacing.enabled were once all "only the webhook reads it" (a fallback written before the
+# controller existed); their reasons now follow from who reads them.
 NOT_PER_NODE = {
     "resourcePrefix": CLUSTER_WIDE,
     "memoryUnitMiB": CLUSTER_WIDE,
@@ -202,16 +205,16 @@ NOT_PER_NODE = {
     "dra.enabled": DRA,
     "dra.sliceMinIntervalSeconds": DRA,
     "dra.sliceResyncSeconds": DRA,
-    "requeue.enabled": WEBHOOK_ONLY,
-    "requeue.maxAttempts": WEBHOOK_ONLY,
-    "requeue.backoffSeconds": WEBHOOK_ONLY,
-    "pacing.enabled": WEBHOOK_ONLY,
-    "pacing.maxInFlight": WEBHOOK_ONLY,
-    "pacing.bindTimeoutSeconds": WEBHOOK_ONLY,
-    "pacing.lagTimeoutSeconds": WEBHOOK_ONLY,
-    "controller.leaseName": WEBHOOK_ONLY,
-    "controller.leaseNamespace": WEBHOOK_ONLY,
-    "controller.leaseSeconds": WEBHOOK_ONLY,
+    "requeue.enabled": CONTROLLER_ONLY,
+    "requeue.maxAttempts": CONTROLLER_ONLY,
+    "requeue.backoffSeconds": CONTROLLER_ONLY,
+    "pacing.enabled": CLUSTER_WIDE,
+    "pacing.maxInFlight": CONTROLLER_ONLY,
+    "pacing.bindTimeoutSeconds": CONTROLLER_ONLY,
+    "pacing.lagTimeoutSeconds": CONTROLLER_ONLY,
+    "controller.leaseName": CONTROLLER_AND_WEBHOOK,
+    "controller.leaseNamespace": CONTROLLER_AND_WEBHOOK,
+    "controller.leaseSeconds": CONTROLLER_AND_WEBHOOK,
     "webhook.idleTimeoutSeconds": WEBHOOK_ONLY,
     "webhook.firstRequestTimeoutSeconds": WEBHOOK_ONLY,
     "webhook.bodyTimeoutSeconds": WEBHOOK_ONLY,
