@@ -1,14 +1,21 @@
-"""The one configuration schema shared by the webhook and the device plugin.
+"""The one configuration schema shared by the webhook, the device plugin, the DRA plugin and the controller.
 
 Sources, highest first: command-line flag > environment variable > named node configuration >
-YAML file > default. Every key is declared once in `FIELDS` (YAML path, type, default, check,
-help); from that table come the flags (`--memory-unit-mib`), the environment variables
-(`GPUSLICE_MEMORY_UNIT_MIB`) and the documentation in docs/configuration.md.
+YAML file > default. Every key is declared once, as a field of its section's frozen dataclass:
+`memory_unit_mib: int = key(256, "help", check=_positive)` gives its type (the annotation), its
+default, its check and its help; its YAML name is the field's name in camelCase with "MiB" for
+"mib" (`memoryUnitMiB`, `mps.pipeDirectory`). `FIELDS` is built from these declarations, and from
+it come the flags (`--memory-unit-mib`), the environment variables (`GPUSLICE_MEMORY_UNIT_MIB`) and
+the table in docs/configuration.md (`describe()`; tests/test_config_docs.py keeps them equal).
 
-The file may hold `nodeConfigs`: named partial configurations of the node-side keys in
-`PER_NODE_KEYS`, of which a node picks one with its `<prefix>/config` label (the device plugin
-reads the label; `load(node_config=...)` layers the entry over the file). Every entry is
-validated whenever the file is loaded, by every component, whichever entry a node picks.
+Each section says which components read it (`READ_BY`), and a key may say otherwise where a
+section is shared; a component's `--help` lists the flags of the keys it reads (`reads()`).
+
+The file may hold `nodeConfigs`: named partial configurations of the keys that only the node
+plugins read and that no section or key marks `not_per_node` (`PER_NODE_KEYS`), of which a node
+picks one with its `<prefix>/config` label (the device plugin reads the label; `load(node_config=...)`
+layers the entry over the file). Every entry is validated whenever the file is loaded, by every
+component, whichever entry a node picks.
 
 `load()` returns a frozen `Config` or raises `ConfigError` with a message naming the key,
 the value and what is accepted. Nothing here imports other gpuslice modules except the
@@ -26,7 +33,7 @@ import os
 import pathlib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
@@ -39,8 +46,12 @@ __all__ = [
     "SteeringConfig",
     "MonitorConfig",
     "DraConfig",
-    "MIG_STRATEGIES",
+    "RequeueConfig",
+    "PacingConfig",
+    "ControllerConfig",
     "WebhookConfig",
+    "MIG_STRATEGIES",
+    "COMPONENTS",
     "ConfigError",
     "UnknownNodeConfig",
     "PER_NODE_KEYS",
@@ -88,210 +99,7 @@ class UnknownNodeConfig(ConfigError):
         super().__init__(f"nodeConfigs has no entry {name!r} (known: {listed})")
 
 
-@dataclasses.dataclass(frozen=True)
-class MpsConfig:
-    enabled: bool = False
-    pipe_directory: str = "/run/nvidia/mps/pipe"
-    # Where the pipe directory appears inside containers.
-    container_pipe_directory: str = "/run/nvidia/mps/pipe"
-    # Host directory shared as /dev/shm by the MPS daemon and its clients (RAM-backed under /run).
-    shm_directory: str = "/run/nvidia/mps/shm"
-
-
-@dataclasses.dataclass(frozen=True)
-class HealthConfig:
-    enabled: bool = True
-    ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
-    # How often an unhealthy GPU is probed through NVML to see if it has recovered.
-    recovery_interval_seconds: float = 30.0
-    event_timeout_ms: int = 5000
-
-
-@dataclasses.dataclass(frozen=True)
-class SteeringConfig:
-    """Node labels that let the stock scheduler see per-GPU free memory (issue 6)."""
-
-    enabled: bool = True
-    # Minimum seconds between two label writes of one node that only give back (releases, score):
-    # what a pod takes is written at once (deviceplugin/labels.py over_promises).
-    label_min_interval_seconds: float = 2.0
-    # How often the plugin re-reads kubelet's PodResources List to notice released devices.
-    pod_resources_poll_seconds: float = 5.0
-    # Webhook: give pods that ask for no device a preference for nodes without a fully free GPU,
-    # so their CPU does not strand whole GPUs (docs/steering.md, "Pods without a GPU").
-    cpu_pods: bool = True
-    # Webhook, with cpu_pods: among nodes without a fully free GPU, pods that ask for no device
-    # prefer those with less GPU memory than this free (MiB), whose CPU the pods still to come can
-    # use least (docs/steering.md, "Nodes with little GPU memory left first"). 0: off.
-    cpu_pods_nearly_full_mib: int = 8192
-    # ... while pods that ask for no device ask more than this percentage of the CPU of the pods
-    # the webhook admits (webhook/cpudemand.py): where they ask less, the band costs more than it
-    # gains. 0: always.
-    cpu_pods_nearly_full_cpu_percent: int = 25
-    # CPU (millicores) one GPU's pods are expected to ask for. The plugin publishes each node's CPU
-    # beyond that per free GPU (or short of it), and the webhook prefers for a GPU pod the nodes
-    # whose CPU left after it still matches their free GPUs (docs/steering.md, "CPU beside the
-    # GPUs"). 0: neither.
-    cpu_per_gpu_milli: int = 12000
-
-
-@dataclasses.dataclass(frozen=True)
-class MonitorConfig:
-    """What pods really use on the node's GPUs, and what happens when one uses more than its
-    grant (issue 15; docs/isolation.md)."""
-
-    enabled: bool = True
-    # Seconds between two NVML samples of every GPU and its processes.
-    interval_seconds: float = 10.0
-    # What an over-use leads to, after the Event: warn (nothing more), evict (Eviction API) or kill.
-    overuse_policy: str = "warn"
-    # MiB a container may use above its grant before it counts as over-use.
-    overuse_tolerance_mib: int = 256
-    # Seconds a container must stay over its grant (plus tolerance) before it is an over-use.
-    overuse_seconds: float = 30.0
-
-
-@dataclasses.dataclass(frozen=True)
-class DraConfig:
-    """DRA mode (docs/dra.md): the kubelet DRA plugin and the webhook's ResourceClaims."""
-
-    # Webhook: turn the annotations into ResourceClaims of the DRA driver instead of extended resources.
-    enabled: bool = False
-    # DRA plugin: minimum seconds between two ResourceSlice writes (changes in between coalesce).
-    slice_min_interval_seconds: float = 2.0
-    # DRA plugin: seconds between full comparisons of the published slices with the wanted ones
-    # (repairs slices someone else changed or deleted).
-    slice_resync_seconds: float = 300.0
-
-
-@dataclasses.dataclass(frozen=True)
-class RequeueConfig:
-    """Controller: recreate converted bare pods that kubelet refused (controller/requeue.py)."""
-
-    enabled: bool = True
-    # Recreations of one pod before it is left Failed.
-    max_attempts: int = 5
-    # Wait before the first recreation; doubled for each later one.
-    backoff_seconds: float = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class PacingConfig:
-    """Scheduling gates on converted pods, released by the controller's pacer (pacer/; docs/steering.md, "Pacing")."""
-
-    # Webhook: gate every converted device-plugin pod while a controller leads (controller.lease*).
-    # Device plugin: write every allocation to the labels at once (the pacer waits for them).
-    enabled: bool = False
-    # Controller: released pods the scheduler has not yet bound (nor found unschedulable) at any moment;
-    # each goes only where it cannot race the others (pacer/room.py).
-    max_in_flight: int = 32
-    # Controller: seconds a released pod counts as in flight at most, bound or not.
-    bind_timeout_seconds: float = 10.0
-    # Controller: seconds a node may lag before the pacer stops waiting for it (a node whose kubelet does not
-    # admit what is bound to it, e.g. NotReady, would otherwise hold back every pod that could go there).
-    lag_timeout_seconds: float = 10.0
-
-
-@dataclasses.dataclass(frozen=True)
-class ControllerConfig:
-    """The controller's leader election (controller/; docs/architecture.md, "The controller")."""
-
-    # The coordination.k8s.io Lease its replicas elect a leader with; the leader alone requeues
-    # and paces, and renews it. Webhook, with pacing on: gates pods only while it is renewed (a
-    # controller that is down must not leave every new pod waiting).
-    lease_name: str = "gpuslice-controller"
-    # The Lease's namespace; "" is the pod's own (POD_NAMESPACE, else "default").
-    lease_namespace: str = ""
-    # Seconds a renewal holds: a standby takes over once the leader's last renewal is this old (the
-    # leader renews every third of it); the webhook gates no more past it.
-    lease_seconds: int = 15
-
-    def lease_namespace_in(self, environ: Mapping[str, str]) -> str:
-        """The Lease's namespace: `lease_namespace`, else the pod's own (POD_NAMESPACE), else "default"."""
-        return self.lease_namespace or environ.get("POD_NAMESPACE") or "default"
-
-
-@dataclasses.dataclass(frozen=True)
-class WebhookConfig:
-    """Bounds on the webhook's HTTPS connections (issue 13.1; docs/webhook.md, "Connections")."""
-
-    # Seconds a connection may wait for its next request, headers included, before it is closed.
-    # Longer than the 90 s kube-apiserver's client keeps an idle connection, so the client closes first.
-    idle_timeout_seconds: float = 120.0
-    # Seconds after it is accepted within which a connection must have sent its first request's
-    # headers, else it is closed: clients that connect and send nothing hold no place for long.
-    first_request_timeout_seconds: float = 10.0
-    # Seconds a request's body may take to arrive once its headers have.
-    body_timeout_seconds: float = 10.0
-    # Seconds a TLS handshake may take.
-    tls_handshake_timeout_seconds: float = 10.0
-    # Seconds after which a connection is closed once its current request is answered.
-    max_connection_age_seconds: float = 600.0
-    # Connections served at once; one more closes the one idle the longest (503 if none is idle).
-    max_connections: int = 1000
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    resource_prefix: str = contract.DEFAULT_PREFIX
-    memory_unit_mib: int = contract.DEFAULT_UNIT_MIB
-    device_list_strategy: str = "envvar"
-    # Mixed is what the plugin always did: MIG devices as <prefix>/mig-<profile>, other GPUs as units.
-    mig_strategy: str = "mixed"
-    cdi_kind: str = "nvidia.com/gpu"
-    mps: MpsConfig = MpsConfig()
-    health: HealthConfig = HealthConfig()
-    steering: SteeringConfig = SteeringConfig()
-    monitor: MonitorConfig = MonitorConfig()
-    dra: DraConfig = DraConfig()
-    requeue: RequeueConfig = RequeueConfig()
-    pacing: PacingConfig = PacingConfig()
-    controller: ControllerConfig = ControllerConfig()
-    webhook: WebhookConfig = WebhookConfig()
-    # Webhook: GPU memory assumed for gpu-fraction when it has no view of the cluster's nodes.
-    default_gpu_memory_mib: int = 81920
-    # On by default: on nodes gpuslice serves nothing else advertises nvidia.com/gpu, so a plain
-    # `nvidia.com/gpu: N` pod would otherwise stay Pending. Off where NVIDIA's plugin serves other nodes.
-    convert_whole_gpus: bool = True
-    ignored_namespaces: tuple[str, ...] = ("kube-system",)
-    # Webhook: schedulerName set on converted pods ("" leaves it; "gpuslice-binpack" with the chart's profile).
-    scheduler_name: str = ""
-    # Webhook: tolerations added to every converted pod that does not already tolerate them.
-    converted_pod_tolerations: tuple[dict[str, Any], ...] = DEFAULT_CONVERTED_POD_TOLERATIONS
-    # The names of the file's nodeConfigs, and the one layered into this Config ("" for none).
-    node_config_names: tuple[str, ...] = ()
-    node_config: str = ""
-
-    @functools.cached_property
-    def contract(self) -> contract.Contract:
-        # Built once per Config (the fields are frozen): the webhook reads it several times per admission.
-        return contract.Contract(prefix=self.resource_prefix, unit_mib=self.memory_unit_mib)
-
-
-# --- the schema ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    path: str  # YAML path, dotted: "mps.enabled"
-    attr: str  # Config attribute path, dotted: "mps.enabled"
-    kind: type  # bool, int, float, str or tuple (list of ints/strings)
-    check: Callable[[Any], str | None]  # returns what is wrong, or None
-    help: str
-    item: type = str  # element type for tuples
-
-    @property
-    def flag(self) -> str:
-        words = re.sub(r"([a-z0-9])([A-Z])", r"\1-\2", self.path.replace(".", "-"))
-        return "--" + words.lower().replace("mi-b", "mib")
-
-    @property
-    def env(self) -> str:
-        return "GPUSLICE_" + self.flag[2:].replace("-", "_").upper()
-
-    @property
-    def dest(self) -> str:
-        return "cfg_" + self.attr.replace(".", "__")
+# --- checks: what is wrong with a value, or None ------------------------------------------------
 
 
 def _positive(value: Any) -> str | None:
@@ -415,335 +223,487 @@ def _tolerations(values: tuple[dict[str, Any], ...]) -> str | None:
     return None
 
 
-FIELDS: tuple[Field, ...] = (
-    Field("resourcePrefix", "resource_prefix", str, _prefix, "prefix of every resource, label and annotation"),
-    Field("memoryUnitMiB", "memory_unit_mib", int, _positive, "MiB of GPU memory per advertised device"),
-    Field(
-        "deviceListStrategy",
-        "device_list_strategy",
-        str,
-        _one_of(*DEVICE_LIST_STRATEGIES),
-        "how a container is given its GPU: envvar (NVIDIA_VISIBLE_DEVICES) or cdi-cri (CDI devices)",
-    ),
-    Field("cdiKind", "cdi_kind", str, _cdi_kind, "CDI kind of the GPU devices for cdi-cri"),
-    Field(
-        "migStrategy",
-        "mig_strategy",
-        str,
-        _one_of(*MIG_STRATEGIES),
-        "device plugin: how MIG devices are advertised: mixed (one mig-<profile> resource per profile), "
-        "single (every GPU in MIG mode with one profile; each MIG device shared as gpu-memory units) or "
-        "none (MIG-mode GPUs left out)",
-    ),
-    Field("mps.enabled", "mps.enabled", bool, _always_ok, "give each container a per-pod MPS memory and SM limit"),
-    Field("mps.pipeDirectory", "mps.pipe_directory", str, _absolute, "host directory of the MPS control pipe"),
-    Field(
-        "mps.containerPipeDirectory",
-        "mps.container_pipe_directory",
-        str,
-        _absolute,
-        "where the MPS pipe directory is mounted in containers",
-    ),
-    Field(
-        "mps.shmDirectory",
-        "mps.shm_directory",
-        str,
-        _absolute,
-        "host directory the MPS daemon and its clients share as /dev/shm",
-    ),
-    Field("health.enabled", "health.enabled", bool, _always_ok, "watch NVML XID events"),
-    Field(
-        "health.ignoredXids",
-        "health.ignored_xids",
-        tuple,
-        _xids,
-        "XIDs that do not mark a GPU unhealthy (application errors)",
-        item=int,
-    ),
-    Field(
-        "health.recoveryIntervalSeconds",
-        "health.recovery_interval_seconds",
-        float,
-        _positive,
-        "seconds between NVML probes of an unhealthy GPU",
-    ),
-    Field("health.eventTimeoutMs", "health.event_timeout_ms", int, _positive, "NVML event wait timeout"),
-    Field("steering.enabled", "steering.enabled", bool, _always_ok, "publish and use the steering node labels"),
-    Field(
-        "steering.labelMinIntervalSeconds",
-        "steering.label_min_interval_seconds",
-        float,
-        _positive,
-        "minimum seconds between two label writes of a node that only give back (what pods take is written at once)",
-    ),
-    Field(
-        "steering.podResourcesPollSeconds",
-        "steering.pod_resources_poll_seconds",
-        float,
-        _positive,
-        "seconds between reads of kubelet's PodResources List",
-    ),
-    Field(
-        "steering.cpuPods",
-        "steering.cpu_pods",
-        bool,
-        _always_ok,
-        "prefer nodes without a fully free GPU for pods that ask for no device",
-    ),
-    Field(
-        "steering.cpuPodsNearlyFullMiB",
-        "steering.cpu_pods_nearly_full_mib",
-        int,
-        _nearly_full,
-        "with cpuPods: prefer, among nodes without a fully free GPU, those with less free GPU memory than this, "
-        "the least first (MiB; 0: off)",
-    ),
-    Field(
-        "steering.cpuPodsNearlyFullCpuPercent",
-        "steering.cpu_pods_nearly_full_cpu_percent",
-        int,
-        _percent,
-        "with cpuPodsNearlyFullMiB: only while pods asking for no device ask more than this percentage of"
-        " the CPU admitted (0: always)",
-    ),
-    Field(
-        "steering.cpuPerGpuMilli",
-        "steering.cpu_per_gpu_milli",
-        int,
-        _cpu_per_gpu,
-        "CPU millicores expected per GPU: GPU pods prefer nodes whose CPU left matches their free GPUs (0: off)",
-    ),
-    Field("monitor.enabled", "monitor.enabled", bool, _always_ok, "sample per-pod GPU memory use from NVML"),
-    Field(
-        "monitor.intervalSeconds",
-        "monitor.interval_seconds",
-        float,
-        _positive,
-        "seconds between two samples of the GPUs and their processes",
-    ),
-    Field(
-        "monitor.overusePolicy",
-        "monitor.overuse_policy",
-        str,
-        _one_of(*OVERUSE_POLICIES),
-        "what follows the Event when a container uses more GPU memory than granted: warn, evict or kill",
-    ),
-    Field(
-        "monitor.overuseToleranceMiB",
-        "monitor.overuse_tolerance_mib",
-        int,
-        _not_negative,
-        "MiB a container may use above its grant before it counts as over-use",
-    ),
-    Field(
-        "monitor.overuseSeconds",
-        "monitor.overuse_seconds",
-        float,
-        _positive,
-        "seconds a container must stay above its grant before it is an over-use",
-    ),
-    Field(
-        "defaultGpuMemoryMiB",
-        "default_gpu_memory_mib",
-        int,
-        _positive,
-        "GPU memory assumed for gpu-fraction when the webhook has no cluster view",
-    ),
-    Field(
-        "convertWholeGpus",
-        "convert_whole_gpus",
-        bool,
-        _always_ok,
-        "turn plain nvidia.com/gpu requests into whole GPUs of memory units",
-    ),
-    Field(
-        "ignoredNamespaces",
-        "ignored_namespaces",
-        tuple,
-        _namespaces,
-        "namespaces whose pods the webhook leaves alone",
-    ),
-    Field("schedulerName", "scheduler_name", str, _scheduler_name, "schedulerName set on converted pods"),
-    Field(
-        "convertedPodTolerations",
-        "converted_pod_tolerations",
-        tuple,
-        _tolerations,
-        "webhook: tolerations added to every converted pod not already tolerating them (a JSON list in a flag "
-        "or environment variable)",
-        item=dict,
-    ),
-    Field(
-        "dra.enabled",
-        "dra.enabled",
-        bool,
-        _always_ok,
-        "webhook: turn the annotations into ResourceClaims of the DRA driver (DRA mode)",
-    ),
-    Field(
-        "dra.sliceMinIntervalSeconds",
-        "dra.slice_min_interval_seconds",
-        float,
-        _positive,
-        "DRA plugin: minimum seconds between two ResourceSlice writes",
-    ),
-    Field(
-        "dra.sliceResyncSeconds",
-        "dra.slice_resync_seconds",
-        float,
-        _positive,
-        "DRA plugin: seconds between full checks of the published ResourceSlices",
-    ),
-    Field(
-        "requeue.enabled",
-        "requeue.enabled",
-        bool,
-        _always_ok,
-        "controller: recreate converted pods without a controller that kubelet refused",
-    ),
-    Field(
-        "requeue.maxAttempts",
-        "requeue.max_attempts",
-        int,
-        _positive,
-        "controller: recreations of one refused pod before it is left Failed",
-    ),
-    Field(
-        "requeue.backoffSeconds",
-        "requeue.backoff_seconds",
-        float,
-        _positive,
-        "controller: wait before the first recreation of a refused pod (doubled each time)",
-    ),
-    Field(
-        "pacing.enabled",
-        "pacing.enabled",
-        bool,
-        _always_ok,
-        "webhook: gate converted pods for the controller to release, while it leads; device plugin: "
-        "write every allocation to the labels at once",
-    ),
-    Field(
-        "pacing.maxInFlight",
-        "pacing.max_in_flight",
-        int,
-        _positive,
-        "controller: released pods not yet bound or found unschedulable, at most",
-    ),
-    Field(
-        "pacing.bindTimeoutSeconds",
-        "pacing.bind_timeout_seconds",
-        float,
-        _positive,
-        "controller: seconds a released pod counts as in flight at most",
-    ),
-    Field(
-        "pacing.lagTimeoutSeconds",
-        "pacing.lag_timeout_seconds",
-        float,
-        _positive,
-        "controller: seconds a node's labels may lag its bound pods before the pacer stops waiting for them",
-    ),
-    Field(
-        "controller.leaseName",
-        "controller.lease_name",
-        str,
-        _dns_subdomain,
-        "controller: the coordination.k8s.io Lease its replicas elect a leader with (the leader requeues "
-        "and paces); webhook: with pacing on, gates pods only while that Lease is renewed",
-    ),
-    Field(
-        "controller.leaseNamespace",
-        "controller.lease_namespace",
-        str,
-        _namespace_or_empty,
-        "controller and webhook: the Lease's namespace (empty: their own, from POD_NAMESPACE, else default)",
-    ),
-    Field(
-        "controller.leaseSeconds",
-        "controller.lease_seconds",
-        int,
-        _positive,
-        "controller: seconds a renewal holds (renewed every third of it; a standby takes over after it); "
-        "webhook: pods are no longer gated once the last renewal is older",
-    ),
-    Field(
-        "webhook.idleTimeoutSeconds",
-        "webhook.idle_timeout_seconds",
-        float,
-        _positive,
-        "webhook: seconds a connection may wait for its next request (headers included) before it is closed",
-    ),
-    Field(
-        "webhook.firstRequestTimeoutSeconds",
-        "webhook.first_request_timeout_seconds",
-        float,
-        _positive,
-        "webhook: seconds after it is accepted a connection may take to send its first request's headers "
-        "(TLS handshake included) before it is closed",
-    ),
-    Field(
-        "webhook.bodyTimeoutSeconds",
-        "webhook.body_timeout_seconds",
-        float,
-        _positive,
-        "webhook: seconds a request body may take to arrive",
-    ),
-    Field(
-        "webhook.tlsHandshakeTimeoutSeconds",
-        "webhook.tls_handshake_timeout_seconds",
-        float,
-        _positive,
-        "webhook: seconds a TLS handshake may take",
-    ),
-    Field(
-        "webhook.maxConnectionAgeSeconds",
-        "webhook.max_connection_age_seconds",
-        float,
-        _positive,
-        "webhook: seconds after which a connection is closed once its current request is answered",
-    ),
-    Field(
-        "webhook.maxConnections",
-        "webhook.max_connections",
-        int,
-        _positive,
-        "webhook: connections served at once (one more closes the one idle the longest; 503 when none is idle)",
-    ),
+# --- who reads what ---------------------------------------------------------------------------
+
+COMPONENTS = ("webhook", "device-plugin", "dra-plugin", "controller")
+WEBHOOK, DEVICE_PLUGIN, DRA_PLUGIN, CONTROLLER = COMPONENTS
+NODE_PLUGINS = (DEVICE_PLUGIN, DRA_PLUGIN)
+# Why some keys that only the node plugins read may still not differ between nodes (docs/configuration.md,
+# "Per-node configuration"). Keys other components read too, or the device plugin does not read,
+# may not by who reads them (`_not_per_node`).
+_CHART_GRANTS = (
+    "the chart grants what it needs (MPS daemon, host /proc, hostPID, eviction rights) to every plugin pod alike"
 )
 
+_T = TypeVar("_T")
+_KEY = "gpuslice.config"  # the metadata entry of a dataclass field that is a schema key
+
+
+class _KeySpec:
+    """What a key's declaration says besides its type and default (a plain class: made at import
+    in a fraction of a dataclass's time)."""
+
+    __slots__ = ("help", "check", "read_by", "not_per_node")
+
+    def __init__(
+        self,
+        help: str,
+        check: Callable[[Any], str | None],
+        read_by: tuple[str, ...] | None,  # None: the section's READ_BY
+        not_per_node: str | None,  # None: the section's NOT_PER_NODE, else what read_by implies
+    ) -> None:
+        self.help, self.check, self.read_by, self.not_per_node = help, check, read_by, not_per_node
+
+
+def key(
+    default: _T,
+    help: str,
+    *,
+    check: Callable[[_T], str | None] = _always_ok,
+    read_by: Sequence[str] | None = None,
+    not_per_node: str | None = None,
+) -> _T:
+    """A schema key: a dataclass field with its default, what `check` finds wrong in a value (None
+    if nothing), its help (flag and docs), and, where they differ from its section's, the components
+    that read it and why a node configuration may not set it."""
+    spec = _KeySpec(help, check, None if read_by is None else tuple(read_by), not_per_node)
+    return dataclasses.field(default=default, metadata={_KEY: spec})
+
+
+# --- the sections -----------------------------------------------------------------------------
+# One frozen dataclass per concern, each a mapping of the YAML file, with `READ_BY` (the components
+# whose --help shows its keys) and, optionally, `NOT_PER_NODE` (why its keys may not differ between
+# nodes). Comments say what the help does not: the why, and the code that uses a key.
+
+
+@dataclasses.dataclass(frozen=True)
+class MpsConfig:
+    """Per-pod MPS limits (docs/isolation.md)."""
+
+    READ_BY: ClassVar = NODE_PLUGINS
+    NOT_PER_NODE: ClassVar = _CHART_GRANTS
+
+    enabled: bool = key(False, "give each container a per-pod MPS memory and SM limit")
+    pipe_directory: str = key("/run/nvidia/mps/pipe", "host directory of the MPS control pipe", check=_absolute)
+    # Where the pipe directory appears inside containers.
+    container_pipe_directory: str = key(
+        "/run/nvidia/mps/pipe", "where the MPS pipe directory is mounted in containers", check=_absolute
+    )
+    # Host directory shared as /dev/shm by the MPS daemon and its clients (RAM-backed under /run).
+    shm_directory: str = key(
+        "/run/nvidia/mps/shm", "host directory the MPS daemon and its clients share as /dev/shm", check=_absolute
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthConfig:
+    """XID events and the probes of unhealthy GPUs (deviceplugin/health.py)."""
+
+    READ_BY: ClassVar = NODE_PLUGINS
+
+    enabled: bool = key(True, "watch NVML XID events")
+    ignored_xids: tuple[int, ...] = key(
+        DEFAULT_IGNORED_XIDS, "XIDs that do not mark a GPU unhealthy (application errors)", check=_xids
+    )
+    # How often an unhealthy GPU is probed through NVML to see if it has recovered.
+    recovery_interval_seconds: float = key(30.0, "seconds between NVML probes of an unhealthy GPU", check=_positive)
+    event_timeout_ms: int = key(5000, "NVML event wait timeout", check=_positive)
+
+
+@dataclasses.dataclass(frozen=True)
+class SteeringConfig:
+    """Node labels that let the stock scheduler see per-GPU free memory (issue 6): the node plugins
+    write them, the webhook steers pods by them."""
+
+    READ_BY: ClassVar = (WEBHOOK, *NODE_PLUGINS)
+
+    enabled: bool = key(True, "publish and use the steering node labels")
+    # What a pod takes is written at once (deviceplugin/labels.py over_promises); releases and the
+    # score wait this long.
+    label_min_interval_seconds: float = key(
+        2.0,
+        "minimum seconds between two label writes of a node that only give back (what pods take is written at once)",
+        check=_positive,
+        read_by=NODE_PLUGINS,
+    )
+    # How often the plugin re-reads kubelet's PodResources List to notice released devices.
+    pod_resources_poll_seconds: float = key(
+        5.0, "seconds between reads of kubelet's PodResources List", check=_positive, read_by=NODE_PLUGINS
+    )
+    # So that the CPU of pods without a GPU does not strand whole GPUs (docs/steering.md, "Pods without a GPU").
+    cpu_pods: bool = key(
+        True, "prefer nodes without a fully free GPU for pods that ask for no device", read_by=[WEBHOOK]
+    )
+    # Nodes with little GPU memory left are those whose CPU the pods still to come can use least
+    # (docs/steering.md, "Nodes with little GPU memory left first").
+    cpu_pods_nearly_full_mib: int = key(
+        8192,
+        "with `cpuPods`: prefer, among nodes without a fully free GPU, those with less free GPU memory than this, "
+        "the least first (MiB; 0: off)",
+        check=_nearly_full,
+        read_by=[WEBHOOK],
+    )
+    # Measured over the pods the webhook admits (webhook/cpudemand.py): where pods without a device
+    # ask less, the band costs more than it gains.
+    cpu_pods_nearly_full_cpu_percent: int = key(
+        25,
+        "with `cpuPodsNearlyFullMiB`: only while pods asking for no device ask more than this percentage of"
+        " the CPU admitted (0: always)",
+        check=_percent,
+        read_by=[WEBHOOK],
+    )
+    # The plugin publishes each node's CPU beyond this per free GPU (or short of it); the webhook
+    # prefers for a GPU pod the nodes whose CPU left after it still matches their free GPUs
+    # (docs/steering.md, "CPU beside the GPUs").
+    cpu_per_gpu_milli: int = key(
+        12000,
+        "CPU millicores expected per GPU: GPU pods prefer nodes whose CPU left matches their free GPUs (0: off)",
+        check=_cpu_per_gpu,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorConfig:
+    """What pods really use on the node's GPUs, and what happens when one uses more than its
+    grant (issue 15; docs/isolation.md)."""
+
+    READ_BY: ClassVar = NODE_PLUGINS
+
+    enabled: bool = key(True, "sample per-pod GPU memory use from NVML", not_per_node=_CHART_GRANTS)
+    interval_seconds: float = key(10.0, "seconds between two samples of the GPUs and their processes", check=_positive)
+    overuse_policy: str = key(
+        "warn",
+        "what follows the Event when a container uses more GPU memory than granted: warn, evict or kill",
+        check=_one_of(*OVERUSE_POLICIES),
+        not_per_node=_CHART_GRANTS,
+    )
+    overuse_tolerance_mib: int = key(
+        256, "MiB a container may use above its grant before it counts as over-use", check=_not_negative
+    )
+    # Above its grant plus the tolerance.
+    overuse_seconds: float = key(
+        30.0, "seconds a container must stay above its grant before it is an over-use", check=_positive
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DraConfig:
+    """DRA mode (docs/dra.md): the kubelet DRA plugin and the webhook's ResourceClaims."""
+
+    READ_BY: ClassVar = (DRA_PLUGIN,)
+    NOT_PER_NODE: ClassVar = "the DRA plugin does not read node configurations"
+
+    # Instead of extended resources.
+    enabled: bool = key(
+        False, "webhook: turn the annotations into ResourceClaims of the DRA driver (DRA mode)", read_by=[WEBHOOK]
+    )
+    # Changes in between coalesce.
+    slice_min_interval_seconds: float = key(
+        2.0, "DRA plugin: minimum seconds between two ResourceSlice writes", check=_positive
+    )
+    # Compares the published slices with the wanted ones, repairing slices someone else changed or deleted.
+    slice_resync_seconds: float = key(
+        300.0, "DRA plugin: seconds between full checks of the published ResourceSlices", check=_positive
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RequeueConfig:
+    """Controller: recreate converted bare pods that kubelet refused (controller/requeue.py)."""
+
+    READ_BY: ClassVar = (CONTROLLER,)
+
+    enabled: bool = key(True, "controller: recreate converted pods without a controller that kubelet refused")
+    max_attempts: int = key(5, "controller: recreations of one refused pod before it is left Failed", check=_positive)
+    backoff_seconds: float = key(
+        1.0, "controller: wait before the first recreation of a refused pod (doubled each time)", check=_positive
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PacingConfig:
+    """Scheduling gates on converted pods, released by the controller's pacer (pacer/; docs/steering.md, "Pacing")."""
+
+    READ_BY: ClassVar = (CONTROLLER,)
+
+    # Webhook: gates while a controller leads (controller.lease*). Device plugin: the pacer waits
+    # for the labels.
+    enabled: bool = key(
+        False,
+        "webhook: gate converted pods for the controller to release, while it leads; device plugin: "
+        "write every allocation to the labels at once",
+        read_by=COMPONENTS,
+    )
+    # Each released pod goes only where it cannot race the others (pacer/room.py).
+    max_in_flight: int = key(
+        32, "controller: released pods not yet bound or found unschedulable, at most", check=_positive
+    )
+    bind_timeout_seconds: float = key(
+        10.0, "controller: seconds a released pod counts as in flight at most", check=_positive
+    )
+    # A node whose kubelet does not admit what is bound to it (e.g. NotReady) would otherwise hold
+    # back every pod that could go there.
+    lag_timeout_seconds: float = key(
+        10.0,
+        "controller: seconds a node's labels may lag its bound pods before the pacer stops waiting for them",
+        check=_positive,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerConfig:
+    """The controller's leader election (controller/; docs/architecture.md, "The controller"); the
+    webhook reads it to gate pods only while a leader renews it (a controller that is down must not
+    leave every new pod waiting)."""
+
+    READ_BY: ClassVar = (CONTROLLER, WEBHOOK)
+
+    # The leader alone requeues and paces, and renews the Lease.
+    lease_name: str = key(
+        "gpuslice-controller",
+        "controller: the coordination.k8s.io Lease its replicas elect a leader with (the leader requeues "
+        "and paces); webhook: with pacing on, gates pods only while that Lease is renewed (the chart's default: "
+        "`<fullname>-controller`)",
+        check=_dns_subdomain,
+    )
+    lease_namespace: str = key(
+        "",
+        "controller and webhook: the Lease's namespace (empty: their own, from POD_NAMESPACE, else default)",
+        check=_namespace_or_empty,
+    )
+    lease_seconds: int = key(
+        15,
+        "controller: seconds a renewal holds (renewed every third of it; a standby takes over after it); "
+        "webhook: pods are no longer gated once the last renewal is older",
+        check=_positive,
+    )
+
+    def lease_namespace_in(self, environ: Mapping[str, str]) -> str:
+        """The Lease's namespace: `lease_namespace`, else the pod's own (POD_NAMESPACE), else "default"."""
+        return self.lease_namespace or environ.get("POD_NAMESPACE") or "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class WebhookConfig:
+    """Bounds on the webhook's HTTPS connections (issue 13.1; docs/webhook.md, "Connections")."""
+
+    READ_BY: ClassVar = (WEBHOOK,)
+
+    # Longer than the 90 s kube-apiserver's client keeps an idle connection, so the client closes first.
+    idle_timeout_seconds: float = key(
+        120.0,
+        "webhook: seconds a connection may wait for its next request (headers included) before it is closed",
+        check=_positive,
+    )
+    # Clients that connect and send nothing hold no place for long.
+    first_request_timeout_seconds: float = key(
+        10.0,
+        "webhook: seconds after it is accepted a connection may take to send its first request's headers "
+        "(TLS handshake included) before it is closed",
+        check=_positive,
+    )
+    # Counted once its headers have arrived.
+    body_timeout_seconds: float = key(10.0, "webhook: seconds a request body may take to arrive", check=_positive)
+    tls_handshake_timeout_seconds: float = key(10.0, "webhook: seconds a TLS handshake may take", check=_positive)
+    max_connection_age_seconds: float = key(
+        600.0,
+        "webhook: seconds after which a connection is closed once its current request is answered",
+        check=_positive,
+    )
+    max_connections: int = key(
+        1000,
+        "webhook: connections served at once (one more closes the one idle the longest; 503 when none is idle)",
+        check=_positive,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The whole configuration, every component's: the top-level keys (read by every component
+    unless a key says otherwise) and one field per section, in the order of the documentation."""
+
+    READ_BY: ClassVar = COMPONENTS
+
+    resource_prefix: str = key(
+        contract.DEFAULT_PREFIX,
+        "prefix of every resource, label and annotation: a DNS subdomain of your own (not in `kubernetes.io` or "
+        "`k8s.io`, not starting with `requests.`)",
+        check=_prefix,
+    )
+    memory_unit_mib: int = key(
+        contract.DEFAULT_UNIT_MIB,
+        "MiB of GPU memory per advertised device (part of each device's ID; changing it needs a drain: "
+        "[deviceplugin.md](deviceplugin.md#changing-the-unit-size))",
+        check=_positive,
+    )
+    # The node plugins' top-level keys.
+    device_list_strategy: str = key(
+        "envvar",
+        "how a container is given its GPU: envvar (NVIDIA_VISIBLE_DEVICES) or cdi-cri (CDI devices)",
+        check=_one_of(*DEVICE_LIST_STRATEGIES),
+        read_by=NODE_PLUGINS,
+    )
+    cdi_kind: str = key(
+        "nvidia.com/gpu", "CDI kind of the GPU devices for cdi-cri", check=_cdi_kind, read_by=NODE_PLUGINS
+    )
+    # Mixed is what the plugin always did: MIG devices as <prefix>/mig-<profile>, other GPUs as units.
+    mig_strategy: str = key(
+        "mixed",
+        "device plugin and DRA plugin: how GPUs in MIG mode are advertised, with NVIDIA's names: `mixed` (one "
+        "`mig-<profile>` resource per profile, other GPUs as `gpu-memory` units), `single` (every GPU in MIG mode "
+        "with MIG devices of one profile; each MIG device shared as `gpu-memory` units; any other layout is "
+        "refused at start-up), `none` (GPUs in MIG mode left out). [deviceplugin.md](deviceplugin.md#mig-strategies)",
+        check=_one_of(*MIG_STRATEGIES),
+        read_by=NODE_PLUGINS,
+    )
+    mps: MpsConfig = MpsConfig()
+    health: HealthConfig = HealthConfig()
+    steering: SteeringConfig = SteeringConfig()
+    monitor: MonitorConfig = MonitorConfig()
+    # The webhook's top-level keys.
+    default_gpu_memory_mib: int = key(
+        81920,
+        "GPU memory assumed for gpu-fraction when the webhook has no cluster view",
+        check=_positive,
+        read_by=[WEBHOOK],
+    )
+    # On by default: on nodes gpuslice serves nothing else advertises nvidia.com/gpu, so a plain
+    # `nvidia.com/gpu: N` pod would otherwise stay Pending. Off where NVIDIA's plugin serves other nodes.
+    convert_whole_gpus: bool = key(
+        True, "turn plain nvidia.com/gpu requests into whole GPUs of memory units", read_by=[WEBHOOK]
+    )
+    ignored_namespaces: tuple[str, ...] = key(
+        ("kube-system",), "namespaces whose pods the webhook leaves alone", check=_namespaces, read_by=[WEBHOOK]
+    )
+    # "" leaves it; "gpuslice-binpack" with the chart's profile.
+    scheduler_name: str = key("", "schedulerName set on converted pods", check=_scheduler_name, read_by=[WEBHOOK])
+    converted_pod_tolerations: tuple[dict[str, Any], ...] = key(
+        DEFAULT_CONVERTED_POD_TOLERATIONS,
+        "webhook: tolerations added to every converted pod not already tolerating them (a JSON list in a flag "
+        "or environment variable)",
+        check=_tolerations,
+        read_by=[WEBHOOK],
+    )
+    dra: DraConfig = DraConfig()
+    requeue: RequeueConfig = RequeueConfig()
+    pacing: PacingConfig = PacingConfig()
+    controller: ControllerConfig = ControllerConfig()
+    webhook: WebhookConfig = WebhookConfig()
+    # Not keys: the names of the file's nodeConfigs, and the one layered into this Config ("" for none).
+    node_config_names: tuple[str, ...] = ()
+    node_config: str = ""
+
+    @functools.cached_property
+    def contract(self) -> contract.Contract:
+        # Built once per Config (the fields are frozen): the webhook reads it several times per admission.
+        return contract.Contract(prefix=self.resource_prefix, unit_mib=self.memory_unit_mib)
+
+
+# --- the schema, read from the declarations ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One key of the schema, as its declaration in a section gives it."""
+
+    path: str  # YAML path, dotted: "mps.pipeDirectory"
+    attr: str  # Config attribute path, dotted: "mps.pipe_directory"
+    kind: type  # bool, int, float, str or tuple (a list)
+    check: Callable[[Any], str | None]  # returns what is wrong, or None
+    help: str
+    item: type = str  # element type for tuples: int, str or dict
+    read_by: tuple[str, ...] = COMPONENTS  # the components whose --help shows its flag
+    not_per_node: str | None = None  # why a node configuration may not set it; None: it may
+
+    @property
+    def flag(self) -> str:
+        words = re.sub(r"([a-z0-9])([A-Z])", r"\1-\2", self.path.replace(".", "-"))
+        return "--" + words.lower().replace("mi-b", "mib")
+
+    @property
+    def env(self) -> str:
+        return "GPUSLICE_" + self.flag[2:].replace("-", "_").upper()
+
+    @property
+    def dest(self) -> str:
+        return "cfg_" + self.attr.replace(".", "__")
+
+
+# The annotations a key may have, as written (strings, under `from __future__ import annotations`):
+# its kind and, for a list, the kind of its items.
+_KINDS: dict[str, tuple[type, type]] = {
+    "bool": (bool, str),
+    "int": (int, str),
+    "float": (float, str),
+    "str": (str, str),
+    "tuple[int, ...]": (tuple, int),
+    "tuple[str, ...]": (tuple, str),
+    "tuple[dict[str, Any], ...]": (tuple, dict),
+}
+
+
+def _yaml_name(attr: str) -> str:
+    """memory_unit_mib -> memoryUnitMiB"""
+    head, *words = attr.split("_")
+    return head + "".join("MiB" if word == "mib" else word.capitalize() for word in words)
+
+
+def _not_per_node(read_by: tuple[str, ...], declared: str | None) -> str | None:
+    """Why a node configuration may not set a key that `read_by` read; None when it may: the device
+    plugin reads it, nothing else but the DRA plugin does (which reads no node configuration), and
+    its declaration (`declared`) gives no reason against."""
+    if declared is not None:
+        return declared
+    if DEVICE_PLUGIN not in read_by:
+        return f"only the {' and the '.join(read_by)} read{'s' if len(read_by) == 1 else ''} it"
+    others = [component for component in read_by if component not in NODE_PLUGINS]
+    if others:
+        return f"the {others[0]} reads it too, with one value for the whole cluster"
+    return None
+
+
+def _field(section: type, declared: dataclasses.Field[Any], path: str, attr: str) -> Field:
+    spec = declared.metadata.get(_KEY)
+    kind = _KINDS.get(declared.type) if isinstance(declared.type, str) else None
+    if not isinstance(spec, _KeySpec) or kind is None:
+        raise TypeError(f"{section.__name__}.{declared.name}: a section's fields are key()s of {', '.join(_KINDS)}")
+    read_by = section.READ_BY if spec.read_by is None else spec.read_by  # type: ignore[attr-defined]
+    reason = spec.not_per_node or getattr(section, "NOT_PER_NODE", None)
+    return Field(
+        path + _yaml_name(declared.name),
+        attr + declared.name,
+        kind[0],
+        spec.check,
+        spec.help,
+        kind[1],
+        read_by,
+        _not_per_node(read_by, reason),
+    )
+
+
+def _declared() -> list[Field]:
+    """Config's top-level keys and its sections' keys, in the order they are declared."""
+    fields: list[Field] = []
+    for declared in dataclasses.fields(Config):
+        default, name = declared.default, declared.name
+        if _KEY in declared.metadata:
+            fields.append(_field(Config, declared, "", ""))
+        elif dataclasses.is_dataclass(default) and not isinstance(default, type):  # a section
+            section = type(default)
+            fields += (_field(section, sub, _yaml_name(name) + ".", name + ".") for sub in dataclasses.fields(section))
+    return fields
+
+
+FIELDS: tuple[Field, ...] = tuple(_declared())
 _BY_PATH = {f.path: f for f in FIELDS}
 _SECTIONS = {f.path.split(".")[0] for f in FIELDS if "." in f.path}
 
 NODE_CONFIGS_KEY = "nodeConfigs"
-# Keys a named node configuration may set: read only by the device plugin on its node, and
-# needing nothing the chart grants to every plugin pod alike. Why each other key may not differ
-# between nodes is in `_NOT_PER_NODE` (docs/configuration.md, "Per-node configuration").
-PER_NODE_KEYS = (
-    "deviceListStrategy",
-    "cdiKind",
-    "migStrategy",
-    "health.enabled",
-    "health.ignoredXids",
-    "health.recoveryIntervalSeconds",
-    "health.eventTimeoutMs",
-    "steering.labelMinIntervalSeconds",
-    "steering.podResourcesPollSeconds",
-    "monitor.intervalSeconds",
-    "monitor.overuseToleranceMiB",
-    "monitor.overuseSeconds",
-)
-_NOT_PER_NODE = (
-    (
-        ("resourcePrefix", "memoryUnitMiB", "steering.enabled", "steering.cpuPerGpuMilli"),
-        "the webhook reads it too, with one value for the whole cluster",
-    ),
-    (
-        ("mps.", "monitor.enabled", "monitor.overusePolicy"),
-        "the chart grants what it needs (MPS daemon, host /proc, hostPID, eviction rights) to every plugin pod alike",
-    ),
-    (("dra.",), "the DRA plugin does not read node configurations"),
-)
+# Keys a named node configuration may set: read only by the device plugin on its node (and the DRA
+# plugin, which reads no node configuration), and needing nothing the chart grants to every plugin
+# pod alike. Why each other key may not differ between nodes is its Field's `not_per_node`
+# (docs/configuration.md, "Per-node configuration").
+PER_NODE_KEYS = tuple(f.path for f in FIELDS if f.not_per_node is None)
 # A node configuration's name is a label value: at most 63 characters, alphanumeric at both ends.
 _NODE_CONFIG_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
@@ -802,7 +762,7 @@ def _coerce(field: Field, value: Any, source: str) -> Any:
             items = []
         if not isinstance(items, (list, tuple)):
             raise fail("must be a list")
-        sub = Field(field.path, field.attr, field.item, _always_ok, field.help)
+        sub = dataclasses.replace(field, kind=field.item, check=_always_ok)
         return tuple(_coerce(sub, v.strip() if isinstance(v, str) else v, source) for v in items)
     raise AssertionError(field.kind)
 
@@ -866,15 +826,12 @@ def _node_configs(document: Mapping[str, Any], source: str) -> dict[str, dict[st
             raise ConfigError(f"{where}.version: an entry has no version of its own (from {source})")
         values: dict[str, Any] = {}
         for path, value in _flatten(entry, f"{source}, {where}").items():
-            if path not in PER_NODE_KEYS:
-                reason = next(
-                    (why for keys, why in _NOT_PER_NODE if path.startswith(keys)), "only the webhook reads it"
-                )
+            field = _BY_PATH[path]
+            if field.not_per_node is not None:
                 raise ConfigError(
-                    f"{where}.{path}: cannot differ between nodes: {reason}; a node configuration may set "
+                    f"{where}.{path}: cannot differ between nodes: {field.not_per_node}; a node configuration may set "
                     + ", ".join(PER_NODE_KEYS)
                 )
-            field = _BY_PATH[path]
             values[path] = _coerce(field, value, f"{source}, {where}")
             problem = field.check(values[path])
             if problem:
@@ -961,37 +918,8 @@ def _build(values: Mapping[str, Any]) -> Config:
     return dataclasses.replace(base, **top)
 
 
-# Keys only one half reads. A component's --help shows the flags of the keys it reads; its file and
-# environment still accept the whole schema (one file can configure every component). Keys in
-# neither tuple are read by both halves.
-_NODE_KEYS = (
-    "deviceListStrategy",
-    "cdiKind",
-    "migStrategy",
-    "mps.",
-    "health.",
-    "monitor.",
-    "steering.labelMinIntervalSeconds",
-    "steering.podResourcesPollSeconds",
-    "dra.slice",
-)
-_WEBHOOK_KEYS = (
-    "defaultGpuMemoryMiB",
-    "convertWholeGpus",
-    "convertedPodTolerations",
-    "ignoredNamespaces",
-    "schedulerName",
-    "steering.cpuPods",
-    "dra.enabled",
-    "controller.lease",
-    "webhook.",
-)
-# Read by the controller alone: the requeuer and the pacer (of pacing, the webhook and the device
-# plugin read `enabled`; the webhook reads the controller's Lease to know whether to gate).
-_CONTROLLER_ONLY_KEYS = ("requeue.", "pacing.maxInFlight", "pacing.bindTimeoutSeconds", "pacing.lagTimeoutSeconds")
-# The controller reads the names (prefix, unit size) and its own sections.
-_CONTROLLER_KEYS = ("resourcePrefix", "memoryUnitMiB", "requeue.", "pacing.", "controller.")
-COMPONENTS = ("webhook", "device-plugin", "dra-plugin", "controller")
+# A component's --help shows the flags of the keys it reads (each section's READ_BY, or its key's);
+# its file and environment still accept the whole schema (one file can configure every component).
 
 
 def reads(component: str | None, field: Field) -> bool:
@@ -1001,17 +929,7 @@ def reads(component: str | None, field: Field) -> bool:
         return True
     if component not in COMPONENTS:
         raise ValueError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}")
-    if component == "controller":
-        return field.path.startswith(_CONTROLLER_KEYS)
-    if field.path.startswith(_CONTROLLER_ONLY_KEYS):
-        return False
-    node_only = field.path.startswith(_NODE_KEYS)
-    webhook_only = field.path.startswith(_WEBHOOK_KEYS)
-    if component == "webhook":
-        return not node_only
-    if component == "device-plugin" and field.path.startswith("dra."):
-        return False
-    return not webhook_only
+    return component in field.read_by
 
 
 def add_arguments(parser: argparse.ArgumentParser, component: str | None = None) -> None:
@@ -1035,7 +953,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
 
 
 def describe(fields: Sequence[Field] = FIELDS) -> str:
-    """A Markdown table of the schema, for docs/configuration.md."""
+    """A Markdown table of the schema: the one in docs/configuration.md, which
+    tests/test_config_docs.py keeps equal to it (`python -m gpuslice.config` prints it)."""
     defaults = Config()
     rows = ["| key | flag | environment | default | meaning |", "|---|---|---|---|---|"]
     for field in fields:
@@ -1050,3 +969,7 @@ def describe(fields: Sequence[Field] = FIELDS) -> str:
             value = str(value).lower()
         rows.append(f"| `{field.path}` | `{field.flag}` | `{field.env}` | `{value}` | {field.help} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(describe())
