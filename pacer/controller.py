@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import heapq
-import itertools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -51,10 +50,10 @@ def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
 
-def _written_order(pod: Mapping[str, Any]) -> tuple[str, int]:
-    metadata = pod.get("metadata") or {}
-    version = str(metadata.get("resourceVersion") or "")
-    return str(metadata.get("creationTimestamp") or ""), int(version) if version.isdigit() else 0
+def _written(pod: Mapping[str, Any]) -> int:
+    """When the pod was last written, as the API server counts (its resourceVersion); 0 if unknown."""
+    version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
 
 
 def _unschedulable(pod: Mapping[str, Any]) -> bool:
@@ -95,6 +94,9 @@ class _Pods(listwatch.PodWatch):
 
     def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         return compact.pod(obj, self.pacer.contract)
+
+    def listed(self, page: Sequence[Mapping[str, Any]]) -> None:
+        self.pacer.listed_pods(page)
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         self.pacer.replace_pods(items)
@@ -159,10 +161,12 @@ class Pacer:
         self._released: set[str] = set()  # released, until the pod is bound or goes
         self._in_flight: dict[str, _Flight] = {}  # released pods taking a device, not yet bound or unschedulable
         self._attempts: dict[str, int] = {}
-        self._seen: dict[str, int] = {}  # uid -> the order the pacer first saw it in
+        # uid -> when the pacer first saw it: the resourceVersion it had then (a watch brings pods in
+        # the order they are written; a list, in the order they were last written)
+        self._seen: dict[str, int] = {}
+        self._listing: set[str] = set()  # UIDs of the list being read
         # released by anyone, taking a device, not yet bound nor unschedulable -> what it takes
         self._loose: dict[str, dict[str, int]] = {}
-        self._counter = itertools.count()
         self.pods = _Pods(api, self)
         self.nodes = _Nodes(api, self)
 
@@ -171,9 +175,19 @@ class Pacer:
         return self.pods.synced.is_set() and self.nodes.synced.is_set()
 
     # --- what the watches say ----------------------------------------------------------------
+    def listed_pods(self, page: Sequence[Mapping[str, Any]]) -> None:
+        """A page of a list, each pod taken at once: 100,000 pods are never held together."""
+        for pod in page:
+            self._listing.add(_uid(pod))
+            self.ledger.update_pod(pod)
+            self._track(pod)
+
     def replace_pods(self, items: Sequence[Mapping[str, Any]]) -> None:
-        self.ledger.replace_pods(items)
-        listed = {_uid(p) for p in items}
+        """A list is whole (`items`: its pods, or none when its pages came to `listed_pods`): the
+        pods it did not show went meanwhile."""
+        self.listed_pods(items)
+        listed, self._listing = self._listing, set()
+        self.ledger.keep_only(listed)
         for uid in set(self._gated) - listed:
             del self._gated[uid]
         for uid in set(self._in_flight) - listed:
@@ -183,10 +197,6 @@ class Pacer:
             del self._loose[uid]
         for uid in set(self._seen) - listed:
             del self._seen[uid]
-        # A list comes by name; pods not seen yet are taken in the order they were last written,
-        # which for a pod waiting at its gate is when it was created.
-        for pod in sorted(items, key=_written_order):
-            self._track(pod)
         self.changed.set()
 
     def on_pod(self, kind: str, pod: Mapping[str, Any]) -> None:
@@ -214,7 +224,9 @@ class Pacer:
             self._released.discard(uid)
             self._attempts.pop(uid, None)
         if uid not in self._seen:
-            self._seen[uid] = next(self._counter)
+            # A list comes by name: pods not seen yet are ordered by when they were last written,
+            # which for a pod waiting at its gate is when it was created (or last re-gated).
+            self._seen[uid] = _written(pod)
         entry = release.gated(pod, self.contract, self._seen[uid]) if uid not in self._released else None
         spec = pod.get("spec") or {}
         demand = ledger_.pod_demand(spec, self.contract) if not bound and not spec.get("schedulingGates") else {}

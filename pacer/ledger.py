@@ -167,10 +167,14 @@ class Ledger:
         listed = {}
         for pod in pods:
             listed[str((pod.get("metadata") or {}).get("uid") or "")] = pod
-        for uid in set(self._pods) - set(listed):
-            self.forget_pod(uid)
+        self.keep_only(set(listed))
         for pod in listed.values():
             self.update_pod(pod)
+
+    def keep_only(self, uids: set[str]) -> None:
+        """Forget every pod but those of `uids` (a list is whole: the others went meanwhile)."""
+        for uid in set(self._pods) - uids:
+            self.forget_pod(uid)
 
     # --- the rule ------------------------------------------------------------------------------
     def _judge(self, name: str) -> None:

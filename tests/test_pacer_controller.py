@@ -197,3 +197,22 @@ async def test_a_standby_releases_nothing() -> None:
     running.cancel()
     await asyncio.gather(running, return_exceptions=True)
     assert released == ["waiting"]
+
+
+def test_a_list_in_pages_is_taken_a_page_at_a_time_and_pruned_once_whole() -> None:
+    paced = pacer()
+    paced.listed_pods([pod("late", rv="9")])  # pages come by name, not by when pods were written
+    paced.listed_pods([pod("early", rv="3"), pod("bound", node_name="h100-a", rv="4")])
+    assert paced.ledger.unlabelled("h100-a")  # counted as soon as its page came
+    paced.replace_pods([])
+    first = paced._next()
+    assert first is not None and first.name == "early"
+    # A relist after an expired watch: "late" and "bound" went meanwhile.
+    paced.listed_pods([pod("early", rv="3")])
+    paced.replace_pods([])
+    assert not paced.ledger.unlabelled("h100-a")
+    names = []
+    while (entry := paced._next()) is not None:
+        names.append(entry.name)
+        paced.on_pod("DELETED", pod(entry.name))
+    assert names == ["early"]
