@@ -13,7 +13,8 @@ with a url), then the arrivals created through the API server in one of three mo
   order, cycled for resampled pods) divided by `factor`.
 
 The same seed's arrivals also go through the Python model (sim/replay.py) and both sets of figures
-are reported side by side.
+are reported side by side. With `--chaos` (sim/chaos.py) a webhook replica or the controller's
+leader is killed partway through the arrivals.
 
 May import aiohttp (through sim.kube_api), PyYAML, numpy, tqdm (a run's bar), gpuslice.{config,timeouts} and the other
 gpuslice.sim modules; the webhook runs as `python -m gpuslice.webhook.main`.
