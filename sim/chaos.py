@@ -108,6 +108,7 @@ class Monkey:
         self._controllers: list[Target] = []
         self._leading: Callable[[int], bool] = lambda port: False
         self._takeovers = 0  # leaders killed whose successor has not led yet
+        self.leaders_killed = 0
 
     def arm(
         self,
@@ -146,6 +147,7 @@ class Monkey:
                     self._webhooks.remove(target)
                 else:
                     self._controllers.remove(target)
+                    self.leaders_killed += 1
                     record["standby_leading_after_s"] = None  # until a remaining replica leads
                     watches.create_task(self._takeover(record, time.monotonic()), name="chaos-takeover")
 

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -432,12 +432,12 @@ async def _until_settled(
     fleet: kube_nodes.Fleet,
     limit: float,
     progress: Callable[[int], object] | None = None,
-    busy: Callable[[], bool] = lambda: False,
+    busy: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
     """Every pod accounted for and nothing moved for QUIET_SECONDS (an unschedulable pod may still be
     bound when a refusal frees room: the real scheduler retries, the model does not), and not
-    `busy()` (--chaos: a killed controller leader not yet succeeded). `progress(n)`: n pods have an
-    outcome now, on every look."""
+    `await busy()` (--chaos: a killed leader's work not yet taken over). `progress(n)`: n pods have
+    an outcome now, on every look."""
     deadline = time.monotonic() + limit
     calm_from = 0.0
     while time.monotonic() < deadline:
@@ -446,12 +446,26 @@ async def _until_settled(
         settled = sum(1 for k in keys if outcomes.settled(k))
         if progress is not None:
             progress(settled)
-        if busy():
+        if busy is not None and await busy():
             calm_from = time.monotonic()  # the quiet time starts once it is not
         quiet = time.monotonic() - max(outcomes.last_change, calm_from)
         if settled == len(keys) and quiet >= QUIET_SECONDS:
             return
         await asyncio.sleep(0.2)
+
+
+async def _leader_work_left(api: kube_api.Api, monkey: chaos_.Monkey, journal_label: str) -> bool:
+    """After a leader's kill: no successor leads yet, or requeues it left half done are still in the
+    requeue journal (controller/requeue_journal.py's ConfigMaps, labelled `journal_label`).
+    The successor finishes those only once they are the journal's grace old: until then their pods
+    are waiting (deleted, or Failed), not lost."""
+    if not monkey.leaders_killed:
+        return False
+    if monkey.waiting_for_a_leader:
+        return True
+    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+    listed = await api.request("GET", path, params={"labelSelector": journal_label})
+    return bool(listed.get("items"))
 
 
 def _start_webhook(
@@ -820,7 +834,8 @@ async def _drive(
         try:
             await _arrive(api, manifests, outcomes, arrival, gaps)
             created = time.monotonic()
-            busy = (lambda: monkey.waiting_for_a_leader) if monkey is not None else (lambda: False)
+            journal = f"{contract.prefix}/requeue-journal"  # the controller's journal label
+            busy = functools.partial(_leader_work_left, api, monkey, journal) if monkey is not None else None
             await _until_settled(keys, outcomes, fleet, settle_limit, progress, busy)
             await fleet.settle()
             wall = max(outcomes.last_change, created) - t0  # the quiet time at the end is not counted
