@@ -1,6 +1,7 @@
 """`gpuslice-sim --scheduler kube --chaos` (sim/chaos.py): the flag's grammar, what a run needs for
-each kill (said before any replay), and the monkey killing its target once a run's creates pass
-the fraction, recording what and when. The kills in a real replay: tests/e2e/test_real_replay.py."""
+each kill (said before any replay), the monkey killing its target once a run's creates pass the
+fraction, recording what and when, and a run kept going while a killed leader's requeues wait in
+its journal. The kills in a real replay: tests/e2e/test_real_replay.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuslice.sim import chaos, controlplane, main
+from gpuslice.sim import chaos, controlplane, kube_replay, main
 
 
 @pytest.mark.parametrize(
@@ -138,3 +139,27 @@ async def test_a_kill_with_nothing_of_its_kind_to_kill_is_recorded_as_such() -> 
     monkey = chaos.Monkey([chaos.parse("kill-webhook-replica@0.5")])  # never armed: a whole-GPU run
     await asyncio.wait_for(monkey.run(10, lambda: 10, 0.0), 5)
     assert monkey.records == [{"event": "kill-webhook-replica@0.5", "after_creates": 10, "killed": None}]
+
+
+class _Journal:
+    """What the replay asks of the API server after a leader's kill: the journal's ConfigMaps."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self.asked: list[tuple[str, str, dict[str, str]]] = []
+
+    async def request(self, method: str, path: str, *, params: dict[str, str]) -> dict[str, Any]:
+        self.asked.append((method, path, params))
+        return {"items": [{}] * self.entries}
+
+
+async def test_a_run_is_not_over_while_a_killed_leaders_requeues_wait_in_its_journal() -> None:
+    monkey = chaos.Monkey([chaos.parse("kill-controller-leader@0.5")])
+    label = "gpuslice.io/requeue-journal"
+    left = kube_replay._leader_work_left
+    assert not await left(_Journal(1), monkey, label)  # type: ignore[arg-type]  # no leader killed: not asked
+    monkey.leaders_killed = 1
+    api = _Journal(2)
+    assert await left(api, monkey, label)  # type: ignore[arg-type]
+    assert api.asked == [("GET", "/api/v1/namespaces/default/configmaps", {"labelSelector": label})]
+    assert not await left(_Journal(0), monkey, label)  # type: ignore[arg-type]  # the successor finished them
