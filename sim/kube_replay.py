@@ -13,7 +13,8 @@ with a url), then the arrivals created through the API server in one of three mo
   order, cycled for resampled pods) divided by `factor`.
 
 The same seed's arrivals also go through the Python model (sim/replay.py) and both sets of figures
-are reported side by side.
+are reported side by side. With `--chaos` (sim/chaos.py) a webhook replica or the controller's
+leader is killed partway through the arrivals.
 
 May import aiohttp (through sim.kube_api), PyYAML, numpy, tqdm (a run's bar), gpuslice.{config,timeouts},
 gpuslice.dra.slices (DRA mode) and the other gpuslice.sim modules; the webhook runs as
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import base64
 import collections
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -38,7 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,7 @@ import yaml
 
 from gpuslice import config, timeouts
 from gpuslice.dra import slices
+from gpuslice.sim import chaos as chaos_
 from gpuslice.sim import controlplane, kube_api, kube_dra, kube_nodes, provenance, replay, scheduler, trace
 from gpuslice.sim import placements as placements_
 from gpuslice.sim import progress as progress_
@@ -73,6 +76,9 @@ PACED_DRAWS = 9
 REQUEUE_BACKOFF_SECONDS = 0.1  # the controller's first requeue delay here (x2 each time, 5 at most: 3.1 s)
 QUIET_SECONDS = 3.0  # burst/compressed: done once every pod is accounted for and nothing moved this long
 POD_TIMEOUT = 120.0  # sequential: longest wait for one pod's outcome
+# Sends of one create whose webhook call failed (its replica died with it in flight), as a client retries.
+CREATE_ATTEMPTS = 5
+LEADING = b"\ngpuslice_controller_leading 1.0"  # a controller's /metrics while it leads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +195,8 @@ class KubeResult:
     diagnosis: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     lost_pods: int = 0  # refused by a kubelet and not recreated into a placed or waiting pod
     paced_draws: list[float] = dataclasses.field(default_factory=list)  # every draw's granted ratio
+    chaos: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # what --chaos killed, and when
+    create_retries: int = 0  # creates sent again after a failed webhook call
 
     @property
     def difference_points(self) -> float:
@@ -207,6 +215,8 @@ class KubeResult:
             "setup_s": round(self.setup_s, 1),
             "arrivals_s": round(self.arrivals_s, 1),
             "lost_pods": self.lost_pods,
+            "chaos": self.chaos,
+            "create_retries": self.create_retries,
             "unaccounted": self.unaccounted,
             "label_writes": self.label_writes,
             "errors": self.errors[:20],
@@ -229,6 +239,7 @@ class _Outcomes:
         self.stored: dict[str, int] = {}  # pod key -> resourceVersion of its create: the order it was stored in
         self.first_outcome_at: dict[str, float] = {}  # first bound or marked unschedulable (or denied)
         self.errors: list[str] = []
+        self.create_retries = 0  # creates sent again after a failed webhook call
         self.last_change = time.monotonic()
         self._waiters: dict[str, asyncio.Future[None]] = {}
         fleet.listeners.append(self._on_decision)
@@ -353,7 +364,7 @@ def _diagnosis(outcomes: _Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[s
 async def _create(api: kube_api.Api, manifest: dict[str, Any], outcomes: _Outcomes) -> None:
     key = f"{NAMESPACE}/{manifest['metadata']['name']}"
     try:
-        created = await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", manifest)
+        created = await _send(api, manifest, outcomes)
         outcomes.created_at[key] = time.monotonic()
         version = str((created.get("metadata") or {}).get("resourceVersion") or "")
         if version.isdigit():
@@ -365,6 +376,20 @@ async def _create(api: kube_api.Api, manifest: dict[str, Any], outcomes: _Outcom
         outcomes.deny(key, exc.message)
         return
     outcomes.created.add(key)
+
+
+async def _send(api: kube_api.Api, manifest: dict[str, Any], outcomes: _Outcomes) -> Any:
+    """The create, sent again (as a controller would) while it fails because the API server could not
+    call the webhook: the replica that had it died (--chaos), and failurePolicy Fail refused it."""
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            return await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", manifest)
+        except kube_api.ApiError as exc:
+            if "failed calling webhook" not in exc.message or attempt == CREATE_ATTEMPTS - 1:
+                raise
+            outcomes.create_retries += 1
+            await asyncio.sleep(0.1 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 async def _arrive(
@@ -408,20 +433,40 @@ async def _until_settled(
     fleet: kube_nodes.Fleet,
     limit: float,
     progress: Callable[[int], object] | None = None,
+    busy: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
     """Every pod accounted for and nothing moved for QUIET_SECONDS (an unschedulable pod may still be
-    bound when a refusal frees room: the real scheduler retries, the model does not). `progress(n)`:
-    n pods have an outcome now, on every look."""
+    bound when a refusal frees room: the real scheduler retries, the model does not), and not
+    `await busy()` (--chaos: a killed leader's work not yet taken over). `progress(n)`: n pods have
+    an outcome now, on every look."""
     deadline = time.monotonic() + limit
+    calm_from = 0.0
     while time.monotonic() < deadline:
         if fleet.failed_tasks():
             return
         settled = sum(1 for k in keys if outcomes.settled(k))
         if progress is not None:
             progress(settled)
-        if settled == len(keys) and time.monotonic() - outcomes.last_change >= QUIET_SECONDS:
+        if busy is not None and await busy():
+            calm_from = time.monotonic()  # the quiet time starts once it is not
+        quiet = time.monotonic() - max(outcomes.last_change, calm_from)
+        if settled == len(keys) and quiet >= QUIET_SECONDS:
             return
         await asyncio.sleep(0.2)
+
+
+async def _leader_work_left(api: kube_api.Api, monkey: chaos_.Monkey, journal_label: str) -> bool:
+    """After a leader's kill: no successor leads yet, or requeues it left half done are still in the
+    requeue journal (controller/requeue_journal.py's ConfigMaps, labelled `journal_label`).
+    The successor finishes those only once they are the journal's grace old: until then their pods
+    are waiting (deleted, or Failed), not lost."""
+    if not monkey.leaders_killed:
+        return False
+    if monkey.waiting_for_a_leader:
+        return True
+    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+    listed = await api.request("GET", path, params={"labelSelector": journal_label})
+    return bool(listed.get("items"))
 
 
 def _start_webhook(
@@ -468,18 +513,20 @@ def _webhook_ready(plane: controlplane.ControlPlane, port: int) -> bool:
 
 def _start_webhooks(
     plane: controlplane.ControlPlane, settings: config.Config, replicas: int | None
-) -> tuple[int, bytes, list[int]]:
+) -> tuple[int, bytes, list[chaos_.Target]]:
     """The webhook, or (`replicas`) that many webhook processes behind a round-robin TCP proxy
     (sim/rrproxy.py), as a Service spreads the API server's connections over a Deployment's pods
     (one replica behind it too, so that a comparison differs in the replicas alone); (port the API
-    server calls, CA PEM, each replica's own port)."""
+    server calls, CA PEM, each replica with its own port)."""
     if replicas is None:
-        _, port, ca_pem = _start_webhook(plane, settings)
-        return port, ca_pem, [port]
-    ports = []
+        process, port, ca_pem = _start_webhook(plane, settings)
+        return port, ca_pem, [chaos_.Target("webhook", process, port)]
+    started = []
     for i in range(replicas):
-        _, backend, ca_pem = _start_webhook(plane, settings, "webhook" if i == 0 else f"webhook-{i}")
-        ports.append(backend)
+        name = "webhook" if i == 0 else f"webhook-{i}"
+        process, backend, ca_pem = _start_webhook(plane, settings, name)
+        started.append(chaos_.Target(name, process, backend))
+    ports = [t.port for t in started]
     port = controlplane.free_port()
     proxy = plane.spawn(
         "webhook-proxy",
@@ -493,7 +540,7 @@ def _start_webhooks(
     )
 
     plane._wait(proxy, "the webhook proxy", functools.partial(_webhook_ready, plane, port), timeout=30)
-    return port, ca_pem, ports
+    return port, ca_pem, started
 
 
 def start_controller(
@@ -537,19 +584,25 @@ def controller_answers(port: int, path: str, expected: bytes = b"") -> bool:
         return False
 
 
-def _start_controller(plane: controlplane.ControlPlane, webhook_ports: Sequence[int], pacing: bool) -> Any:
+def _start_controller(
+    plane: controlplane.ControlPlane, webhook_ports: Sequence[int], pacing: bool, *, standby: bool = False
+) -> list[chaos_.Target]:
     """The controller on the webhook's config.yaml, as the chart runs it, once it leads (with no
     POD_NAMESPACE its Lease and journal are in "default"); with pacing, once every webhook replica
     (`webhook_ports`, each asked directly) has seen its Lease renewed, so that the burst is gated
-    from its first pod."""
-    process, port = start_controller(
+    from its first pod. `standby`: a second replica too, once its views are listed (for --chaos)."""
+    config_file = plane.workdir / "webhook" / "config.yaml"
+    start = functools.partial(
+        start_controller,
         plane,
-        plane.workdir / "webhook" / "config.yaml",
+        config_file,
         str(plane.admin_kubeconfig),
         log_level=os.environ.get("GPUSLICE_SIM_CONTROLLER_LOG", "WARNING"),
     )
-    leading = functools.partial(controller_answers, port, "/metrics", b"\ngpuslice_controller_leading 1.0")
+    process, port = start()
+    leading = functools.partial(controller_answers, port, "/metrics", LEADING)
     plane._wait(process, "the controller to lead", leading, timeout=60)
+    started = [chaos_.Target("controller", process, port)]
     if pacing:
 
         def gating() -> bool:
@@ -560,7 +613,11 @@ def _start_controller(plane: controlplane.ControlPlane, webhook_ports: Sequence[
             return True
 
         plane._wait(process, "the webhook to see the controller's Lease", gating, timeout=60)
-    return process
+    if standby:
+        name = "controller-standby"
+        process, port = start(name=name)
+        started.append(chaos_.Target(name, process, port))
+    return started
 
 
 def _webhook_configuration(port: int, ca_pem: bytes, *, side_effects: str = "None") -> dict[str, Any]:
@@ -716,6 +773,7 @@ async def _drive(
     progress: Callable[[int], object] | None = None,
     placements: bool = False,
     webhook_replicas: int | None = None,
+    monkey: chaos_.Monkey | None = None,
 ) -> tuple[
     replay.Result,
     float,
@@ -725,6 +783,7 @@ async def _drive(
     list[str],
     ModelFeed,
     dict[str, dict[str, int]],
+    int,
     int,
 ]:
     settings = configuration.settings
@@ -741,15 +800,22 @@ async def _drive(
         )
         await fleet.create_nodes()
         if configuration.sharing:
-            port, ca_pem, replica_ports = await asyncio.to_thread(_start_webhooks, plane, settings, webhook_replicas)
+            port, ca_pem, replicas = await asyncio.to_thread(_start_webhooks, plane, settings, webhook_replicas)
             await api.create(
                 "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
                 _webhook_configuration(port, ca_pem, side_effects="NoneOnDryRun" if fleet.dra else "None"),
             )
             probe = trace.user_pod(trace.TracePod("gpuslice-sim-probe", 0, 0, 1, 500), contract, namespace=NAMESPACE)
             await _webhook_in_effect(api, probe)
+            controllers: list[chaos_.Target] = []
             if (settings.requeue.enabled or settings.pacing.enabled) and not fleet.dra:
-                await asyncio.to_thread(_start_controller, plane, replica_ports, settings.pacing.enabled)
+                standby = monkey is not None and chaos_.needs_standby(monkey.events)
+                controllers = await asyncio.to_thread(
+                    _start_controller, plane, [r.port for r in replicas], settings.pacing.enabled, standby=standby
+                )
+            if monkey is not None:  # a configuration without the webhook (whole GPUs) leaves it nothing to kill
+                leading = functools.partial(controller_answers, path="/metrics", expected=LEADING)
+                monkey.arm(plane, webhooks=replicas, controllers=controllers, leading=leading)
         outcomes = _Outcomes(fleet)
         watch = asyncio.create_task(
             kube_api.follow(api, f"/api/v1/namespaces/{NAMESPACE}/pods", outcomes.on_event), name="pods-watch"
@@ -763,15 +829,24 @@ async def _drive(
         keys = [f"{NAMESPACE}/{p.name}" for p in arrivals]
         t0 = time.monotonic()
         cpu0 = time.process_time()
+        chaos = None
+        if monkey is not None:
+            chaos = asyncio.create_task(monkey.run(len(manifests), lambda: len(outcomes.created_at), t0), name="chaos")
         try:
             await _arrive(api, manifests, outcomes, arrival, gaps)
             created = time.monotonic()
-            await _until_settled(keys, outcomes, fleet, settle_limit, progress)
+            journal = f"{contract.prefix}/requeue-journal"  # the controller's journal label
+            busy = functools.partial(_leader_work_left, api, monkey, journal) if monkey is not None else None
+            await _until_settled(keys, outcomes, fleet, settle_limit, progress, busy)
             await fleet.settle()
             wall = max(outcomes.last_change, created) - t0  # the quiet time at the end is not counted
             cpu = time.process_time() - cpu0
         finally:
             watch.cancel()
+            if chaos is not None:
+                chaos.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await chaos
             failed = fleet.failed_tasks()  # before stop(), which forgets its tasks
             await fleet.stop()
             # DRA mode: an allocation past a device's memory (the allocator's promise broken) is an error.
@@ -789,7 +864,18 @@ async def _drive(
             [outcomes.stored.get(k) for k in keys],
         )
         diagnosis = _diagnosis(outcomes, fleet)
-        return result, setup, created - t0, unaccounted, fleet.label_writes, errors, feed, diagnosis, lost
+        return (
+            result,
+            setup,
+            created - t0,
+            unaccounted,
+            fleet.label_writes,
+            errors,
+            feed,
+            diagnosis,
+            lost,
+            outcomes.create_retries,
+        )
 
 
 def replay_on_kube(
@@ -807,11 +893,13 @@ def replay_on_kube(
     progress: Callable[[int], object] | None = None,
     placements: bool = False,
     webhook_replicas: int | None = None,
+    chaos: Sequence[chaos_.Event] = (),
 ) -> KubeResult:
     """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model.
     `progress(n)`: n of the pods have an outcome on the control plane (called while they settle).
     `placements`: the kube run's Result also holds every pod's --placements line.
-    `webhook_replicas`: that many webhook processes behind a round-robin proxy (None: one, direct)."""
+    `webhook_replicas`: that many webhook processes behind a round-robin proxy (None: one, direct).
+    `chaos`: processes to kill partway through the arrivals (sim/chaos.py; chaos.check first)."""
     # The model knows device-plugin mode only: in DRA mode it gives the device-plugin figure beside it.
     modelled = configuration
     if configuration.settings.dra.enabled:
@@ -834,7 +922,8 @@ def replay_on_kube(
             # Pods' claims from the webhook's templates; as fast as the scheduler binds.
             plane.start_controller_manager(kube_dra.DRA_CONTROLLERS, qps=SCHEDULER_QPS)
         version = plane.version()
-        kube, setup, arrivals_s, unaccounted, writes, errors, feed, diagnosis, lost = asyncio.run(
+        monkey = chaos_.Monkey(chaos) if chaos else None
+        kube, setup, arrivals_s, unaccounted, writes, errors, feed, diagnosis, lost, retries = asyncio.run(
             _drive(
                 plane,
                 nodes,
@@ -848,6 +937,7 @@ def replay_on_kube(
                 progress,
                 placements,
                 webhook_replicas,
+                monkey,
             )
         )
     finally:
@@ -874,6 +964,8 @@ def replay_on_kube(
         diagnosis,
         lost,
         draws,
+        monkey.records if monkey is not None else [],
+        retries,
     )
 
 
@@ -966,6 +1058,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="kube: N webhook processes behind a round-robin TCP proxy, as a Service spreads connections over a "
         "Deployment's pods (default: one webhook, no proxy)",
     )
+    group.add_argument(
+        "--chaos",
+        type=chaos_.parse,
+        action="append",
+        default=[],
+        metavar="ACTION@FRACTION",
+        help=f"kube: kill a process with SIGKILL once FRACTION (0-1] of the arrivals have been created; ACTION is "
+        f"{chaos_.KILL_WEBHOOK_REPLICA} (needs --webhook-replicas 2 or more) or {chaos_.KILL_CONTROLLER_LEADER} "
+        "(a standby controller then runs beside the leader); may be given once for each",
+    )
     group.add_argument("--kube-bin", metavar="DIR", help=f"the built Kubernetes components [{controlplane.BIN_ENV}]")
     group.add_argument("--kube-workdir", metavar="DIR", help="keep the components' logs here (default: a temp dir)")
 
@@ -981,6 +1083,12 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 f"in --kube-bin or ${controlplane.BIN_ENV} (`make e2e` builds them)"
             )
         settings = config.from_args(args, environ)
+        chaos_.check(
+            args.chaos,
+            webhook_replicas=args.webhook_replicas or 1,
+            controller=settings.requeue.enabled or settings.pacing.enabled,
+            dra="dra" in args.mode,
+        )
         nodes_file, pods_file = trace.trace_files(args.nodes, args.pods, args.trace_dir, environ, provenance.SOURCE)
         nodes = sample_nodes(trace.load_nodes(nodes_file), args.node_sample)
         pods = trace.load_pods(pods_file)
@@ -1030,6 +1138,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                         progress=functools.partial(_show_settled, shown),
                         placements=bool(args.placements),
                         webhook_replicas=args.webhook_replicas,
+                        chaos=args.chaos,
                     )
             finally:
                 if not args.kube_workdir:
@@ -1044,6 +1153,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "mode": ",".join(args.mode),
         "pacing": settings.pacing.enabled,  # device-plugin mode only (DRA has nothing to pace)
         "webhook_replicas": args.webhook_replicas or 1,
+        "chaos": [str(e) for e in args.chaos],
         "commit": commit,
     }
     if args.placements:
@@ -1062,6 +1172,17 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def _show_settled(shown: tqdm.tqdm[Any], settled: int) -> None:
     shown.update(settled - shown.n)
+
+
+def _chaos_line(kill: Mapping[str, Any]) -> str:
+    """One --chaos kill as the text report says it."""
+    if kill.get("killed") is None:
+        return f"{kill['event']}: nothing of that kind in this run, nothing killed"
+    line = f"{kill['event']}: killed {kill['killed']} {kill['at_s']:.1f} s in, after {kill['after_creates']} creates"
+    if "standby_leading_after_s" in kill:
+        took = kill["standby_leading_after_s"]
+        line += "; no standby led by the end" if took is None else f"; the standby led {took:.1f} s later"
+    return line
 
 
 def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]]) -> str:
@@ -1095,6 +1216,10 @@ def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, KubeResult]])
         )
         for reason, count in run.kube.admission_reasons.items():
             lines.append(f"{'':<24}lost x{count}: {reason}")
+        for kill in run.chaos:
+            lines.append(f"{'':<24}chaos: {_chaos_line(kill)}")
+        if run.create_retries:
+            lines.append(f"{'':<24}{run.create_retries} creates sent again after a failed webhook call")
         if run.unaccounted:
             lines.append(f"{'':<24}UNACCOUNTED: {len(run.unaccounted)} pods, e.g. {run.unaccounted[:3]}")
         for error in run.errors[:5]:

@@ -11,17 +11,21 @@ one is placed by then-current labels. docs/steering.md ("Bursts") describes this
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import json
 import os
 import pathlib
 import signal
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import k8skit
 import kubernetes
 import nodeagent
 import prometheus_client
+import prometheus_client.parser
 import pytest
 import yaml
 
@@ -49,6 +53,24 @@ def _two_h100_node_file(directory: pathlib.Path) -> pathlib.Path:
     return path
 
 
+@dataclasses.dataclass
+class NodePlugin:
+    """One node's device plugin process, and how its DaemonSet would start it again."""
+
+    harness: k8skit.Harness
+    start: Callable[[], k8skit.DevicePlugin]
+    plugin: k8skit.DevicePlugin
+
+    def restart(self) -> None:
+        self.plugin = self.start()
+
+
+@pytest.fixture
+def device_plugins() -> dict[str, NodePlugin]:
+    """Each gpu_nodes node's device plugin, by node name (gpu_nodes fills it)."""
+    return {}
+
+
 @pytest.fixture
 def gpu_nodes(
     release: Any,
@@ -57,6 +79,7 @@ def gpu_nodes(
     nodes: list[str],
     namespace: str,
     workdir: pathlib.Path,
+    device_plugins: dict[str, NodePlugin],
 ) -> Iterator[dict[str, nodeagent.NodeAgent]]:
     """NODES nodes of 2 x H100, each with kubelet's device manager, our device plugin and labeller (the
     chart's ServiceAccount, default rate limits) and the node agent admitting bound pods."""
@@ -66,7 +89,6 @@ def gpu_nodes(
     inventory = nodefile.load(node_file)
     account = f"{release.fullname}-device-plugin"
     agents: dict[str, nodeagent.NodeAgent] = {}
-    started: list[tuple[k8skit.Harness, Any]] = []
     try:
         for i in range(NODES):
             name = f"{namespace}-{i}"
@@ -79,15 +101,14 @@ def gpu_nodes(
             harness = k8skit.Harness(cluster, workdir, name=f"dmharness-{name}")
             harness.state_file = workdir / f"harness-{i}.json"
             harness.start()
-            plugin = k8skit.start_device_plugin(
-                cluster,
-                harness,
-                node_file,
-                name=f"device-plugin-{name}",
-                node_name=name,
-                kubeconfig=release.kubeconfig_of(account, bound_pod=plugin_pod),
-            )
-            started.append((harness, plugin))
+            kubeconfig = release.kubeconfig_of(account, bound_pod=plugin_pod)
+
+            def start(harness: k8skit.Harness = harness, name: str = name, kubeconfig: str = kubeconfig) -> Any:
+                return k8skit.start_device_plugin(
+                    cluster, harness, node_file, name=f"device-plugin-{name}", node_name=name, kubeconfig=kubeconfig
+                )
+
+            device_plugins[name] = NodePlugin(harness, start, start())
             k8skit.wait_for(
                 f"{name}'s plugin in the device manager",
                 lambda h=harness: h.allocatable(GPU_MEMORY) == 2 * UNITS_PER_H100 or None,
@@ -97,9 +118,9 @@ def gpu_nodes(
     finally:
         for agent in agents.values():
             agent.stop()
-        for harness, plugin in started:
-            cluster.stop_process(plugin.process)
-            harness.close()
+        for node_plugin in device_plugins.values():
+            cluster.stop_process(node_plugin.plugin.process)
+            node_plugin.harness.close()
 
 
 def gpus_held(gpu_nodes: dict[str, nodeagent.NodeAgent], namespace: str) -> set[tuple[str, str]]:
@@ -356,3 +377,189 @@ def test_the_controller_leader_killed_in_the_middle_of_a_burst_loses_no_pod(
     assert requeued == refusals, (requeued, refusals)
     assert core.list_namespaced_config_map(release.namespace, label_selector=JOURNAL_LABEL).items == []
     print(f"leader killed mid-burst: {refusals} kubelet refusals, all requeued by the standby")
+
+
+def _share_pod(name: str, group: str) -> dict[str, Any]:
+    """A bare pod of 0.6 GPU for the nodes of `group`: one such pod per H100."""
+    return k8skit.pod_object(
+        name, annotations={"gpu-fraction": "0.6"}, limits={"nvidia.com/gpu": 1}, nodeSelector={GROUP: group}
+    )
+
+
+def _create_together(core: kubernetes.client.CoreV1Api, namespace: str, names: Sequence[str]) -> int:
+    """Creates the 0.6-GPU pods `names` at once (a thread each) as a client would: a create the API
+    server could not have admitted (the webhook replica it called died: "failed calling webhook",
+    under the chart's failurePolicy Fail) is sent again. Returns how many creates were sent again."""
+
+    def one(name: str) -> int:
+        for attempt in range(5):
+            try:
+                core.create_namespaced_pod(namespace, _share_pod(name, namespace))
+                return attempt
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 409 and attempt:  # an earlier attempt got through after all
+                    return attempt
+                if "failed calling webhook" not in k8skit.api_error_message(exc) or attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        return sum(pool.map(one, names))
+
+
+def _requeued(pods: Sequence[Any]) -> int:
+    return sum(int((p.metadata.annotations or {}).get(CONTRACT.requeues_annotation, "0")) for p in pods)
+
+
+@dataclasses.dataclass
+class Replica:
+    """One webhook replica behind the proxy, and the CA its certificate is signed by."""
+
+    webhook: k8skit.Webhook
+    cafile: str
+
+    def admissions(self) -> float:
+        """AdmissionReviews it has answered (its own Prometheus counter)."""
+        status, body = controlplane._https_get(self.webhook.url + "/metrics", self.cafile)
+        assert status == 200
+        families = prometheus_client.parser.text_string_to_metric_families(body.decode())
+        family = next(f for f in families if f.name == "gpuslice_webhook_admissions")
+        return sum(s.value for s in family.samples if s.name == "gpuslice_webhook_admissions_total")
+
+
+@pytest.fixture
+def webhook_replicas(
+    release: Any, cluster: controlplane.ControlPlane, core: kubernetes.client.CoreV1Api
+) -> Iterator[list[Replica]]:
+    """The release's webhook as two replicas behind the replay's round-robin proxy (sim/rrproxy.py) on
+    the address the chart registered (webhook.externalURL), as the chart's Service spreads the API
+    server's connections over its Deployment's two pods; the one webhook again afterwards."""
+    secret = core.read_namespaced_secret(f"{release.fullname}-webhook-tls", release.namespace)
+    release.stop_webhook()
+    replicas: list[Replica] = []
+    proxy = None
+    try:
+        for i in range(2):
+            name = f"webhook-{release.name}-replica-{i}"
+            webhook = k8skit.start_webhook(
+                cluster,
+                name,
+                tls_secret=secret,
+                config_yaml=release.config_yaml(),
+                kubeconfig=release.kubeconfig_of(f"{release.fullname}-webhook"),
+                port=k8skit.free_port(),
+                env={"POD_NAMESPACE": release.namespace},
+            )
+            replicas.append(Replica(webhook, str(cluster.workdir / name / "ca.crt")))
+        proxy = cluster.spawn(
+            f"webhook-proxy-{release.name}",
+            [
+                sys.executable,
+                "-m",
+                "gpuslice.sim.rrproxy",
+                f"--listen=127.0.0.1:{release.port}",
+                *(f"--backend=127.0.0.1:{r.webhook.port}" for r in replicas),
+            ],
+        )
+
+        def answers() -> bool:
+            try:
+                return controlplane._https_get(f"https://127.0.0.1:{release.port}/readyz", replicas[0].cafile)[0] == 200
+            except OSError:
+                return False
+
+        k8skit.wait_for("the webhook proxy to answer", answers, timeout=30)
+        yield replicas
+    finally:
+        if proxy is not None:
+            cluster.stop_process(proxy)
+        for replica in replicas:
+            cluster.stop_process(replica.webhook.process)
+        release.start_webhook()
+
+
+def test_a_webhook_replica_killed_in_the_middle_of_a_burst_loses_no_pod(
+    release: Any,
+    cluster: controlplane.ControlPlane,
+    core: kubernetes.client.CoreV1Api,
+    gpu_nodes: dict[str, nodeagent.NodeAgent],
+    webhook_replicas: list[Replica],
+    namespace: str,
+) -> None:
+    # The four shares of one per GPU, half created together, then the replica that answered more of
+    # them killed (SIGKILL: connections cut, no goodbye), then the other half. The proxy passes the
+    # dead replica over, as a Service drops a dead pod's endpoint; the survivor converts the rest.
+    names = [f"hook-chaos-{i}" for i in range(2 * NODES)]
+    half = len(names) // 2
+    sent_again = _create_together(core, namespace, names[:half])
+    victim, survivor = sorted(webhook_replicas, key=Replica.admissions, reverse=True)
+    assert victim.admissions() > 0
+    before = survivor.admissions()
+    os.killpg(victim.webhook.process.popen.pid, signal.SIGKILL)
+    cluster.stop_process(victim.webhook.process)  # reaps it
+    # Every new connection reaches the survivor, whichever replica's turn it is.
+    proxy_url = f"https://127.0.0.1:{release.port}/readyz"
+    assert [controlplane._https_get(proxy_url, survivor.cafile)[0] for _ in range(4)] == [200] * 4
+    sent_again += _create_together(core, namespace, names[half:])
+
+    for name in names[half:]:  # created after the kill: converted all the same
+        pod = core.read_namespaced_pod(name, namespace)
+        assert GPU_MEMORY in (pod.spec.containers[0].resources.limits or {}), pod.spec.containers[0].resources
+        assert CONTRACT.decision_annotation in (pod.metadata.annotations or {}), pod.metadata.annotations
+    assert survivor.admissions() - before >= len(names) - half
+
+    running = k8skit.all_running(core, namespace, names, "every pod to run after a webhook replica was killed")
+    assert len(gpus_held(gpu_nodes, namespace)) == len(names)  # one per GPU: nothing overcommitted
+    refusals = sum(len(agent.refusals()) for agent in gpu_nodes.values())
+    assert _requeued(running) == refusals, (_requeued(running), refusals)
+    print(
+        f"webhook replica killed mid-burst: {refusals} kubelet refusals, all requeued; "
+        f"{sent_again} creates sent again after a failed webhook call"
+    )
+
+
+def test_a_device_plugin_killed_in_the_middle_of_a_burst_loses_no_pod_and_overcommits_no_gpu(
+    cluster: controlplane.ControlPlane,
+    core: kubernetes.client.CoreV1Api,
+    gpu_nodes: dict[str, nodeagent.NodeAgent],
+    device_plugins: dict[str, NodePlugin],
+    namespace: str,
+) -> None:
+    # Three of the four one-per-GPU shares first: one node holds two, the other one and has a GPU
+    # free. That node's plugin is killed (SIGKILL) with its pod's units held, and the last share can
+    # only go there: kubelet's device manager refuses it while the plugin is gone, the controller
+    # requeues it, and the plugin started again (as its DaemonSet would) must count the units held
+    # before it died: kubelet's checkpoint and PodResources, not the plugin's memory, say what is taken.
+    names = [f"plugin-chaos-{i}" for i in range(2 * NODES)]
+    _create_together(core, namespace, names[:-1])
+    k8skit.all_running(core, namespace, names[:-1], "the first three pods to run")
+    per_node = {node: sum(1 for n, _ in gpus_held(gpu_nodes, namespace) if n == node) for node in gpu_nodes}
+    (victim,) = [node for node, held in per_node.items() if held == 1]
+    agent, node_plugin = gpu_nodes[victim], device_plugins[victim]
+    refused_before = len(agent.refusals())
+    os.killpg(node_plugin.plugin.process.popen.pid, signal.SIGKILL)
+    cluster.stop_process(node_plugin.plugin.process)  # reaps it
+    _create_together(core, namespace, names[-1:])
+
+    k8skit.wait_for(
+        f"{victim}'s kubelet to refuse the last pod while its plugin is gone",
+        lambda: len(agent.refusals()) > refused_before,
+        timeout=60,
+    )
+    refusal = agent.refusals()[-1].message
+    node_plugin.restart()
+
+    running = k8skit.all_running(core, namespace, names, "every pod to run after the plugin came back", timeout=120)
+    assert len(gpus_held(gpu_nodes, namespace)) == len(names)  # one per GPU: nothing overcommitted
+    assert node_plugin.harness.allocatable(GPU_MEMORY) == 2 * UNITS_PER_H100
+    refusals = sum(len(agent.refusals()) for agent in gpu_nodes.values())
+    assert _requeued(running) == refusals, (_requeued(running), refusals)
+
+    # The restarted plugin's labels count both of the node's pods, the one held across its death too.
+    def labels() -> dict[str, str] | None:
+        found = core.read_node(victim).metadata.labels
+        return found if found.get(CONTRACT.label_free_gpus) == "0" else None
+
+    found = k8skit.wait_for(f"{victim}'s labels to count both its pods", labels, timeout=30)
+    assert found[CONTRACT.label_free_block_units] == str(UNITS_PER_H100 - int(0.6 * UNITS_PER_H100)), found
+    print(f"device plugin killed mid-burst: {refusals} kubelet refusals, all requeued; while gone: {refusal}")

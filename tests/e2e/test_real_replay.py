@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from gpuslice import config
-from gpuslice.sim import controlplane, kube_replay, placements, provenance, replay, trace
+from gpuslice.sim import chaos, controlplane, kube_replay, placements, provenance, replay, trace
 from gpuslice.sim import main as sim_main
 
 pytestmark = [pytest.mark.e2e]
@@ -69,7 +69,13 @@ def _children() -> list[int]:
 
 
 def _run(
-    tmp_path: pathlib.Path, arrival: str, *, steering: bool, dra: bool = False, webhook_replicas: int | None = None
+    tmp_path: pathlib.Path,
+    arrival: str,
+    *,
+    steering: bool,
+    dra: bool = False,
+    webhook_replicas: int | None = None,
+    events: tuple[chaos.Event, ...] = (),
 ) -> kube_replay.KubeResult:
     binaries = k8skit.binaries_or_skip()  # fails instead under GPUSLICE_REQUIRE_E2E=1 (CI)
     nodes, pods = _input()
@@ -90,6 +96,7 @@ def _run(
         settle_limit=180,  # a loaded CI machine: the run usually settles in seconds
         placements=True,
         webhook_replicas=webhook_replicas,
+        chaos=events,
     )
     left = set(_children()) - before
     assert not left, f"processes left behind: {sorted(left)}"
@@ -195,3 +202,20 @@ def test_a_burst_through_two_webhook_replicas_behind_a_round_robin_loses_no_pod(
     result = _run(tmp_path, "burst", steering=True, webhook_replicas=2)
     assert result.label_writes > 0
     assert result.kube.placed_pods > 0
+
+
+def test_a_burst_with_a_webhook_replica_and_the_controller_leader_killed_partway_loses_no_pod(
+    tmp_path: pathlib.Path,
+) -> None:
+    # `--chaos`: one of two webhook replicas killed after 30 % of the creates, the controller's leader
+    # (a standby beside it) after half. _run asserts what must hold: no error (a create whose webhook
+    # call died with its replica is sent again), every pod accounted for, none lost (the run is not
+    # over until the standby leads and has requeued what kubelet refused), nothing left running.
+    events = (chaos.parse("kill-webhook-replica@0.3"), chaos.parse("kill-controller-leader@0.5"))
+    result = _run(tmp_path, "burst", steering=True, webhook_replicas=2, events=events)
+    replica, leader = result.chaos
+    assert (replica["event"], replica["killed"]) == ("kill-webhook-replica@0.3", "webhook")
+    assert (leader["event"], leader["killed"]) == ("kill-controller-leader@0.5", "controller")
+    assert 0.3 * result.kube.pods <= replica["after_creates"] <= leader["after_creates"]
+    assert leader["standby_leading_after_s"] is not None, leader
+    assert result.to_json()["chaos"] == result.chaos
