@@ -23,8 +23,9 @@ WORKDIR /src
 COPY requirements/build.txt requirements/build.txt
 RUN python -m pip install --quiet --require-hashes --no-deps --only-binary=:all: -r requirements/build.txt
 COPY . .
-# Stubs, wheel, a venv without pip from requirements/image.txt (hashes) and the wheel, pruned of
-# what gpuslice never imports, every entry point started with --help.
+# Stubs, wheel (less the tools: the simulator and the demo), a venv without pip from
+# requirements/image.txt (hashes) and the wheel, pruned of what gpuslice never imports, checked to
+# hold none of the tools or what only they import, every entry point started with --help.
 RUN python tools/build-image-venv.py build --src /src --dest /opt/gpuslice
 
 # --- runtime: the venv on the same base image, nothing else ----------------------------------------

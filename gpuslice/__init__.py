@@ -6,8 +6,9 @@ the scheduler counts it), `listwatch`, `backoff`, `timeouts` and `kubeclient`. T
 beside it, each from its top-level folder: the processes `gpuslice.webhook` (admission),
 `gpuslice.deviceplugin` (node), `gpuslice.dra` (node, DRA mode), `gpuslice.pacer` and
 `gpuslice.controller`; `gpuslice.proto` (wire contracts); the tools `gpuslice.sim` (packing
-simulator) and `gpuslice.demo`. What may import what: docs/architecture.md, checked by
-import-linter (pyproject.toml) in `make check`; the core imports no process or tool.
+simulator) and `gpuslice.demo`, which the container image leaves out. What may import what:
+docs/architecture.md, checked by import-linter (pyproject.toml) in `make check`; the core imports no
+process or tool.
 """
 
 __version__ = "0.1.0"

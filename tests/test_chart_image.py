@@ -1,16 +1,21 @@
 """The container image recipe and the helm installer, checked without Docker or a network:
-the Dockerfile's entry points are the console scripts the chart runs, everything it installs is
-pinned (base image by digest, Python packages by hash), the image's user is the non-root one the
-chart expects, and tools/install-helm.py finds or installs a helm, or says the chart tests skip.
+the Dockerfile's entry points are the console scripts the chart runs, the image carries the product
+only (not the simulator, the demo or what only they import), everything it installs is pinned (base
+image by digest, Python packages by hash), the image's user is the non-root one the chart expects,
+and tools/install-helm.py finds or installs a helm, or says the chart tests skip.
 (`make image-check` runs the image's build steps for real in a throwaway venv; it needs PyPI.)"""
 
 from __future__ import annotations
 
+import ast
+import base64
 import fnmatch
+import hashlib
 import importlib.util
 import pathlib
 import re
 import tomllib
+import zipfile
 
 import chartkit
 import pytest
@@ -74,7 +79,9 @@ def build_commands(tmp_path) -> list[list[str]]:
         tmp_path / "opt",
         "python",
         runner=lambda command, **_: commands.append([str(w) for w in command]),
-        pruner=lambda venv: [],
+        pruner=lambda venv: commands.append(["<prune>"]) or [],
+        slimmer=lambda wheels: commands.append(["<tools out of the wheel>"]) or ([], []),
+        checker=lambda venv: commands.append(["<tools absent>"]),
     )
     return commands
 
@@ -86,10 +93,13 @@ def test_the_image_builds_both_entry_points_with_the_build_script_and_checks_the
     commands = [" ".join(c) for c in build_commands(tmp_path)]
     step = {name: next(i for i, c in enumerate(commands) if marker in c) for name, marker in [
         ("stubs", "proto/generate.py"), ("wheel", "pip wheel"), ("venv", "-m venv"),
-        ("locked", "requirements/image.txt"), ("gpuslice", "--find-links"),
+        ("locked", "requirements/image.txt"), ("gpuslice", "--find-links"), ("slim", "<tools out of the wheel>"),
+        ("prune", "<prune>"), ("absent", "<tools absent>"), ("help", "--help"),
     ]}  # fmt: skip
     # Stubs are gitignored: generated inside the build, before the wheel is made.
     assert step["stubs"] < step["wheel"] < step["gpuslice"] and step["venv"] < step["locked"] < step["gpuslice"]
+    # The wheel loses the tools before it is installed; the venv is checked for them before any command starts.
+    assert step["wheel"] < step["slim"] < step["gpuslice"] < step["prune"] < step["absent"] < step["help"]
     assert "--without-pip" in commands[step["venv"]]  # no pip in the runtime venv
     locked = commands[step["locked"]]
     assert "--require-hashes" in locked and "--only-binary=:all:" in locked and "--no-deps" in locked
@@ -155,6 +165,148 @@ def test_what_the_image_prunes_is_never_imported_by_gpuslice():
     for source in sources:
         text = source.read_text()
         assert not re.search(r"kubernetes\.aio|from kubernetes import aio|numpy\.[\w.]*tests", text), source
+
+
+def test_every_console_script_is_one_the_chart_runs_or_a_tools():
+    """The image keeps the first and leaves out the second (tools/build-image-venv.py's TOOLS)."""
+    builder = load_tool("build-image-venv")
+    scripts = PYPROJECT["project"]["scripts"]
+    tools = {name for name, target in scripts.items() if builder.is_tool(target.partition(":")[0])}
+    assert tools == {"gpuslice-sim", "gpuslice-demo"}
+    assert set(scripts) - tools == set(builder.ENTRY_POINTS) == chart_commands()
+    assert set(builder.TOOLS) == {"gpuslice.sim", "gpuslice.demo"}
+    assert {f"gpuslice/{tool.split('.')[1]}" for tool in builder.TOOLS} <= set(builder.ABSENT)
+
+
+def test_what_only_the_tools_import_is_the_sim_extra_which_the_image_lock_leaves_out():
+    from packaging.requirements import Requirement
+
+    builder = load_tool("build-image-venv")
+    only_tools = {name for name in builder.ABSENT if not name.startswith("gpuslice/")}
+    assert only_tools == {"tqdm", "jsonpatch", "cryptography"}  # import names, here also the distributions'
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert {Requirement(r).name.lower() for r in extras["sim"]} == only_tools
+    assert "gpuslice[sim]" in extras["dev"]  # `make venv` and CI install the tools' dependencies
+    assert not only_tools & {Requirement(r).name.lower() for r in PYPROJECT["project"]["dependencies"]}
+    assert not only_tools & set(lock("image.txt")), "requirements/image.txt is stale: run make lock"
+
+
+def product_sources() -> list[pathlib.Path]:
+    """Every module the image installs: the package's own and its folders', the tools' left out."""
+    builder = load_tool("build-image-venv")
+    package = REPO / "gpuslice"
+    sources = list(package.glob("*.py"))
+    for folder in sorted(package.iterdir()):
+        if folder.is_dir() and (folder / "__init__.py").exists() and not builder.is_tool(f"gpuslice.{folder.name}"):
+            sources += folder.resolve().rglob("*.py")
+    return sources
+
+
+def test_the_components_import_neither_the_tools_nor_what_only_they_need():
+    """What the image leaves out is never imported by what it runs (lazily inside a function included):
+    import-linter's layers keep gpuslice.sim and gpuslice.demo above the components; this adds the
+    tools' own dependencies."""
+    builder = load_tool("build-image-venv")
+    absent = {name.replace("/", ".") for name in builder.ABSENT}
+    sources = product_sources()
+    folders = {path.resolve().relative_to(REPO).parts[0] for path in sources}
+    assert {"gpuslice", "webhook", "deviceplugin", "dra", "pacer", "controller", "proto"} <= folders
+    assert not folders & {"sim", "demo"}
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for name in names:
+                assert not any(name == a or name.startswith(a + ".") for a in absent), f"{source}: imports {name}"
+
+
+def fake_wheel(path: pathlib.Path, scripts: dict[str, str]) -> pathlib.Path:
+    """A gpuslice wheel as setuptools lays it out, with a RECORD of every file."""
+    wheel = path / "gpuslice-0.1.0-py3-none-any.whl"
+    info = "gpuslice-0.1.0.dist-info"
+    entry_points = "[console_scripts]\n" + "".join(f"{name} = {target}\n" for name, target in scripts.items())
+    files = {
+        "gpuslice/__init__.py": "",
+        "gpuslice/simulated.py": "",  # named like a tool, not one
+        "gpuslice/webhook/main.py": "def main(): pass\n",
+        "gpuslice/sim/main.py": "import tqdm\n",
+        "gpuslice/sim/kubelet.py": "",
+        "gpuslice/demo/main.py": "import jsonpatch\n",
+        "gpuslice/examples/demo-node.yaml": "gpus: []\n",
+        f"{info}/METADATA": "Name: gpuslice\n",
+        f"{info}/entry_points.txt": entry_points,
+        f"{info}/top_level.txt": "gpuslice\n",
+    }
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        z.writestr(f"{info}/RECORD", "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n")
+    return wheel
+
+
+def test_the_image_wheel_leaves_out_the_tools_and_their_commands_and_stays_a_valid_wheel(tmp_path):
+    builder = load_tool("build-image-venv")
+    wheel = fake_wheel(tmp_path, PYPROJECT["project"]["scripts"])
+    files, entry_points = builder.product_wheel(tmp_path)
+    assert files == ["gpuslice/sim/main.py", "gpuslice/sim/kubelet.py", "gpuslice/demo/main.py"]
+    assert entry_points == ["gpuslice-sim (console_scripts)", "gpuslice-demo (console_scripts)"]
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        assert not [name for name in names if name.startswith(("gpuslice/sim/", "gpuslice/demo/"))]
+        assert {"gpuslice/simulated.py", "gpuslice/webhook/main.py", "gpuslice/examples/demo-node.yaml"} <= set(names)
+        left = re.findall(r"^(\S+) = ", z.read("gpuslice-0.1.0.dist-info/entry_points.txt").decode(), re.MULTILINE)
+        assert sorted(left) == sorted(builder.ENTRY_POINTS)
+        # RECORD lists every file with its hash and size, itself last and unhashed, as pip expects.
+        assert names[-1] == "gpuslice-0.1.0.dist-info/RECORD"
+        rows = [row.split(",") for row in z.read(names[-1]).decode().splitlines()]
+        assert [row[0] for row in rows] == names
+        for name, digest, size in rows[:-1]:
+            data = z.read(name)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert (digest, size) == (f"sha256={expected}", str(len(data))), name
+        assert rows[-1] == [names[-1], "", ""]
+
+
+def test_the_image_wheel_refuses_a_command_that_is_neither_the_charts_nor_a_tools(tmp_path):
+    builder = load_tool("build-image-venv")
+    fake_wheel(tmp_path, {**PYPROJECT["project"]["scripts"], "gpuslice-new": "gpuslice.webhook.main:main"})
+    with pytest.raises(builder.BuildError, match="ENTRY_POINTS"):
+        builder.product_wheel(tmp_path)
+    # A wheel without one of the tools means TOOLS is out of date (a tool renamed or moved).
+    scripts = {name: target for name, target in PYPROJECT["project"]["scripts"].items() if "demo" not in name}
+    empty = tmp_path / "no-demo"
+    empty.mkdir()
+    wheel = fake_wheel(empty, scripts)
+    with zipfile.ZipFile(wheel) as z:
+        kept = {name: z.read(name) for name in z.namelist() if not name.startswith("gpuslice/demo/")}
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in kept.items():
+            z.writestr(name, data)
+    with pytest.raises(builder.BuildError, match="has no gpuslice.demo: update TOOLS"):
+        builder.product_wheel(empty)
+
+
+def test_the_image_check_finds_the_tools_and_their_dependencies_in_a_venv(tmp_path):
+    builder = load_tool("build-image-venv")
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    (site / "gpuslice" / "webhook").mkdir(parents=True)
+    (venv / "bin").mkdir()
+    for command in builder.ENTRY_POINTS:
+        (venv / "bin" / command).write_text("")
+    assert builder.leftovers(venv) == []
+    builder.check_absent(venv)
+    (site / "gpuslice" / "sim").mkdir()
+    (site / "tqdm").mkdir()
+    (site / "jsonpatch.py").write_text("")  # a module, not a package
+    (venv / "bin" / "gpuslice-demo").write_text("")
+    assert builder.leftovers(venv) == ["gpuslice/sim", "tqdm", "jsonpatch", "bin/gpuslice-demo"]
+    with pytest.raises(builder.BuildError, match="gpuslice/sim, tqdm, jsonpatch, bin/gpuslice-demo"):
+        builder.check_absent(venv)
 
 
 def test_prune_refuses_a_pattern_that_matches_nothing(tmp_path):

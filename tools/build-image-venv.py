@@ -7,11 +7,13 @@ installed requirements/build.txt with hashes):
     python tools/build-image-venv.py build --src /src --dest /opt/gpuslice
 
   1. generate the gRPC stubs (grpcio-tools, a build-time tool only);
-  2. build the gpuslice wheel from the source (setuptools, no build isolation: nothing unlocked);
+  2. build the gpuslice wheel from the source (setuptools, no build isolation: nothing unlocked) and
+     take the tools out of it (TOOLS: the packing simulator and the demo, their console scripts);
   3. make a venv without pip at --dest and install requirements/image.txt into it with
      --require-hashes and wheels only, then the gpuslice wheel without dependencies;
   4. prune what no gpuslice code imports (PRUNED: kubernetes' asyncio twin, numpy's tests);
-  5. start every entry point the chart runs with --help.
+  5. check that the tools and what only they import (ABSENT) are not in the venv, and that its only
+     gpuslice commands are the chart's; start each of them with --help.
 
 `check` (`make image-check`) runs the same steps where there is no engine: a throwaway venv stands in
 for the base image's Python (requirements/build.txt installed with hashes, as the Dockerfile does),
@@ -25,7 +27,9 @@ Standard library only. May import nothing from gpuslice (it runs before gpuslice
 from __future__ import annotations
 
 import argparse
+import base64
 import fnmatch
+import hashlib
 import os
 import pathlib
 import re
@@ -33,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Callable, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -49,6 +54,15 @@ BUILD_LOCK = "requirements/build.txt"
 # Paths under site-packages (globs) that no gpuslice code imports, removed from the image:
 # kubernetes.aio is a complete asyncio copy of the generated client (about 68 MB); numpy's test suites.
 PRUNED = ("kubernetes/aio", "numpy/**/tests")
+
+# The tools: in the repository and the development install, not in the image. They run the product's
+# code on simulated nodes, and nothing the chart runs imports them (the import-linter layers in
+# pyproject.toml). The wheel the image installs is rewritten without their packages and console
+# scripts (its RECORD rewritten to match), so that no file or command of theirs reaches the venv.
+TOOLS = ("gpuslice.sim", "gpuslice.demo")
+# Importable in the development venv, never in the image's: the tools, and what only they import (the
+# `sim` extra of pyproject.toml, which requirements/image.txt does not lock). Paths under site-packages.
+ABSENT = ("gpuslice/sim", "gpuslice/demo", "tqdm", "jsonpatch", "cryptography")
 
 Runner = Callable[..., None]
 
@@ -92,18 +106,96 @@ def prune(venv: pathlib.Path) -> list[pathlib.Path]:
     return removed
 
 
+def is_tool(module: str) -> bool:
+    return any(module == tool or module.startswith(tool + ".") for tool in TOOLS)
+
+
+def record_line(name: str, data: bytes) -> str:
+    """A RECORD row as the wheel format writes it: urlsafe base64 sha256 without padding, size."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def product_wheel(wheels: pathlib.Path) -> tuple[list[str], list[str]]:
+    """Rewrite the gpuslice wheel in `wheels` without TOOLS: their files, and their entry points in
+    entry_points.txt (so pip makes no command for them), RECORD rewritten to match: what is installed
+    is what the metadata says. Returns (files, entry points) left out. The console scripts left must
+    be the chart's ENTRY_POINTS exactly: a new command is either one the image runs (add it to
+    ENTRY_POINTS) or a tool's (its package in TOOLS)."""
+    (wheel,) = wheels.glob("gpuslice-*.whl")
+    tool_paths = tuple(tool.replace(".", "/") + "/" for tool in TOOLS)
+    files: list[str] = []
+    entry_points: list[str] = []
+    kept: list[tuple[zipfile.ZipInfo, bytes]] = []
+    scripts: list[str] = []
+    with zipfile.ZipFile(wheel) as source:
+        for info in source.infolist():
+            if info.filename.startswith(tool_paths):
+                files.append(info.filename)
+                continue
+            data = source.read(info)
+            if info.filename.endswith(".dist-info/entry_points.txt"):
+                lines, group = [], ""
+                for line in data.decode().splitlines(keepends=True):
+                    header = re.fullmatch(r"\[(.+)\]\s*", line)
+                    group = header.group(1) if header else group
+                    entry = re.fullmatch(r"\s*([^=\s]+)\s*=\s*([\w.]+)\s*:.*\s*", line)
+                    if entry and is_tool(entry.group(2)):
+                        entry_points.append(f"{entry.group(1)} ({group})")
+                        continue
+                    if entry and group == "console_scripts":
+                        scripts.append(entry.group(1))
+                    lines.append(line)
+                data = "".join(lines).encode()
+            kept.append((info, data))
+    missing = [tool for tool, path in zip(TOOLS, tool_paths, strict=True) if not any(f.startswith(path) for f in files)]
+    if missing:
+        raise BuildError(f"{wheel.name} has no {', '.join(missing)}: update TOOLS in {__file__}")
+    if sorted(scripts) != sorted(ENTRY_POINTS):
+        raise BuildError(
+            f"{wheel.name}'s console scripts less the tools' are {sorted(scripts)}, the image's are "
+            f"{sorted(ENTRY_POINTS)}: add a command the chart runs to ENTRY_POINTS, a tool's package to TOOLS"
+        )
+    (record,) = [info.filename for info, _ in kept if info.filename.endswith(".dist-info/RECORD")]
+    kept = [(info, data) for info, data in kept if info.filename != record]
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as target:
+        for info, data in kept:
+            target.writestr(info, data)
+        rows = [record_line(info.filename, data) for info, data in kept]
+        target.writestr(record, "\n".join([*rows, f"{record},,", ""]))  # last, as wheels have it
+    return files, entry_points
+
+
+def leftovers(venv: pathlib.Path) -> list[str]:
+    """What of ABSENT is in the venv, and any gpuslice command besides ENTRY_POINTS."""
+    root = site_packages(venv)
+    found = [name for name in ABSENT if (root / name).exists() or (root / f"{name}.py").exists()]
+    commands = {path.name for path in (venv / "bin").glob("gpuslice*")}
+    return found + sorted(f"bin/{name}" for name in commands - set(ENTRY_POINTS))
+
+
+def check_absent(venv: pathlib.Path) -> None:
+    found = leftovers(venv)
+    if found:
+        raise BuildError(f"the image's venv has what only the tools need: {', '.join(found)}")
+
+
 def build(
     src: pathlib.Path,
     dest: pathlib.Path,
     python: str = sys.executable,
     runner: Runner = run,
     pruner: Callable[[pathlib.Path], list[pathlib.Path]] = prune,
+    slimmer: Callable[[pathlib.Path], tuple[list[str], list[str]]] = product_wheel,
+    checker: Callable[[pathlib.Path], None] = check_absent,
 ) -> None:
-    """The image's /opt/gpuslice: a venv of locked wheels and gpuslice, pruned, entry points checked."""
+    """The image's /opt/gpuslice: a venv of locked wheels and gpuslice less its tools, pruned, checked."""
     runner([python, "proto/generate.py"], cwd=src)
     with tempfile.TemporaryDirectory(prefix="gpuslice-wheel-") as wheels:
         wheel = ["-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", wheels]
         runner([python, *wheel, str(src)])
+        files, entry_points = slimmer(pathlib.Path(wheels))
+        print(f"left out of the wheel: {', '.join(TOOLS)} ({len(files)} files); {', '.join(entry_points)}")
         # No pip in the runtime venv: the build Python's pip installs into it (pip --python).
         runner([python, "-m", "venv", "--without-pip", str(dest)])
         target = ["-m", "pip", "--python", str(dest / "bin" / "python"), "install", "--quiet", "--no-deps"]
@@ -111,6 +203,8 @@ def build(
         runner([python, *target, "--no-index", "--find-links", wheels, "gpuslice"])
     for path in pruner(dest):
         print(f"pruned {path.relative_to(dest)}")
+    checker(dest)
+    print(f"absent from the venv: {', '.join(ABSENT)}; its gpuslice commands: {', '.join(ENTRY_POINTS)}")
     for command in ENTRY_POINTS:
         runner([str(dest / "bin" / command), "--help"])
 
