@@ -147,11 +147,16 @@ class Requeuer:
 
     async def _sweep(self) -> None:
         """Finish the journal's unfinished requeues when this replica takes over and then every
-        `sweep_seconds` while it leads."""
+        `sweep_seconds` while it leads. Taking over, every entry is finished, however young: the
+        last leader stopped acting before the Lease could be taken (controller/leader.py), so no
+        replica is between an entry's write and its delete, and a pod its crash left deleted but
+        not recreated comes back now, not a minute later. (Should it act still, the entry's
+        lock, the delete's UID precondition and the create's taken name keep the pod single.)"""
         while True:
             if self.leading:
+                grace = 0.0 if self._took_over.is_set() else requeue_journal.RECOVERY_GRACE_SECONDS
                 try:
-                    await self.finish_journal()
+                    await self.finish_journal(grace_seconds=grace)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the next pass tries again

@@ -373,3 +373,40 @@ def test_the_failed_pod_watch_keeps_only_refused_pods_whole_but_for_their_manage
     kept = failed.keep(refused_pod())
     assert kept is not None and "managedFields" not in kept["metadata"]
     assert requeue.replacement(kept, CONTRACT) == requeue.replacement(refused_pod(), CONTRACT)
+
+
+async def test_taking_over_finishes_even_an_entry_written_a_moment_ago() -> None:
+    # The leader wrote the entry and deleted the pod, then died before its create: its successor
+    # finishes the requeue at once, not once the entry is RECOVERY_GRACE_SECONDS old.
+    api = _Api([refused_pod()])
+    writer = _requeuer(api)
+    await writer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT))
+    del api.pods[("team-a", "train")]
+    successor = _requeuer(api, sweep_seconds=3600)
+    successor.leading = True
+    successor._took_over.set()
+    sweeping = asyncio.create_task(successor._sweep())
+    try:
+        for _ in range(100):
+            if not api.config_maps:
+                break
+            await asyncio.sleep(0.01)
+        assert ("team-a", "train") in api.pods and api.config_maps == {}
+    finally:
+        sweeping.cancel()
+        await asyncio.gather(sweeping, return_exceptions=True)
+
+
+async def test_a_leader_sweeping_on_its_own_leaves_a_young_entry_to_its_writer() -> None:
+    api = _Api([refused_pod()])
+    writer = _requeuer(api)
+    await writer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT))
+    leader = _requeuer(api, sweep_seconds=3600)
+    leader.leading = True  # leading all along: not a takeover
+    sweeping = asyncio.create_task(leader._sweep())
+    try:
+        await asyncio.sleep(0.05)
+        assert api.config_maps  # it may belong to a requeue in progress
+    finally:
+        sweeping.cancel()
+        await asyncio.gather(sweeping, return_exceptions=True)
