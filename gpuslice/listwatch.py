@@ -17,7 +17,7 @@ resourceVersion "0" would be served from the cache too, but whole, whatever the 
 Subclasses take the loop's timing as `**options` (`Options`) and pass it on; `PodWatch` is the
 pods a field selector picks out, cluster-wide, which most of them watch.
 
-May import gpuslice.{backoff,timeouts} and the kubernetes client.
+May import gpuslice.{backoff,compact,timeouts} and the kubernetes client.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any, TypedDict, Unpack
 import kubernetes
 
 from gpuslice import backoff, timeouts
+from gpuslice import compact as compact_
 
 __all__ = ["ListWatch", "Options", "PodWatch"]
 
@@ -194,10 +195,19 @@ class ListWatch:
         kwargs: dict[str, Any] = {"_request_timeout": self.request_timeout_seconds, "limit": _LIST_PAGE}
         if token:
             kwargs["_continue"] = token
-        body = json.loads(self._call(**kwargs).data)
-        kept = [k for obj in body.get("items") or () if (k := self.keep(obj)) is not None]
+        items, token, version = self._decode_list(self._call(**kwargs).data)
+        return [k for obj in items if (k := self.keep(obj)) is not None], token, version
+
+    def _decode_list(self, data: bytes) -> tuple[list[Mapping[str, Any]], str | None, str]:
+        """(a list's objects, its continue token, its resourceVersion): whole objects."""
+        body = json.loads(data)
         metadata = body.get("metadata") or {}
-        return kept, metadata.get("continue") or None, str(metadata.get("resourceVersion", ""))
+        return body.get("items") or [], metadata.get("continue") or None, str(metadata.get("resourceVersion", ""))
+
+    def _decode_event(self, line: bytes) -> tuple[str, Mapping[str, Any]]:
+        """(a watch event's type, its object): the object whole."""
+        event = json.loads(line)
+        return str(event.get("type") or ""), event.get("object") or {}
 
     def _watch(self, loop: asyncio.AbstractEventLoop, version: str) -> str:
         """Stream events from `version` until the server ends the watch; returns the last version."""
@@ -218,8 +228,7 @@ class ListWatch:
                     break
                 if not line.strip():
                     continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
+                kind, obj = self._decode_event(line)
                 if kind == "ERROR":
                     if obj.get("code") == 410:
                         raise _Gone()
@@ -235,9 +244,20 @@ class ListWatch:
 
 class PodWatch(ListWatch):
     """The pods `field_selector` picks out, of every namespace. Subclasses give `replace` and
-    `apply`, and may give `keep` (gpuslice.compact.pod keeps what gpuslice reads)."""
+    `apply`, and may give `keep` (gpuslice.compact.pod keeps what gpuslice reads). `compact`: pages
+    and events are decoded with only the keys gpuslice.compact.pod may keep (typed, skipping the
+    rest of each pod's JSON, about four times faster than parsing it whole); `keep` then gets
+    those, not whole pods."""
 
-    def __init__(self, core_api: Callable[[], Any], what: str, field_selector: str, **options: Unpack[Options]) -> None:
+    def __init__(
+        self,
+        core_api: Callable[[], Any],
+        what: str,
+        field_selector: str,
+        *,
+        compact: bool = False,
+        **options: Unpack[Options],
+    ) -> None:
         # core_api() -> the CoreV1Api, looked up on each call so a client can be made on first use.
         super().__init__(
             lambda: core_api().list_pod_for_all_namespaces,
@@ -245,3 +265,13 @@ class PodWatch(ListWatch):
             field_selector=field_selector,
             **options,
         )
+        self.compact = compact
+
+    def _decode_list(self, data: bytes) -> tuple[list[Mapping[str, Any]], str | None, str]:
+        if not self.compact:
+            return super()._decode_list(data)
+        pods, token, version = compact_.pod_page(data)
+        return list(pods), token, version
+
+    def _decode_event(self, line: bytes) -> tuple[str, Mapping[str, Any]]:
+        return compact_.pod_event(line) if self.compact else super()._decode_event(line)

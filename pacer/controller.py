@@ -89,7 +89,7 @@ class _Metrics:
 
 class _Pods(listwatch.PodWatch):
     def __init__(self, api: kubernetes.client.CoreV1Api, pacer: Pacer) -> None:
-        super().__init__(lambda: api, "pods not finished", "status.phase!=Succeeded,status.phase!=Failed")
+        super().__init__(lambda: api, "pods not finished", "status.phase!=Succeeded,status.phase!=Failed", compact=True)
         self.pacer = pacer
 
     def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:

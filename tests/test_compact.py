@@ -137,3 +137,52 @@ def test_a_compact_pod_keeps_only_our_annotations_and_its_controller():
         {"name": "main", "resources": {"requests": {"cpu": "500m", CONTRACT.gpu_memory_resource: "64"}}}
     ]
     assert small["status"]["conditions"] == [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+
+
+def page_of(pods: list[dict[str, Any]], **metadata: str) -> bytes:
+    return json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": pods}).encode()
+
+
+def test_a_typed_page_gives_what_a_whole_parse_cut_down_gives():
+    whole = user_pod()
+    whole["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:x": {}}}}]
+    whole["status"]["containerStatuses"] = [{"name": "main", "state": {"waiting": {}}}]
+    bare = {"metadata": {"name": "q", "uid": "u2"}}  # no spec, no status
+    data = page_of([whole, bare], resourceVersion="77", **{"continue": "next"})
+    pods, token, version = compact.pod_page(data)
+    assert (token, version) == ("next", "77")
+    assert [compact.pod(p, CONTRACT) for p in pods] == [compact.pod(whole, CONTRACT), compact.pod(bare, CONTRACT)]
+    assert "env" not in json.dumps(pods) and "managedFields" not in json.dumps(pods)  # never built
+    assert compact.pod_page(page_of([], resourceVersion="78")) == ([], None, "78")
+
+
+def test_a_typed_event_gives_the_pod_and_leaves_other_objects_whole():
+    whole = user_pod()
+    kind, obj = compact.pod_event(json.dumps({"type": "MODIFIED", "object": whole}).encode())
+    assert kind == "MODIFIED" and compact.pod(obj, CONTRACT) == compact.pod(whole, CONTRACT)
+    status = {"kind": "Status", "code": 410, "message": "too old resource version"}
+    assert compact.pod_event(json.dumps({"type": "ERROR", "object": status}).encode()) == ("ERROR", status)
+    bookmark = {
+        "kind": "Pod",
+        "metadata": {"resourceVersion": "90", "annotations": {"k8s.io/initial-events-end": "true"}},
+    }
+    assert compact.pod_event(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode()) == ("BOOKMARK", bookmark)
+
+
+def test_what_is_not_a_pod_list_or_event_is_a_value_error():
+    import pytest
+
+    for bad in (b'{"items": {"a": 1}}', b'{"items": [{"metadata": {"name": 5}}]}', b"[]"):
+        with pytest.raises(ValueError):
+            compact.pod_page(bad)
+    with pytest.raises(ValueError):
+        compact.pod_event(b'{"type": "ADDED", "object": {"spec": {"priority": "high"}}}')
+
+
+def test_malformed_json_is_a_value_error_too():
+    import pytest
+
+    with pytest.raises(ValueError):
+        compact.pod_page(b'{"items": [')
+    with pytest.raises(ValueError):
+        compact.pod_event(b"not json")
