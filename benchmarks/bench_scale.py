@@ -176,18 +176,7 @@ def converted_pod(settings: config.Config) -> dict[str, Any]:
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         },
     }
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "grow",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "team-000",
-            "operation": "CREATE",
-            "object": pod,
-        },
-    }
+    review = admission_review(pod, uid="grow", dry_run=False)
     answer = admission.review(review, settings=settings, cluster=bench_webhook.cluster_view(settings)).response[
         "response"
     ]
@@ -335,20 +324,24 @@ def probe_body(settings: config.Config) -> bytes:
         "metadata": {"name": "probe", "annotations": {"gpu-fraction": "0.5"}},
         "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
     }
-    review = {
+    return json.dumps(admission_review(pod, uid="probe", dry_run=True)).encode()
+
+
+def admission_review(pod: dict[str, Any], *, uid: str, dry_run: bool) -> dict[str, Any]:
+    """The AdmissionReview kube-apiserver sends for the CREATE of `pod` in team-000."""
+    return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
-            "uid": "probe",
+            "uid": uid,
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "namespace": "team-000",
             "operation": "CREATE",
             "object": pod,
-            "dryRun": True,
+            "dryRun": dry_run,
         },
     }
-    return json.dumps(review).encode()
 
 
 def ready(url: str, ca_file: str | None) -> bool:
