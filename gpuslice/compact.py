@@ -117,9 +117,8 @@ class _Container(TypedDict, total=False):
     restartPolicy: str
 
 
-_NodeAffinity = TypedDict(
-    "_NodeAffinity", {"requiredDuringSchedulingIgnoredDuringExecution": dict[str, Any]}, total=False
-)
+class _NodeAffinity(TypedDict, total=False):
+    requiredDuringSchedulingIgnoredDuringExecution: dict[str, Any]  # noqa: N815 - the API's name
 
 
 class _Affinity(TypedDict, total=False):
