@@ -113,7 +113,7 @@ class _PodMetadata(TypedDict, total=False):
 
 class _Container(TypedDict, total=False):
     name: str
-    resources: dict[str, dict[str, Any]]
+    resources: dict[str, Any]  # requests and limits are maps, claims (DRA) a list
     restartPolicy: str
 
 

@@ -268,10 +268,18 @@ class PodWatch(ListWatch):
         self.compact = compact
 
     def _decode_list(self, data: bytes) -> tuple[list[Mapping[str, Any]], str | None, str]:
-        if not self.compact:
-            return super()._decode_list(data)
-        pods, token, version = compact_.pod_page(data)
-        return list(pods), token, version
+        if self.compact:
+            try:
+                pods, token, version = compact_.pod_page(data)
+                return list(pods), token, version
+            except ValueError as exc:  # a shape the typed decode does not know: read it whole
+                log.warning("%s: a page read whole (%s)", self.what, exc)
+        return super()._decode_list(data)
 
     def _decode_event(self, line: bytes) -> tuple[str, Mapping[str, Any]]:
-        return compact_.pod_event(line) if self.compact else super()._decode_event(line)
+        if self.compact:
+            try:
+                return compact_.pod_event(line)
+            except ValueError as exc:
+                log.warning("%s: an event read whole (%s)", self.what, exc)
+        return super()._decode_event(line)

@@ -186,3 +186,11 @@ def test_malformed_json_is_a_value_error_too():
         compact.pod_page(b'{"items": [')
     with pytest.raises(ValueError):
         compact.pod_event(b"not json")
+
+
+def test_a_dra_pod_s_claims_are_read_as_the_list_they_are():
+    whole = user_pod()
+    whole["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    pods, _, _ = compact.pod_page(page_of([whole]))
+    assert compact.pod(pods[0], CONTRACT) == compact.pod(whole, CONTRACT)
+    assert pods[0]["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]

@@ -111,3 +111,15 @@ def test_a_pod_watch_looks_its_client_up_only_when_it_lists():
     watch = listwatch.PodWatch(core_api, "pods of nowhere", "spec.nodeName=nowhere")
     assert made == []
     assert watch._list_call() == "list_pod_for_all_namespaces" and made == [1]
+
+
+def test_a_page_or_event_the_typed_decode_refuses_is_read_whole():
+    import json
+
+    watch = listwatch.PodWatch(lambda: API, "pods", "status.phase=Pending", compact=True)
+    odd = {"metadata": {"name": "p", "labels": {"a": 1}}}  # a number where a label's string belongs
+    pods, token, version = watch._decode_list(
+        json.dumps({"metadata": {"resourceVersion": "5"}, "items": [odd]}).encode()
+    )
+    assert (pods, token, version) == ([odd], None, "5")
+    assert watch._decode_event(json.dumps({"type": "ADDED", "object": odd}).encode()) == ("ADDED", odd)

@@ -21,7 +21,14 @@ import k8skit
 import kubernetes
 import nodeagent
 import pytest
-from test_real_burst import CONTRACT, GROUP, NODES, gpu_nodes, gpus_held  # noqa: F401 - gpu_nodes is a fixture
+from test_real_burst import (  # noqa: F401 - device_plugins and gpu_nodes are fixtures
+    CONTRACT,
+    GROUP,
+    NODES,
+    device_plugins,
+    gpu_nodes,
+    gpus_held,
+)
 
 from gpuslice.sim import controlplane
 
