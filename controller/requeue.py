@@ -290,7 +290,7 @@ class _FailedPods(listwatch.PodWatch):
         consider: Callable[[dict[str, Any]], None],
         **options: Unpack[listwatch.Options],
     ) -> None:
-        super().__init__(lambda: api, "refused pods", "status.phase=Failed", **options)
+        super().__init__(lambda: api, "refused pods", "status.phase=Failed", stream_lists=True, **options)
         self._consider = consider
         self.pods: dict[str, dict[str, Any]] = {}
 

@@ -14,6 +14,15 @@ subclass `keep`s and handed to it (`listed`) before the next one is read. The pa
 consistent reads, which the API server (1.34 and later) serves from its watch cache; a list at
 resourceVersion "0" would be served from the cache too, but whole, whatever the limit.
 
+A watch may instead read its list as a stream (`stream_lists`, for the cluster-wide pod watches):
+a watch with `sendInitialEvents`, which the API server answers with every object as an ADDED event
+and then a bookmark marked `k8s.io/initial-events-end` carrying the list's resourceVersion (the
+WatchList feature, on by default from 1.32). One request instead of one a page, no continue
+tokens, and the server streams from its watch cache without building pages: 60,000 pending pods
+arrive in about three quarters of the paged time (docs/benchmarks.md, "Cluster scale"). The events
+are handed on in batches of a page. An API server that refuses such a watch (an older one answers
+422) or ends it without the bookmark is read in pages from then on.
+
 Subclasses take the loop's timing as `**options` (`Options`) and pass it on; `PodWatch` is the
 pods a field selector picks out, cluster-wide, which most of them watch.
 
@@ -39,6 +48,7 @@ __all__ = ["ListWatch", "Options", "PodWatch"]
 log = logging.getLogger(__name__)
 
 _LIST_PAGE = 500
+_INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the annotation on the bookmark ending a streamed list
 
 
 class Options(TypedDict, total=False):
@@ -52,6 +62,10 @@ class Options(TypedDict, total=False):
 
 class _Gone(Exception):
     """The resourceVersion (or a list's continue token) is too old (HTTP 410): list again."""
+
+
+class _NotStreamed(Exception):
+    """The API server does not stream lists (it refused the watch, or sent no end bookmark)."""
 
 
 class _Stopped(Exception):
@@ -72,6 +86,7 @@ class ListWatch:
         request_timeout_seconds: float = 30.0,
         backoff_initial_seconds: float = 0.5,
         backoff_max_seconds: float = 30.0,
+        stream_lists: bool = False,
     ) -> None:
         # () -> the client's list function (e.g. CoreV1Api.list_node), looked up on each call so a
         # client can be made on first use.
@@ -82,6 +97,7 @@ class ListWatch:
         self.request_timeout_seconds = request_timeout_seconds
         self.backoff_initial_seconds = backoff_initial_seconds
         self.backoff_max_seconds = backoff_max_seconds
+        self.stream_lists = stream_lists  # set to False for good once the server does not stream
         self.synced = asyncio.Event()
         self.lists = 0  # full lists applied (lists again after 410 count too)
         self.watches = 0
@@ -178,9 +194,16 @@ class ListWatch:
             raise
 
     async def _list(self) -> str:
-        """Read a list page by page, each handed to `listed` before the next is asked for; the
-        list's resourceVersion."""
+        """Read a list as a stream or page by page, each page handed to `listed` before the next
+        is asked for; the list's resourceVersion."""
         self._listing = []
+        if self.stream_lists:
+            try:
+                return await asyncio.to_thread(self._stream_list, asyncio.get_running_loop())
+            except _NotStreamed as exc:
+                log.info("%s: the API server does not stream lists (%s): reading them in pages", self.what, exc)
+                self.stream_lists = False
+                self._listing = []  # a subclass taking pages sees the list start again, as after a failure
         token: str | None = None
         while True:
             page, token, version = await asyncio.to_thread(self._page, token)
@@ -197,6 +220,55 @@ class ListWatch:
             kwargs["_continue"] = token
         items, token, version = self._decode_list(self._call(**kwargs).data)
         return [k for obj in items if (k := self.keep(obj)) is not None], token, version
+
+    def _stream_list(self, loop: asyncio.AbstractEventLoop) -> str:
+        """Read a list as a watch's initial events, handing them to `listed` on the loop a page at a
+        time; the resourceVersion of the bookmark that ends them."""
+        try:
+            response = self._call(
+                watch=True,
+                send_initial_events=True,
+                resource_version_match="NotOlderThan",  # with no resourceVersion: a consistent read
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_timeout_seconds,
+                _request_timeout=(self.request_timeout_seconds, self.watch_timeout_seconds + 30),
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status in (400, 422):
+                raise _NotStreamed(f"HTTP {exc.status}: {exc.reason}") from None
+            raise
+        self._response = response
+        page: list[Mapping[str, Any]] = []
+        try:
+            for line in response:
+                if self._stopping.is_set():
+                    raise _Stopped()
+                if not line.strip():
+                    continue
+                kind, obj = self._decode_event(line)
+                metadata = obj.get("metadata") or {}
+                if kind == "BOOKMARK":
+                    if (metadata.get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
+                        loop.call_soon_threadsafe(self.listed, page)
+                        return str(metadata.get("resourceVersion") or "")
+                elif kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                elif kind == "ADDED" and (kept := self.keep(obj)) is not None:
+                    page.append(kept)
+                    if len(page) >= _LIST_PAGE:
+                        loop.call_soon_threadsafe(self.listed, page)
+                        page = []
+                elif kind in ("MODIFIED", "DELETED"):
+                    # Only a server that ignored sendInitialEvents sends changes before the bookmark.
+                    raise _NotStreamed(f"a {kind} event before the initial events ended")
+            if self._stopping.is_set():
+                raise _Stopped()
+            raise _NotStreamed("the watch ended without the bookmark that ends a streamed list")
+        finally:
+            self._response = None
+            response.release_conn()
 
     def _decode_list(self, data: bytes) -> tuple[list[Mapping[str, Any]], str | None, str]:
         """(a list's objects, its continue token, its resourceVersion): whole objects."""
@@ -247,7 +319,7 @@ class PodWatch(ListWatch):
     `apply`, and may give `keep` (gpuslice.compact.pod keeps what gpuslice reads). `compact`: pages
     and events are decoded with only the keys gpuslice.compact.pod may keep (typed, skipping the
     rest of each pod's JSON, about four times faster than parsing it whole); `keep` then gets
-    those, not whole pods."""
+    those, not whole pods. `stream_lists`: lists are read as a watch's initial events (ListWatch)."""
 
     def __init__(
         self,
@@ -256,6 +328,7 @@ class PodWatch(ListWatch):
         field_selector: str,
         *,
         compact: bool = False,
+        stream_lists: bool = False,
         **options: Unpack[Options],
     ) -> None:
         # core_api() -> the CoreV1Api, looked up on each call so a client can be made on first use.
@@ -263,9 +336,59 @@ class PodWatch(ListWatch):
             lambda: core_api().list_pod_for_all_namespaces,
             what,
             field_selector=field_selector,
+            stream_lists=stream_lists,
             **options,
         )
         self.compact = compact
+
+    def _stream_list(self, loop: asyncio.AbstractEventLoop) -> str:
+        """Read a list as a watch's initial events, handing them to `listed` on the loop a page at a
+        time; the resourceVersion of the bookmark that ends them."""
+        try:
+            response = self._call(
+                watch=True,
+                send_initial_events=True,
+                resource_version_match="NotOlderThan",  # with no resourceVersion: a consistent read
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_timeout_seconds,
+                _request_timeout=(self.request_timeout_seconds, self.watch_timeout_seconds + 30),
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status in (400, 422):
+                raise _NotStreamed(f"HTTP {exc.status}: {exc.reason}") from None
+            raise
+        self._response = response
+        page: list[Mapping[str, Any]] = []
+        try:
+            for line in response:
+                if self._stopping.is_set():
+                    raise _Stopped()
+                if not line.strip():
+                    continue
+                kind, obj = self._decode_event(line)
+                metadata = obj.get("metadata") or {}
+                if kind == "BOOKMARK":
+                    if (metadata.get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
+                        loop.call_soon_threadsafe(self.listed, page)
+                        return str(metadata.get("resourceVersion") or "")
+                elif kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                elif kind == "ADDED" and (kept := self.keep(obj)) is not None:
+                    page.append(kept)
+                    if len(page) >= _LIST_PAGE:
+                        loop.call_soon_threadsafe(self.listed, page)
+                        page = []
+                elif kind in ("MODIFIED", "DELETED"):
+                    # Only a server that ignored sendInitialEvents sends changes before the bookmark.
+                    raise _NotStreamed(f"a {kind} event before the initial events ended")
+            if self._stopping.is_set():
+                raise _Stopped()
+            raise _NotStreamed("the watch ended without the bookmark that ends a streamed list")
+        finally:
+            self._response = None
+            response.release_conn()
 
     def _decode_list(self, data: bytes) -> tuple[list[Mapping[str, Any]], str | None, str]:
         if self.compact:

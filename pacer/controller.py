@@ -89,7 +89,13 @@ class _Metrics:
 
 class _Pods(listwatch.PodWatch):
     def __init__(self, api: kubernetes.client.CoreV1Api, pacer: Pacer) -> None:
-        super().__init__(lambda: api, "pods not finished", "status.phase!=Succeeded,status.phase!=Failed", compact=True)
+        super().__init__(
+            lambda: api,
+            "pods not finished",
+            "status.phase!=Succeeded,status.phase!=Failed",
+            compact=True,
+            stream_lists=True,
+        )
         self.pacer = pacer
 
     def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:

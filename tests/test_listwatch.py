@@ -123,3 +123,8 @@ def test_a_page_or_event_the_typed_decode_refuses_is_read_whole():
     )
     assert (pods, token, version) == ([odd], None, "5")
     assert watch._decode_event(json.dumps({"type": "ADDED", "object": odd}).encode()) == ("ADDED", odd)
+
+
+def test_the_cluster_wide_pod_watches_read_their_lists_as_streams_and_the_others_in_pages():
+    streamed = {name for name, (make, *_) in WATCHES.items() if make().stream_lists}
+    assert streamed == {"webhook-pending-pods", "webhook-refused-pods", "controller-refused-pods", "pacer-pods"}

@@ -13,7 +13,7 @@ import kubernetes
 import pytest
 from aiohttp import web
 
-from gpuslice import config, kubeclient
+from gpuslice import config, kubeclient, listwatch
 from gpuslice.webhook import cluster, nodewatch
 from gpuslice.webhook import metrics as metrics_
 
@@ -47,6 +47,9 @@ class FakeApiServer:
         self.lists = 0
         self.watches: list[str] = []  # resourceVersion of every watch
         self.page_size = 1
+        # a watch with sendInitialEvents: "stream" (every node, then the end bookmark) or "refuse" (422,
+        # as a server without the WatchList feature answers)
+        self.initial_events = "stream"
         self.queries: list[dict[str, str]] = []  # every request's query
         self.on_request: Callable[[web.Request], None] = lambda _: None
 
@@ -72,9 +75,19 @@ class FakeApiServer:
 
     async def _watch(self, request: web.Request) -> web.StreamResponse:
         self.watches.append(request.query.get("resourceVersion", ""))
+        initial = request.query.get("sendInitialEvents") == "true"
+        if initial and self.initial_events == "refuse":
+            message = "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"
+            return web.json_response({"kind": "Status", "code": 422, "message": message}, status=422)
         response = web.StreamResponse()
         response.content_type = "application/json"
         await response.prepare(request)
+        if initial:
+            for name in sorted(self.nodes):
+                await response.write(json.dumps({"type": "ADDED", "object": self.nodes[name]}).encode() + b"\n")
+            end = {"resourceVersion": str(self.version), "annotations": {"k8s.io/initial-events-end": "true"}}
+            bookmark = {"type": "BOOKMARK", "object": {"kind": "Node", "metadata": end}}
+            await response.write(json.dumps(bookmark).encode() + b"\n")
         while True:
             event = await self.events.get()
             if event is None:  # end this watch (as the server's timeoutSeconds would)
@@ -321,3 +334,75 @@ async def test_stop_during_a_list_ends_the_watch_without_reading_the_rest(
         await watcher.run()
     assert [q.get("continue", "") for q in fake.queries] == [""]
     assert not watcher.synced.is_set() and watcher.failures == 0
+
+
+class StreamedNodes(RecordingNodes):
+    """A node watch that reads its lists as a stream and records the pages handed to `listed`."""
+
+    def __init__(self, api: Any, view: cluster.ClusterView) -> None:
+        super().__init__(api, view)
+        self.stream_lists = True
+        self.pages: list[int] = []
+
+    def listed(self, page: Any) -> None:
+        self.pages.append(len(page))
+        super().listed(page)
+
+
+async def test_a_list_read_as_a_stream_is_handed_on_a_page_at_a_time_then_watched_from_its_bookmark(
+    apiserver: Any, view: cluster.ClusterView, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake, api = apiserver
+    monkeypatch.setattr(listwatch, "_LIST_PAGE", 2)
+    for name in ("a", "b", "c"):
+        fake.nodes[name] = kubelet_node(name)
+    watcher = StreamedNodes(api, view)
+    task = await run_watcher(watcher)
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 10)
+        first = fake.queries[0]
+        assert first["watch"] == "true" and first["sendInitialEvents"] == "true"
+        assert first["resourceVersionMatch"] == "NotOlderThan" and "resourceVersion" not in first
+        assert first["allowWatchBookmarks"] == "true"
+        assert watcher.pages == [2, 1]  # a page at a time, the last one at the bookmark
+        assert [n["metadata"]["name"] for n in watcher.replaced] == ["a", "b", "c"]
+        assert all(set(n["status"]) == {"allocatable", "capacity"} for n in watcher.replaced)
+        assert memory_of(view) == {81920: (6, 6 * 320)}
+        await until(lambda: fake.watches == ["", "100"])  # the watch goes on from the bookmark's version
+        fake.change("MODIFIED", kubelet_node("d"))
+        await until(lambda: len(watcher.applied) == 1)
+        assert memory_of(view) == {81920: (8, 8 * 320)} and watcher.stream_lists
+    finally:
+        await stop_watcher(watcher, task, fake)
+
+
+async def test_a_server_that_does_not_stream_lists_is_read_in_pages_from_then_on(
+    apiserver: Any, view: cluster.ClusterView, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake, api = apiserver
+    fake.initial_events = "refuse"
+    for name in ("a", "b"):
+        fake.nodes[name] = node(name, 81920, 2)
+    watcher = StreamedNodes(api, view)
+    with caplog.at_level(logging.INFO, logger="gpuslice.listwatch"):
+        task = await run_watcher(watcher)
+        try:
+            await asyncio.wait_for(watcher.synced.wait(), 10)
+            assert not watcher.stream_lists and watcher.failures == 0
+            assert [q.get("continue", "") for q in fake.queries if "watch" not in q] == ["", "1"]
+            assert memory_of(view) == {81920: (4, 4 * 320)}
+            assert "does not stream lists (HTTP 422" in caplog.text
+        finally:
+            await stop_watcher(watcher, task, fake)
+
+
+async def test_stop_during_a_streamed_list_ends_the_watch_without_a_list(
+    apiserver: Any, view: cluster.ClusterView
+) -> None:
+    fake, api = apiserver
+    fake.nodes["a"] = node("a", 81920, 2)
+    watcher = StreamedNodes(api, view)
+    fake.on_request = lambda _: watcher.stop()
+    async with asyncio.timeout(10):
+        await watcher.run()
+    assert not watcher.synced.is_set() and watcher.failures == 0 and watcher.lists == 0

@@ -77,7 +77,9 @@ class WaitingPods(listwatch.PodWatch):
     def __init__(
         self, api: kubernetes.client.CoreV1Api, cluster: cluster_.ClusterView, **options: Unpack[listwatch.Options]
     ) -> None:
-        super().__init__(lambda: api, "pending pods", "status.phase=Pending", compact=True, **options)
+        super().__init__(
+            lambda: api, "pending pods", "status.phase=Pending", compact=True, stream_lists=True, **options
+        )
         self.cluster = cluster
         cluster.record_appearance = True  # from now: conversions admitted before the first list count too
         self._held: set[str] = set()  # UIDs of converted pods whose promise this replica holds
@@ -190,7 +192,7 @@ class RefusedPods(listwatch.PodWatch):
     recreates the refused ones (controller/requeue.py)."""
 
     def __init__(self, api: kubernetes.client.CoreV1Api, waiting: WaitingPods, **options: Unpack[listwatch.Options]):
-        super().__init__(lambda: api, "failed pods", "status.phase=Failed", compact=True, **options)
+        super().__init__(lambda: api, "failed pods", "status.phase=Failed", compact=True, stream_lists=True, **options)
         self.waiting = waiting
 
     def keep(self, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
