@@ -356,3 +356,12 @@ def test_plot_to_an_unwritable_path_fails_before_replaying(
     monkeypatch.setattr(replay, "replay", no_replay)
     assert sim_main.main([*TINY_ARGS, "--jobs", "1", "--plot", str(tmp_path / where)]) == 2
     assert problem in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("package", "missing"), [("gpuslice.sim", "tqdm"), ("gpuslice.demo", "jsonpatch")])
+def test_an_install_without_the_sim_extra_is_told_how_to_get_it(package: str, missing: str) -> None:
+    code = f"import sys; sys.modules[{missing!r}] = None; import {package}"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 1
+    assert f"needs the simulator's extra, which this install lacks ({missing})" in result.stderr
+    assert "pip install 'gpuslice[sim]'" in result.stderr
