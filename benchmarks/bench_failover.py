@@ -30,7 +30,7 @@ from typing import Any
 import kubernetes
 import yaml
 
-from gpuslice.sim import controlplane, kube_replay
+from gpuslice.sim import controlplane, kube_components
 
 NAMESPACE = "default"
 
@@ -91,7 +91,9 @@ def main() -> int:
         replicas: dict[str, tuple[Any, int]] = {}
 
         def start(name: str) -> None:
-            replicas[name] = kube_replay.start_controller(plane, config_file, str(plane.admin_kubeconfig), name=name)
+            replicas[name] = kube_components.start_controller(
+                plane, config_file, str(plane.admin_kubeconfig), name=name
+            )
 
         def leader() -> str | None:
             leading = [n for n, (_, port) in replicas.items() if metric(port, "gpuslice_controller_leading") == 1.0]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice import config
-from gpuslice.sim import fgd, kube_replay, placements, progress, provenance, replay, trace
+from gpuslice.sim import fgd, kube_cli, placements, progress, provenance, replay, trace
 
 __all__ = ["PaperFigures", "main", "paper_figures", "parse_args", "plot_problem"]
 
@@ -123,7 +123,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "with --scheduler kube, what the real scheduler bound and the node plugins granted; "
         "python -m gpuslice.sim.placements FILE recomputes the figures from it",
     )
-    kube_replay.add_arguments(parser)
+    kube_cli.add_arguments(parser)
     config.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.demand <= 0:
@@ -604,7 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Said at once rather than ignored: the kube replay draws nothing (its --json has the curves).
             print("gpuslice-sim: --plot: only with --scheduler model", file=sys.stderr)
             return 2
-        return kube_replay.main(args, os.environ)
+        return kube_cli.main(args, os.environ)
     problem = plot_problem(args.plot) if args.plot else None
     if problem:
         print(f"gpuslice-sim: {problem}", file=sys.stderr)

@@ -14,46 +14,59 @@ import pytest
 
 from gpuslice import config
 from gpuslice import contract as contract_
-from gpuslice.sim import controlplane, kube_dra, kube_nodes, kube_replay, main, placements, replay, trace
+from gpuslice.sim import (
+    controlplane,
+    kube_arrivals,
+    kube_cli,
+    kube_components,
+    kube_dra,
+    kube_nodes,
+    kube_outcomes,
+    kube_replay,
+    main,
+    placements,
+    replay,
+    trace,
+)
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("sequential", kube_replay.Arrival("sequential")),
-        ("burst", kube_replay.Arrival("burst")),
-        ("compressed:3600", kube_replay.Arrival("compressed", 3600.0)),
+        ("sequential", kube_arrivals.Arrival("sequential")),
+        ("burst", kube_arrivals.Arrival("burst")),
+        ("compressed:3600", kube_arrivals.Arrival("compressed", 3600.0)),
     ],
 )
-def test_arrival_modes(text: str, expected: kube_replay.Arrival) -> None:
-    assert kube_replay.parse_arrival(text) == expected
-    assert str(kube_replay.parse_arrival(text)) == text
+def test_arrival_modes(text: str, expected: kube_arrivals.Arrival) -> None:
+    assert kube_arrivals.parse_arrival(text) == expected
+    assert str(kube_arrivals.parse_arrival(text)) == text
 
 
 @pytest.mark.parametrize("text", ["", "bursty", "compressed", "compressed:0", "compressed:-2", "compressed:x"])
 def test_a_bad_arrival_mode_is_named(text: str) -> None:
     with pytest.raises(ValueError, match="arrival"):
-        kube_replay.parse_arrival(text)
+        kube_arrivals.parse_arrival(text)
 
 
 def test_node_sample_keeps_the_ends_and_the_order() -> None:
     nodes = [trace.TraceNode(f"n{i}", 1000, 1024, 1, "T4") for i in range(10)]
-    assert [n.name for n in kube_replay.sample_nodes(nodes, 3)] == ["n0", "n4", "n9"]
-    assert kube_replay.sample_nodes(nodes, None) == nodes
-    assert kube_replay.sample_nodes(nodes, 50) == nodes
+    assert [n.name for n in kube_cli.sample_nodes(nodes, 3)] == ["n0", "n4", "n9"]
+    assert kube_cli.sample_nodes(nodes, None) == nodes
+    assert kube_cli.sample_nodes(nodes, 50) == nodes
     with pytest.raises(ValueError, match="node-sample"):
-        kube_replay.sample_nodes(nodes, 0)
+        kube_cli.sample_nodes(nodes, 0)
 
 
 def test_the_default_profile_is_kube_schedulers_own() -> None:
     profile = replay.configurations(config.Config())["gpuslice-default"].profile
-    document = kube_replay.scheduler_configuration(profile)
+    document = kube_components.scheduler_configuration(profile)
     assert document["profiles"] == [{"schedulerName": "default-scheduler"}]
 
 
 def test_the_binpack_profile_scores_every_pod_as_the_model_does() -> None:
     profile = replay.configurations(config.Config())["gpuslice-binpack"].profile
-    profiles = kube_replay.scheduler_configuration(profile)["profiles"]
+    profiles = kube_components.scheduler_configuration(profile)["profiles"]
     assert [p["schedulerName"] for p in profiles] == ["gpuslice-binpack", "default-scheduler"]
     strategy = profiles[1]["pluginConfig"][0]["args"]["scoringStrategy"]
     assert strategy["type"] == "MostAllocated"
@@ -67,7 +80,7 @@ def test_the_webhooks_config_file_reads_back_as_the_same_settings(tmp_path: path
         config.Config(), convert_whole_gpus=True, steering=dataclasses.replace(config.Config().steering, cpu_pods=False)
     )
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(kube_replay.settings_document(settings)))
+    path.write_text(yaml.safe_dump(kube_components.settings_document(settings)))
     assert config.load(path, environ={}) == settings
 
 
@@ -76,10 +89,10 @@ def test_trace_gaps_are_the_sorted_creation_times_differences(tmp_path: pathlib.
     path.write_text(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time\na,1,1,0,0,30\nb,1,1,0,0,0\nc,1,1,0,0,10\n"
     )
-    assert kube_replay.trace_gaps(path) == [10.0, 20.0]
+    assert kube_arrivals.trace_gaps(path) == [10.0, 20.0]
     path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,0,0\n")
     with pytest.raises(trace.TraceError, match="creation_time"):
-        kube_replay.trace_gaps(path)
+        kube_arrivals.trace_gaps(path)
 
 
 def test_without_the_components_the_command_says_what_is_missing(
@@ -136,7 +149,7 @@ def test_the_kube_runs_placements_hold_what_kubelet_granted_and_recompute_its_fi
     contract = settings.contract
     node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
     fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default")  # type: ignore[arg-type]
-    outcomes = kube_replay._Outcomes(fleet)
+    outcomes = kube_outcomes.Outcomes(fleet)
     arrivals = [trace.TracePod(n, 1000, 1024, 1, 600) for n in "abcdef"]
     for name in "abc":
         pod = _bound(name, 36, contract)
@@ -147,7 +160,7 @@ def test_the_kube_runs_placements_hold_what_kubelet_granted_and_recompute_its_fi
     )
     outcomes.deny("default/e", 'admission webhook "pods.gpuslice.io" denied the request: no GPU class')
     capacity = replay.gpu_capacity_milli([node])
-    result, unaccounted, lost = kube_replay._figures(
+    result, unaccounted, lost = kube_outcomes.figures(
         "gpuslice-default", arrivals, outcomes, fleet, capacity, 1.0, 1.0, placements=True
     )
     assert unaccounted == ["default/f"] and lost == 1
@@ -189,11 +202,11 @@ def test_a_dra_claims_grant_is_recorded_per_device_in_mib() -> None:
 
 
 def test_modes_are_device_plugin_dra_or_both_each_once() -> None:
-    assert kube_replay.parse_modes("dra") == ("dra",)
-    assert kube_replay.parse_modes("device-plugin, dra") == ("device-plugin", "dra")
+    assert kube_cli.parse_modes("dra") == ("dra",)
+    assert kube_cli.parse_modes("device-plugin, dra") == ("device-plugin", "dra")
     for bad in ("", "dra,dra", "dra,x", "both"):
         with pytest.raises(argparse.ArgumentTypeError, match="give device-plugin, dra, or device-plugin,dra"):
-            kube_replay.parse_modes(bad)
+            kube_cli.parse_modes(bad)
 
 
 def test_the_paced_model_converts_in_the_order_the_pods_were_stored_and_schedules_in_the_order_decided() -> None:

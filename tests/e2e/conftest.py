@@ -21,7 +21,7 @@ import kubernetes
 import pytest
 
 from gpuslice.deviceplugin import nodefile
-from gpuslice.sim import controlplane, kube_replay
+from gpuslice.sim import controlplane, kube_components
 
 HERE = pathlib.Path(__file__).resolve().parent
 _NOT_RUN: list[pytest.Item] = []
@@ -183,7 +183,7 @@ class Release:
         directory = self.directory / identity
         directory.mkdir(exist_ok=True)
         (directory / "config.yaml").write_text(self.config_yaml())
-        process, port = kube_replay.start_controller(
+        process, port = kube_components.start_controller(
             self.plane,
             directory / "config.yaml",
             self.kubeconfig_of(account),

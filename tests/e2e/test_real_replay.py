@@ -19,7 +19,17 @@ import numpy as np
 import pytest
 
 from gpuslice import config
-from gpuslice.sim import chaos, controlplane, kube_replay, placements, provenance, replay, trace
+from gpuslice.sim import (
+    chaos,
+    controlplane,
+    kube_arrivals,
+    kube_outcomes,
+    kube_replay,
+    placements,
+    provenance,
+    replay,
+    trace,
+)
 from gpuslice.sim import main as sim_main
 
 pytestmark = [pytest.mark.e2e]
@@ -76,7 +86,7 @@ def _run(
     dra: bool = False,
     webhook_replicas: int | None = None,
     events: tuple[chaos.Event, ...] = (),
-) -> kube_replay.KubeResult:
+) -> kube_outcomes.KubeResult:
     binaries = k8skit.binaries_or_skip()  # fails instead under GPUSLICE_REQUIRE_E2E=1 (CI)
     nodes, pods = _input()
     arrivals = replay.workload(pods, replay.gpu_capacity_milli(nodes), 1.3, np.random.default_rng(SEED))
@@ -90,7 +100,7 @@ def _run(
         arrivals,
         configuration,
         seed=SEED,
-        arrival=kube_replay.parse_arrival(arrival),
+        arrival=kube_arrivals.parse_arrival(arrival),
         binaries=binaries,
         workdir=tmp_path / "k8s",
         settle_limit=180,  # a loaded CI machine: the run usually settles in seconds

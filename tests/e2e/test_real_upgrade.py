@@ -26,7 +26,7 @@ import pytest
 
 from gpuslice import config as config_
 from gpuslice.controller import requeue, requeue_journal
-from gpuslice.sim import controlplane, kube_replay
+from gpuslice.sim import controlplane, kube_components
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
@@ -157,7 +157,7 @@ def test_an_upgrade_moves_the_writes_from_the_webhook_to_the_controller_and_fini
         assert core.list_namespaced_config_map(home, label_selector=f"{CONTRACT.prefix}/requeue-journal").items == []
 
         # And the controller itself runs with those rights: it elects itself on its Lease.
-        process, port = kube_replay.start_controller(
+        process, port = kube_components.start_controller(
             cluster,
             tmp_path / "config.yaml",
             _kubeconfig_of(cluster, core, home, controller),
@@ -165,7 +165,7 @@ def test_an_upgrade_moves_the_writes_from_the_webhook_to_the_controller_and_fini
             env={"POD_NAMESPACE": home},
         )
         try:
-            leading = functools.partial(kube_replay.controller_answers, port, "/metrics", LEADING)
+            leading = functools.partial(kube_components.controller_answers, port, "/metrics", LEADING)
             k8skit.wait_for("the upgraded controller to lead", leading, timeout=30)
             lease = kubernetes.client.CoordinationV1Api(admin).read_namespaced_lease(controller, home)
             assert lease.spec.holder_identity == "controller-upgraded"
