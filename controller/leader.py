@@ -208,4 +208,3 @@ class Leadership:
                 "leaseTransitions": transitions,
             },
         }
-
