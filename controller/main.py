@@ -38,7 +38,7 @@ from gpuslice import config, kubeclient, runtime
 from gpuslice.controller import leader, requeue
 from gpuslice.pacer import controller as pacer_
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "runnables"]
 
 log = logging.getLogger("gpuslice.controller")
 
@@ -73,11 +73,12 @@ def _track_leadership(election: leader.Leadership, registry: prometheus_client.C
     election.watch(lambda now_leading: taken.inc() if now_leading else None)
 
 
-def _runnables(
+def runnables(
     args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api
-) -> tuple[list[runtime.Runnable], prometheus_client.CollectorRegistry]:
+) -> tuple[list[runtime.Runnable], runtime.Health]:
     """The requeuer and the pacer (their watches run on every replica: a standby takes over warm),
-    then the campaign, which begins once they have listed; and the registry they count in."""
+    then the campaign, which begins once they have listed; and the health app, ready once they
+    have (a standby is ready too)."""
     registry = prometheus_client.CollectorRegistry()
     namespace = settings.controller.lease_namespace_in(os.environ)
     election = leader.Leadership(
@@ -108,13 +109,6 @@ def _runnables(
         after=lambda: all(feed.ready() for feed in feeds),
         announce=f"views listed: campaigning for Lease {namespace}/{settings.controller.lease_name}",
     )
-    # Stopped first (reverse order): the leader gives its Lease up before its watches end.
-    return [*feeds, campaign], registry
-
-
-async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api) -> None:
-    runnables, registry = _runnables(args, settings, api)
-    feeds = runnables[:-1]  # a standby is ready too: /readyz waits for the watches alone
     health = runtime.Health(
         port=args.port,
         host=args.host,
@@ -122,7 +116,13 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
         checks=lambda: {feed.name: feed.ready() for feed in feeds},
         waiting="watches not listed yet",
     )
-    await runtime.Supervisor(runnables, health=health).run()
+    # Stopped first (reverse order): the leader gives its Lease up before its watches end.
+    return [*feeds, campaign], health
+
+
+async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api) -> None:
+    parts, health = runnables(args, settings, api)
+    await runtime.Supervisor(parts, health=health).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
