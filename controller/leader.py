@@ -15,7 +15,8 @@ next look instead of after the duration: this is what makes a rolling upgrade qu
 With `pacing.enabled` the webhook gates pods only while this Lease is renewed by a holder
 (webhook/pacerlease.py): the leader is the pacer.
 
-May import the kubernetes client (in threads).
+What a read of the Lease says, when a renewal lapses and the time format are gpuslice/lease.py's,
+shared with the webhook's reader. May import gpuslice.lease and the kubernetes client (in threads).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from typing import Any, Protocol
 
 import kubernetes
 
-__all__ = ["Leadership", "LeaseApi", "micro_time"]
+from gpuslice import lease as lease_
+
+__all__ = ["Leadership", "LeaseApi"]
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +45,6 @@ class LeaseApi(Protocol):
     def create_namespaced_lease(self, namespace: str, body: Any) -> Any: ...
 
     def replace_namespaced_lease(self, name: str, namespace: str, body: Any) -> Any: ...
-
-
-def micro_time(moment: datetime.datetime) -> str:
-    """A MicroTime as the API server parses it: always six fraction digits (Python's isoformat
-    leaves them out at a whole second, which the API server refuses)."""
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _now() -> datetime.datetime:
@@ -78,8 +75,7 @@ class Leadership:
         self.monotonic = monotonic
         self.leading = False
         self._watchers: list[Callable[[bool], None]] = []
-        self._observed: tuple[str, str] | None = None  # (holder, renewTime) as last read
-        self._observed_at = 0.0  # monotonic time that observation was first seen
+        self._renewals = lease_.Renewals()  # the holder's last renewal read, and when
         self._renewed_at = 0.0  # monotonic time of this replica's last accepted renewal
         self._failing = False
 
@@ -116,34 +112,32 @@ class Leadership:
             return await self._write(None, self._spec(transitions=0, acquired=True))
         except Exception as exc:  # noqa: BLE001 - the API server unreachable: look again next time
             return self._failed(f"{type(exc).__name__}: {exc}")
-        spec = getattr(current, "spec", None)
-        holder = str(getattr(spec, "holder_identity", "") or "")
-        renewed = str(getattr(spec, "renew_time", "") or "")
-        duration = getattr(spec, "lease_duration_seconds", None) or self.lease_seconds
-        transitions = int(getattr(spec, "lease_transitions", 0) or 0)
+        observed = lease_.observe(current)
         now = self.monotonic()
-        if self._observed != (holder, renewed):
-            self._observed, self._observed_at = (holder, renewed), now
-        if holder == self.identity:  # a renewal, or ours from an earlier run of this identity
-            acquire_time = getattr(spec, "acquire_time", None)
-            body = self._spec(transitions=transitions, acquired=not self.leading, acquire_time=acquire_time)
-            return await self._write(_version_of(current), body)
-        if holder and now - self._observed_at < duration:
+        self._renewals.saw(observed.renewal, now)
+        if observed.holder == self.identity:  # a renewal, or ours from an earlier run of this identity
+            body = self._spec(
+                transitions=observed.transitions, acquired=not self.leading, acquire_time=observed.acquire_time
+            )
+            return await self._write(observed.version, body)
+        if observed.holder and self._renewals.held(now, lease_.duration_of(observed, self.lease_seconds)):
             if self.leading:  # someone else holds it (it took it while we could not renew): stop at once
                 self._set(False)
             return False
         # Free, given up or expired: take it.
-        return await self._write(_version_of(current), self._spec(transitions=transitions + 1, acquired=True))
+        return await self._write(observed.version, self._spec(transitions=observed.transitions + 1, acquired=True))
 
     async def release(self) -> None:
         """Give the Lease up (no holder, 1 s), so a standby need not wait out the duration."""
         try:
-            current = await asyncio.to_thread(self.api.read_namespaced_lease, self.name, self.namespace)
-            if str(getattr(current.spec, "holder_identity", "") or "") != self.identity:
+            observed = lease_.observe(
+                await asyncio.to_thread(self.api.read_namespaced_lease, self.name, self.namespace)
+            )
+            if observed.holder != self.identity:
                 return
-            body = self._spec(transitions=int(current.spec.lease_transitions or 0), acquired=False)
+            body = self._spec(transitions=observed.transitions, acquired=False)
             body["spec"].update(holderIdentity="", leaseDurationSeconds=1)
-            body["metadata"]["resourceVersion"] = _version_of(current)
+            body["metadata"]["resourceVersion"] = observed.version
             await asyncio.to_thread(self.api.replace_namespaced_lease, self.name, self.namespace, body)
             log.info("gave up Lease %s/%s", self.namespace, self.name)
         except Exception as exc:  # noqa: BLE001 - it then expires on its own
@@ -197,11 +191,11 @@ class Leadership:
     def _spec(self, *, transitions: int, acquired: bool, acquire_time: Any = None) -> dict[str, Any]:
         now = self.clock()
         if acquired:
-            acquire = micro_time(now)
+            acquire = lease_.micro_time(now)
         elif isinstance(acquire_time, datetime.datetime):
-            acquire = micro_time(acquire_time)
+            acquire = lease_.micro_time(acquire_time)
         else:
-            acquire = str(acquire_time or micro_time(now))
+            acquire = str(acquire_time or lease_.micro_time(now))
         return {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -210,12 +204,7 @@ class Leadership:
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": self.lease_seconds,
                 "acquireTime": acquire,
-                "renewTime": micro_time(now),
+                "renewTime": lease_.micro_time(now),
                 "leaseTransitions": transitions,
             },
         }
-
-
-def _version_of(lease: Any) -> str:
-    """resourceVersion of a Lease as the client returns it (a V1Lease)."""
-    return str(getattr(getattr(lease, "metadata", None), "resource_version", "") or "")

@@ -7,6 +7,9 @@ GET /healthz  the process answers
 GET /readyz   its watches have listed (a standby is ready too: it takes over warm)
 GET /metrics  Prometheus text (plain HTTP: nothing secret)
 
+The process is a gpuslice/runtime.py supervisor: the requeuer, the pacer, then the campaign
+(runtime.LeaderElection over controller/leader.py), stopped in reverse order.
+
 Every replica lists and watches the Failed pods (the requeuer) and, with `pacing.enabled`, every
 unfinished pod and every node (the pacer); once they have listed it campaigns for the Lease
 `controller.leaseName` in `controller.leaseNamespace` (default: its own namespace, POD_NAMESPACE)
@@ -24,21 +27,18 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import kubernetes
 import prometheus_client
-from aiohttp import web
 
-from gpuslice import config, kubeclient
+from gpuslice import config, kubeclient, runtime
 from gpuslice.controller import leader, requeue
 from gpuslice.pacer import controller as pacer_
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "runnables"]
 
 log = logging.getLogger("gpuslice.controller")
 
@@ -62,23 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def make_app(ready: Callable[[], bool], registry: prometheus_client.CollectorRegistry) -> web.Application:
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if ready() else web.Response(status=503, text="watches not listed yet")
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=prometheus_client.generate_latest(registry), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    return app
-
-
 def _track_leadership(election: leader.Leadership, registry: prometheus_client.CollectorRegistry) -> None:
     leading = prometheus_client.Gauge(
         "gpuslice_controller_leading", "1 while this replica leads (requeues and paces)", registry=registry
@@ -90,7 +73,12 @@ def _track_leadership(election: leader.Leadership, registry: prometheus_client.C
     election.watch(lambda now_leading: taken.inc() if now_leading else None)
 
 
-async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api) -> None:
+def runnables(
+    args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api
+) -> tuple[list[runtime.Runnable], runtime.Health]:
+    """The requeuer and the pacer (their watches run on every replica: a standby takes over warm),
+    then the campaign, which begins once they have listed; and the health app, ready once they
+    have (a standby is ready too)."""
     registry = prometheus_client.CollectorRegistry()
     namespace = settings.controller.lease_namespace_in(os.environ)
     election = leader.Leadership(
@@ -101,8 +89,7 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
         lease_seconds=settings.controller.lease_seconds,
     )
     _track_leadership(election, registry)
-    feeds: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
-    synced: list[Callable[[], bool]] = []
+    feeds: list[runtime.Runnable] = []
     if settings.requeue.enabled:
         requeuer = requeue.Requeuer(
             api,
@@ -112,39 +99,30 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
             namespace=os.environ.get("POD_NAMESPACE") or "default",  # the journal's: the controller's own
         )
         election.watch(requeuer.set_leading)
-        feeds.append(("requeuer", requeuer.run))
-        synced.append(requeuer.failed.synced.is_set)
+        feeds.append(runtime.Component("requeuer", run=requeuer.run, ready=requeuer.failed.synced.is_set))
     if settings.pacing.enabled:
         pacer = pacer_.Pacer(api, settings, registry=registry, leading=False)
         election.watch(pacer.set_leading)
-        feeds.append(("pacer", pacer.run))
-        synced.append(lambda: pacer.synced)
-    runner = web.AppRunner(make_app(lambda: all(ready() for ready in synced), registry))
-    await runner.setup()
-    await web.TCPSite(runner, args.host, args.port).start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    tasks: set[asyncio.Task[None]] = {asyncio.create_task(run(), name=name) for name, run in feeds}
-    stopping = asyncio.create_task(stop.wait(), name="controller-stop")
-    try:
-        # Campaign only once every view is current: a leader acts from the moment it is elected.
-        while not all(ready() for ready in synced):
-            done, _ = await asyncio.wait({*tasks, stopping}, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
-            if done:
-                break
-        else:
-            log.info("views listed: campaigning for Lease %s/%s", namespace, settings.controller.lease_name)
-            tasks.add(asyncio.create_task(election.run(), name="leader-election"))
-        done, _ = await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        for task in done - {stopping}:
-            task.result()  # an unexpected end is an error, not a quiet exit
-    finally:
-        for task in (*tasks, stopping):
-            task.cancel()
-        await asyncio.gather(*tasks, stopping, return_exceptions=True)  # the leader gives its Lease up
-        await runner.cleanup()
+        feeds.append(runtime.Component("pacer", run=pacer.run, ready=lambda: pacer.synced))
+    campaign = runtime.LeaderElection(
+        election,
+        after=lambda: all(feed.ready() for feed in feeds),
+        announce=f"views listed: campaigning for Lease {namespace}/{settings.controller.lease_name}",
+    )
+    health = runtime.Health(
+        port=args.port,
+        host=args.host,
+        registry=registry,
+        checks=lambda: {feed.name: feed.ready() for feed in feeds},
+        waiting="watches not listed yet",
+    )
+    # Stopped first (reverse order): the leader gives its Lease up before its watches end.
+    return [*feeds, campaign], health
+
+
+async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api) -> None:
+    parts, health = runnables(args, settings, api)
+    await runtime.Supervisor(parts, health=health).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         asyncio.run(_run(args, settings, api))
+    except runtime.RunnableFailed as exc:  # logged with its traceback: here one line naming it
+        print(f"gpuslice-controller: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - e.g. a port in use: one clear line
         print(f"gpuslice-controller: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,8 @@ The `<prefix>/config` label of the plugin's Node (--node-name) names the entry o
 plugin. Configuration, node-file and start-up check errors (deviceplugin/startup.py: e.g. pods still
 hold units of another `memoryUnitMiB`) print one line and exit 2. SIGTERM/SIGINT stop serving,
 remove the node labels the plugin published and the plugin sockets, cancel and await every task,
-and exit 0.
+and exit 0; a loop that fails stops the plugin the same way and exits 1, naming it. The parts
+run under gpuslice/runtime.py's supervisor (deviceplugin/runnables.py).
 
 With `steering.enabled` and a node name, the node labeller (deviceplugin/labeller.py) runs as a
 named task, refreshed after every Allocate and health change, scored from NVML when there is
@@ -25,11 +26,11 @@ import dataclasses
 import functools
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from gpuslice import config as config_
+from gpuslice import runtime
 from gpuslice.deviceplugin import (
     health,
     inventory,
@@ -41,6 +42,7 @@ from gpuslice.deviceplugin import (
     nvml_source,
     placement,
     podapi,
+    runnables,
     server,
     startup,
 )
@@ -145,10 +147,6 @@ async def run(
     startup.check_device_list(node, settings.contract)  # before the device IDs are built
     resources = manager.build_resources(node, settings)
     await _check_held_units(settings, options, node, resources)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     plugin_metrics = metrics.Metrics()
     health_state = health.HealthState()
     if not resources:
@@ -160,7 +158,6 @@ async def run(
         plugin_metrics=plugin_metrics,
         poll_interval=options.poll_interval,
     )
-    health_monitor = health.HealthMonitor(nvml, physical, settings.health, health_state) if nvml is not None else None
     usage_monitor = None
     if nvml is not None and settings.monitor.enabled and resources:
         usage_monitor = monitor.UsageMonitor(
@@ -191,51 +188,36 @@ async def run(
         plugins.add_allocation_listener(lambda resource: node_labeller.notify())
     elif settings.steering.enabled:
         log.info("steering labels off: no --node-name / NODE_NAME" if resources else "steering labels off: no GPU")
-    runner = None
-    tasks: list[asyncio.Task[None]] = []
-    try:
-        try:
-            if options.http_port:
-                app = metrics.build_app(plugin_metrics, plugins.registration_state)
-                runner = await metrics.serve(app, options.http_port)
-            if health_monitor is not None:
-                await health_monitor.start()
-            await plugins.start()
-        except (OSError, RuntimeError) as exc:  # a port in use, a directory we cannot write, gRPC cannot bind
-            log.debug("start failed", exc_info=True)
-            raise startup.StartupError(f"cannot start serving: {exc}") from None
-        if node_labeller is not None:
-            tasks.append(asyncio.create_task(node_labeller.run(), name="deviceplugin-node-labeller"))
-        if usage_monitor is not None:
-            tasks.append(asyncio.create_task(usage_monitor.run(), name="deviceplugin-usage-monitor"))
+
+    async def stop_plugins() -> None:
+        log.info("stopping: removing plugin sockets")
+        await plugins.stop()
+
+    # Started in this order, stopped in the reverse one (runnables.py).
+    parts: list[runtime.Runnable] = []
+    if nvml is not None:
+        parts.append(runnables.health_monitor(health.HealthMonitor(nvml, physical, settings.health, health_state)))
+    parts.append(runtime.Component("deviceplugin-plugins", start=plugins.start, stop=stop_plugins))
+    if node_labeller is not None:
+        parts.append(runnables.node_labeller("deviceplugin-node-labeller", node_labeller))
+    if usage_monitor is not None:
+        parts.append(runtime.Component("deviceplugin-usage-monitor", run=usage_monitor.run))
+    http = runnables.http(
+        options.http_port,
+        plugin_metrics.registry,
+        plugins.registration_state,
+        waiting="not registered with kubelet",
+        empty="no resources to advertise",
+    )
+
+    def started() -> None:
         log.info(
             "advertising %s from %s",
             ", ".join(f"{r.name} ({len(r.device_ids)})" for r in resources) or "nothing",
             node.source,
         )
-        await stop.wait()
-        log.info("stopping: removing plugin sockets")
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except Exception:  # it failed earlier: say so, but still clean up the rest
-                log.exception("%s had failed", task.get_name())
-        if node_labeller is not None:
-            # A node whose plugin is gone must not keep drawing pods (opting a node out removes
-            # the DaemonSet's pod, so this runs then too).
-            await node_labeller.shutdown(withdraw=True)
-        await plugins.stop()
-        if health_monitor is not None:
-            await health_monitor.stop()
-        if runner is not None:
-            await runner.cleanup()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+
+    await runnables.supervise(parts, health=http, stop=stop, started=started)
     return 0
 
 
@@ -290,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except startup.StartupError as exc:
         print(f"gpuslice-device-plugin: {exc}", file=sys.stderr)
         return 2
+    except runtime.RunnableFailed as exc:  # logged with its traceback: here one line naming it
+        print(f"gpuslice-device-plugin: {exc}", file=sys.stderr)
+        return 1
     finally:
         if nvml is not None:
             nvml.nvmlShutdown()

@@ -17,17 +17,23 @@ CUDA_MPS_LOG_DIRECTORY set:
 `--check` asks the running daemon `get_default_active_thread_percentage` and exits 0 if it answers
 (the DaemonSet's readiness probe; NVIDIA's own MPS daemon uses the same query as health).
 The NVIDIA container runtime puts the control binary in the container (compute capability).
-Imports no other gpuslice module.
+The daemon is one runnable under gpuslice/runtime.py's supervisor (signals, a bounded stop); the
+process ends when the daemon does, with its status.
+
+Imports gpuslice.runtime alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+
+from gpuslice import runtime
 
 __all__ = ["main"]
 
@@ -71,20 +77,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuslice-mps-control-daemon: cannot prepare the shared directories: {exc}", file=sys.stderr)
         return 2
     try:
-        daemon = subprocess.Popen([args.control, "-f"], env=_environment(args))
+        return asyncio.run(_supervise(args))
     except OSError as exc:
         print(f"gpuslice-mps-control-daemon: cannot start {args.control}: {exc}", file=sys.stderr)
         return 1
 
-    def stop(signum: int, frame: object) -> None:
+
+async def _supervise(args: argparse.Namespace) -> int:
+    """Run the daemon until it exits or SIGTERM/SIGINT asks it to quit; its exit status."""
+    stop = asyncio.Event()
+    daemon: asyncio.subprocess.Process | None = None
+
+    async def start() -> None:
+        nonlocal daemon
+        daemon = await asyncio.create_subprocess_exec(args.control, "-f", env=_environment(args))
+
+    async def run() -> None:
+        assert daemon is not None
+        await daemon.wait()
+        stop.set()  # the daemon is the process: it ends with it
+
+    async def quit_daemon() -> None:
+        if daemon is None or daemon.returncode is not None:
+            return
         try:
-            _ask(args, "quit", timeout=_STOP_SECONDS)
+            await asyncio.to_thread(_ask, args, "quit", _STOP_SECONDS)
         except (OSError, subprocess.TimeoutExpired):
             daemon.terminate()
+        await daemon.wait()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    returncode = daemon.wait()
+    part = runtime.Component("mps-control-daemon", start=start, run=run, stop=quit_daemon)
+    # Its stop asks, then waits as long again for the daemon to go.
+    await runtime.Supervisor([part], stop=stop, grace=2 * _STOP_SECONDS).run()
+    returncode = daemon.returncode if daemon is not None else None
+    if returncode is None:  # it did not go within the grace (logged): the container's end stops it
+        return 1
     return 0 if returncode in (0, -signal.SIGTERM) else returncode
 
 

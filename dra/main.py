@@ -10,10 +10,13 @@ no API server, no kubelet. Otherwise it recovers its checkpoint, serves kubelet'
 registration sockets, publishes the node's ResourceSlices and, with NVML, watches GPU health
 (a failed GPU is tainted in its slice). Configuration, node-file, checkpoint and start-up errors
 (a port in use, a directory it cannot write) print one line and exit 2; SIGTERM/SIGINT stop
-serving, remove the sockets, cancel and await every task, and exit 0.
+serving, remove the sockets, cancel and await every task, and exit 0; a loop that fails stops
+the plugin the same way and exits 1, naming it. The parts run under gpuslice/runtime.py's
+supervisor, started and stopped as the device plugin's are (deviceplugin/runnables.py).
 
-May import gpuslice.config, gpuslice.deviceplugin's discovery, health, metrics and startup
-(its StartupError and the node served under migStrategy) modules, and gpuslice.dra.
+May import gpuslice.{config,runtime}, gpuslice.deviceplugin's discovery, health, metrics,
+runnables and startup (its StartupError and the node served under migStrategy) modules, and
+gpuslice.dra.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Protocol
@@ -32,7 +34,8 @@ import prometheus_client
 import yaml
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import health, inventory, labeller, metrics, nvml_source, startup
+from gpuslice import runtime
+from gpuslice.deviceplugin import health, inventory, labeller, metrics, nvml_source, runnables, startup
 from gpuslice.dra import checkpoint, kube, preparer, publisher, server, slices, slicewatch
 from gpuslice.dra import labeller as dra_labeller
 
@@ -168,14 +171,28 @@ async def run(
     # What is published under migStrategy, as the device plugin serves it; health alone watches
     # the real GPUs (it reports the MIG devices and GPUs the published devices are made of).
     physical, node = node, startup.served_node(node, settings)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    driver = settings.contract.dra_driver
     own_api = api is None
     if api is None:
         api = kube.KubernetesApi()
+    try:
+        return await _serve(settings, options, node, physical, api, nvml=nvml, stop=stop, node_api=node_api)
+    finally:
+        if own_api:
+            api.close()
+
+
+async def _serve(
+    settings: config_.Config,
+    options: Options,
+    node: inventory.NodeInventory,
+    physical: inventory.NodeInventory,
+    api: Api,
+    *,
+    nvml: nvml_source.Nvml | None,
+    stop: asyncio.Event | None,
+    node_api: labeller.NodeApi | None,
+) -> int:
+    driver = settings.contract.dra_driver
     plugin_metrics = metrics.Metrics()
     calls = prometheus_client.Counter(
         "gpuslice_dra_calls",
@@ -195,8 +212,6 @@ async def run(
         claims.recover()
     except checkpoint.CheckpointError as exc:
         log.error("%s (move it aside to start empty: kubelet then prepares its claims again)", exc)
-        if own_api:
-            api.close()
         return 2
     claims.listeners.append(lambda: prepared.set(len(state.claims)))
     prepared.set(len(state.claims))
@@ -222,16 +237,26 @@ async def run(
         )
         health_state.add_listener(node_labeller.notify)
         claims.listeners.append(node_labeller.notify)
-    # Kubelet deletes the node's slices when it restarts: republish at once, not at the next resync.
-    slice_watch = (
-        slicewatch.NodeSlices(api.resource_api, options.node_name, driver, slice_publisher.notify)
-        if isinstance(api, kube.KubernetesApi)
-        else None
-    )
-    monitor = health.HealthMonitor(nvml, physical, settings.health, health_state) if nvml is not None else None
     grpc_server = server.DraServer(
         claims, driver=driver, plugin_dir=options.plugin_dir(driver), registry_dir=options.registry_dir, counter=calls
     )
+
+    async def stop_serving() -> None:
+        log.info("stopping: removing the plugin sockets")
+        await grpc_server.stop()
+
+    # Started in this order, stopped in the reverse one (deviceplugin/runnables.py).
+    parts: list[runtime.Runnable] = []
+    if nvml is not None:
+        parts.append(runnables.health_monitor(health.HealthMonitor(nvml, physical, settings.health, health_state)))
+    parts.append(runtime.Component("dra-server", start=grpc_server.start, stop=stop_serving))
+    parts.append(runtime.Component("dra-slice-publisher", run=slice_publisher.run))
+    if isinstance(api, kube.KubernetesApi):
+        # Kubelet deletes the node's slices when it restarts: republish at once, not at the next resync.
+        watch = slicewatch.NodeSlices(api.resource_api, options.node_name, driver, slice_publisher.notify)
+        parts.append(runtime.Component("dra-slice-watch", run=watch.run))
+    if node_labeller is not None:
+        parts.append(runnables.node_labeller("dra-node-labeller", node_labeller))
 
     def readiness() -> dict[str, bool]:
         return {
@@ -239,25 +264,7 @@ async def run(
             "resource slices": slice_publisher.synced.is_set(),
         }
 
-    runner = None
-    publisher_task: asyncio.Task[None] | None = None
-    watch_task: asyncio.Task[None] | None = None
-    labeller_task: asyncio.Task[None] | None = None
-    try:
-        try:
-            if options.http_port:
-                runner = await metrics.serve(metrics.build_app(plugin_metrics, readiness), options.http_port)
-            if monitor is not None:
-                await monitor.start()
-            await grpc_server.start()
-        except (OSError, RuntimeError) as exc:  # a port in use, a directory we cannot write, gRPC cannot bind
-            log.debug("start failed", exc_info=True)
-            raise startup.StartupError(f"cannot start serving: {exc}") from None
-        publisher_task = asyncio.create_task(slice_publisher.run(), name="dra-slice-publisher")
-        if slice_watch is not None:
-            watch_task = asyncio.create_task(slice_watch.run(), name="dra-slice-watch")
-        if node_labeller is not None:
-            labeller_task = asyncio.create_task(node_labeller.run(), name="dra-node-labeller")
+    def started() -> None:
         log.info(
             "DRA driver %s on node %s: %d devices from %s",
             driver,
@@ -265,27 +272,9 @@ async def run(
             len(slices.devices(node, settings.contract)),
             node.source,
         )
-        await stop.wait()
-        log.info("stopping: removing the plugin sockets")
-    finally:
-        for task in (labeller_task, watch_task, publisher_task):
-            if task is not None:
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
-        if node_labeller is not None:
-            await node_labeller.shutdown(withdraw=True)  # a node whose plugin is gone must not draw pods
-        await grpc_server.stop()
-        if monitor is not None:
-            await monitor.stop()
-        if runner is not None:
-            await runner.cleanup()
-        if own_api:
-            api.close()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+
+    http = runnables.http(options.http_port, plugin_metrics.registry, readiness, waiting="not ready yet")
+    await runnables.supervise(parts, health=http, stop=stop, started=started)
     return 0
 
 
@@ -309,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except startup.StartupError as exc:
         print(f"gpuslice-dra-plugin: {exc}", file=sys.stderr)
         return 2
+    except runtime.RunnableFailed as exc:  # logged with its traceback: here one line naming it
+        print(f"gpuslice-dra-plugin: {exc}", file=sys.stderr)
+        return 1
     finally:
         if nvml is not None:
             nvml.nvmlShutdown()

@@ -195,13 +195,6 @@ def test_an_unreachable_api_server_leaves_a_standby_standing_by() -> None:
     assert not step(b) and api.stored == {}
 
 
-def test_micro_time_always_has_six_fraction_digits() -> None:
-    assert leader.micro_time(T0) == "2026-11-24T05:00:00.000000Z"
-    offset = datetime.timezone(datetime.timedelta(hours=2))
-    moment = datetime.datetime(2026, 1, 1, 2, 0, 0, 5, tzinfo=offset)
-    assert leader.micro_time(moment) == "2026-01-01T00:00:00.000005Z"
-
-
 def test_the_lease_keys_default_to_the_pods_own_namespace() -> None:
     controller = config.ControllerConfig()
     assert (controller.lease_name, controller.lease_seconds) == ("gpuslice-controller", 15)

@@ -4,7 +4,8 @@
                    [--kubeconfig F] [configuration flags]
 
 Configuration or certificate errors print one line naming the problem and exit with status 2.
-SIGTERM and SIGINT stop serving gracefully (background tasks cancelled and awaited).
+SIGTERM and SIGINT stop serving gracefully (background tasks cancelled and awaited): the process
+is a gpuslice/runtime.py supervisor of the HTTPS server and the webhook's own loops.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import asyncio
 import gc
 import logging
 import os
-import signal
+import ssl
 import sys
 from collections.abc import Sequence
 
 import kubernetes
+from aiohttp import web
 
-from gpuslice import config, kubeclient, listwatch
+from gpuslice import config, kubeclient, listwatch, runtime
 from gpuslice.webhook import certs, claim_templates, nodewatch, pacerlease, server, waiting
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
@@ -51,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api | None) -> None:
+def _runnables(
+    args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api | None
+) -> list[runtime.Runnable]:
     context = certs.server_context(args.tls_cert_file, args.tls_private_key_file)
     reloader = certs.CertificateReloader(
         context, args.tls_cert_file, args.tls_private_key_file, interval=args.cert_reload_seconds
@@ -65,7 +69,7 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
     if watcher is None:
         log.info("no cluster found: gpu-fraction uses defaultGpuMemoryMiB=%d", settings.default_gpu_memory_mib)
     metrics = metrics_.Metrics()
-    background = []
+    loops: list[runtime.Runnable] = []  # the webhook's own watches and Lease reader, beside the server
     listed: list[listwatch.ListWatch] = []
     # Promises of pods never stored, that no node takes or that kubelet refused go back, and other
     # replicas' conversions are promised here too (webhook/waiting.py). The webhook writes nothing
@@ -81,13 +85,13 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
             namespace=settings.controller.lease_namespace_in(os.environ),
             lease_seconds=settings.controller.lease_seconds,
         )
-        background.append(lease.run)
+        loops.append(runtime.Component("gpuslice-webhook-pacer-lease", run=lease.run))
     if api is not None and waiting_pods is not None:
-        background.append(waiting_pods.run)
+        loops.append(runtime.Component("gpuslice-webhook-waiting-pods", run=waiting_pods.run))
         listed.append(waiting_pods)
         if not settings.dra.enabled:  # kubelet refuses nothing in DRA mode
             refused = waiting.RefusedPods(api, waiting_pods)
-            background.append(refused.run)
+            loops.append(runtime.Component("gpuslice-webhook-refused-pods", run=refused.run))
             listed.append(refused)
         watched = waiting_pods
 
@@ -110,17 +114,34 @@ async def _run(args: argparse.Namespace, settings: config.Config, api: kubernete
         watcher=watcher,
         reloader=reloader,
         templates=templates,
-        background=background,
         listed=listed,
     )
     # Everything built so far (the Kubernetes client's many modules included) lives as long as the
     # process: keep it out of the garbage collector's full scans, which each admission's JSON triggers.
     gc.freeze()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.serve(app, context, host=args.host, port=args.port, stop=stop)
+    return [*loops, _server(app, context, host=args.host, port=args.port)]
+
+
+def _server(app: web.Application, context: ssl.SSLContext, *, host: str, port: int) -> runtime.Component:
+    """The HTTPS server: /mutate, and the probes' /healthz and /readyz and /metrics on the same port
+    (webhook/server.py), so the runtime serves no app of its own here. Stopped first: the loops
+    above keep the view current while connections drain."""
+    runner: web.AppRunner | None = None
+
+    async def start() -> None:
+        nonlocal runner
+        runner = await server.start(app, context, host=host, port=port)
+        log.info("gpuslice webhook serving https://%s:%d/mutate", host, port)
+
+    async def stop() -> None:
+        if runner is not None:
+            await runner.cleanup()
+
+    return runtime.Component("gpuslice-webhook-server", start=start, stop=stop)
+
+
+async def _run(args: argparse.Namespace, settings: config.Config, api: kubernetes.client.CoreV1Api | None) -> None:
+    await runtime.Supervisor(_runnables(args, settings, api)).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         asyncio.run(_run(args, settings, api))
+    except runtime.RunnableFailed as exc:  # logged with its traceback: here one line naming it
+        print(f"gpuslice-webhook: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - e.g. a bad kubeconfig or a port in use: one clear line
         print(f"gpuslice-webhook: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

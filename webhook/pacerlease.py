@@ -15,7 +15,9 @@ for a live one): a pacer whose clock is behind then counts from its next renewal
 means no pacer, and so does one with no holder (a leader gives it up when it stops); a Lease
 that cannot be read keeps the last judgement until it lapses.
 
-May import gpuslice.config, the webhook's cluster module and the kubernetes client.
+The Lease's reading and the rule for when a renewal lapses are gpuslice/lease.py's, shared with
+the controller's election. May import gpuslice.lease, the webhook's cluster module and the
+kubernetes client.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Protocol
 
 import kubernetes
 
+from gpuslice import lease as lease_
 from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["LeaseReader", "PacerLease"]
@@ -68,8 +71,7 @@ class PacerLease:
         self.interval = min(2.0, lease_seconds / 3)
         self.monotonic = monotonic
         self.wall = wall
-        self._seen: tuple[Any, ...] | None = None  # (renewTime, holder) of the last renewal read
-        self._until = float("-inf")  # monotonic moment the last renewal seen lapses
+        self._renewals = lease_.Renewals()  # the last renewal read, and when
         self._duration = lease_seconds
         self._read_failing = False
         self._told: bool | None = None  # the state last logged: one line per change
@@ -90,7 +92,7 @@ class PacerLease:
             lease = await asyncio.to_thread(self.api.read_namespaced_lease, self.name, self.namespace)
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
-                self._seen, self._until = None, float("-inf")
+                self._renewals.forget()
                 self._judge(f"no pacer alive: Lease {self.lease} not found (no pacer has run)")
                 return
             self._unread(f"HTTP {exc.status} {exc.reason or ''}".strip())
@@ -104,28 +106,16 @@ class PacerLease:
         if self._read_failing:
             log.info("Lease %s read again", self.lease)
             self._read_failing = False
-        spec = getattr(lease, "spec", None)
-        renewed = getattr(spec, "renew_time", None)
-        holder = getattr(spec, "holder_identity", None)
-        duration = getattr(spec, "lease_duration_seconds", None)
-        self._duration = duration if isinstance(duration, int) and duration > 0 else self.lease_seconds
-        if not holder:  # given up by a leader that stopped (controller/leader.py): nobody paces
-            self._seen, self._until = None, float("-inf")
+        observed = lease_.observe(lease)
+        self._duration = lease_.duration_of(observed, self.lease_seconds)
+        if not observed.holder:  # given up by a leader that stopped (controller/leader.py): nobody paces
+            self._renewals.forget()
             return
-        if not isinstance(renewed, datetime.datetime):
+        if not isinstance(observed.renew_time, datetime.datetime):
             return  # never renewed: nothing seen
-        key = (renewed, holder)
-        if key == self._seen:
-            return
-        now = self.monotonic()
-        if self._seen is None:  # the first read: how old it is, by this webhook's wall clock
-            if renewed.tzinfo is None:
-                renewed = renewed.replace(tzinfo=datetime.UTC)
-            age = (self.wall() - renewed).total_seconds()
-            self._until = now + self._duration - max(0.0, age)
-        else:
-            self._until = now + self._duration
-        self._seen = key
+        # The first read, with nothing to compare: how old it is, by this webhook's wall clock.
+        age = lease_.age_of(observed.renew_time, self.wall()) if self._renewals.seen is None else 0.0
+        self._renewals.saw(observed.renewal, self.monotonic(), age=age)
 
     def _unread(self, why: str) -> None:
         # Once per run of failures at warning: a read is every couple of seconds.
@@ -135,7 +125,7 @@ class PacerLease:
         self._read_failing = True
 
     def _judge(self, absent: str) -> None:
-        alive = self.monotonic() < self._until
+        alive = self._renewals.held(self.monotonic(), self._duration)
         self.view.set_pacer("" if alive else absent)
         if alive is not self._told:
             if alive:

@@ -1,14 +1,14 @@
-"""The webhook's HTTP surface: an aiohttp app factory and a `serve()` that runs it over HTTPS.
+"""The webhook's HTTP surface: an aiohttp app factory and a `start()` that serves it over HTTPS.
 
 POST /mutate   AdmissionReview v1 -> AdmissionReview v1 (400 with a message when malformed)
 GET  /healthz  the process answers
 GET  /readyz   every watch has listed: nodes, pending and refused pods (or there is no cluster to watch)
 GET  /metrics  Prometheus text
 
-The handler only reads the body, calls `admission.review` and writes the answer; background
-tasks (certificate reload, node watch, and those `main` adds: the pacer's Lease, the requeuer,
-waiting pods) live in the app's cleanup context: created on start,
-cancelled and awaited on shutdown.
+The handler only reads the body, calls `admission.review` and writes the answer; the app's own
+background tasks (certificate reload, node watch) live in its cleanup context: created on start,
+cancelled and awaited on shutdown. The other loops (the pacer's Lease, waiting and refused pods)
+are runnables beside the server under the process's supervisor (webhook/main.py).
 
 May import gpuslice.{config,listwatch} and the webhook's modules.
 """
@@ -20,7 +20,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -31,7 +31,7 @@ from gpuslice.webhook import admission, certs, claim_templates, connections, nod
 from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import metrics as metrics_
 
-__all__ = ["CLUSTER", "METRICS", "SETTINGS", "make_app", "serve", "start"]
+__all__ = ["CLUSTER", "METRICS", "SETTINGS", "make_app", "start"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,6 @@ METRICS = web.AppKey("metrics", metrics_.Metrics)
 WATCHER = web.AppKey("watcher", object)  # nodewatch.NodeWatcher | None
 RELOADER = web.AppKey("reloader", object)  # certs.CertificateReloader | None
 TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
-BACKGROUND = web.AppKey("background", tuple)  # more coroutine functions to run while serving
 LISTED = web.AppKey("listed", tuple)  # more watches (listwatch.ListWatch) that must list before /readyz is ok
 BOOK = web.AppKey("book", connections.Book)
 REPEATS = web.AppKey("repeats", repeats.RepeatAnswers)
@@ -148,8 +147,6 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(reloader.run(), name="gpuslice-webhook-cert-reload"))
     if isinstance(watcher, nodewatch.NodeWatcher):
         tasks.append(asyncio.create_task(watcher.run(), name="gpuslice-webhook-node-watch"))
-    for run in app[BACKGROUND]:
-        tasks.append(asyncio.create_task(run(), name=f"gpuslice-webhook-{getattr(run, '__qualname__', 'task')}"))
     yield
     if isinstance(watcher, nodewatch.NodeWatcher):
         watcher.stop()
@@ -168,11 +165,10 @@ def make_app(
     watcher: nodewatch.NodeWatcher | None = None,
     reloader: certs.CertificateReloader | None = None,
     templates: claim_templates.ClaimTemplates | None = None,
-    background: Sequence[Callable[[], Awaitable[None]]] = (),
     listed: Sequence[listwatch.ListWatch] = (),
 ) -> web.Application:
-    """The webhook application; `watcher`, `reloader` and `background` run as its background tasks;
-    it is ready once `watcher` and every watch of `listed` have listed."""
+    """The webhook application; `watcher` and `reloader` run as its background tasks; it is
+    ready once `watcher` and every watch of `listed` have listed."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_count_errors])
     app[SETTINGS] = settings
     app[CLUSTER] = cluster
@@ -183,7 +179,6 @@ def make_app(
     app[WATCHER] = watcher
     app[RELOADER] = reloader
     app[TEMPLATES] = templates or claim_templates.ClaimTemplates()
-    app[BACKGROUND] = tuple(background)
     app[LISTED] = tuple(listed)
     app[BOOK] = connections.Book()
     app[REPEATS] = repeats.RepeatAnswers()
@@ -222,15 +217,3 @@ async def start(app: web.Application, ssl_context: ssl.SSLContext, *, host: str,
         await runner.cleanup()
         raise
     return runner
-
-
-async def serve(
-    app: web.Application, ssl_context: ssl.SSLContext, *, host: str, port: int, stop: asyncio.Event
-) -> None:
-    """Serve `app` over HTTPS until `stop` is set, then shut down gracefully."""
-    runner = await start(app, ssl_context, host=host, port=port)
-    try:
-        log.info("gpuslice webhook serving https://%s:%d/mutate", host, port)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
