@@ -55,7 +55,7 @@ import jsonpatch
 import yaml
 
 from gpuslice import config
-from gpuslice.sim import controlplane, kube_api
+from gpuslice.sim import controlplane, kube_api, kube_components
 from gpuslice.webhook import admission
 
 NAMESPACES = 100
@@ -416,27 +416,12 @@ def measure_all(
     env = {"PYTHONPATH": pythonpath} if pythonpath else {}
     tag = "baseline" if pythonpath else "current"
     results: dict[str, Any] = {}
-    # the webhook, as kube_replay starts it (its own certificate, the chart's configuration)
+    # the webhook, as the replay starts it (its own certificate), with the chart's configuration
     directory = work / f"webhook-{tag}"
-    directory.mkdir(exist_ok=True)
-    cert, key = plane.pki.issue("gpuslice-webhook", ips=("127.0.0.1",), dns=("localhost",))
-    (directory / "tls.crt").write_bytes(cert)
-    (directory / "tls.key").write_bytes(key)
-    (directory / "config.yaml").write_text(yaml.safe_dump({"version": "v1"}))
+    kube_components.webhook_files(plane, directory, {"version": "v1"})
     port = controlplane.free_port()
-    argv = [
-        sys.executable,
-        "-P",  # not the working directory's gpuslice: PYTHONPATH's, for --baseline
-        "-m",
-        "gpuslice.webhook.main",
-        f"--config={directory / 'config.yaml'}",
-        f"--tls-cert-file={directory / 'tls.crt'}",
-        f"--tls-private-key-file={directory / 'tls.key'}",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        f"--kubeconfig={plane.admin_kubeconfig}",
-        "--log-level=WARNING",
-    ]
+    # -P: not the working directory's gpuslice but PYTHONPATH's, for --baseline
+    argv = kube_components.webhook_argv(directory, port, str(plane.admin_kubeconfig), python_flags=["-P"])
     results["webhook"] = measure(
         plane,
         f"webhook-{tag}",
@@ -451,18 +436,9 @@ def measure_all(
         config_file = work / f"controller-{tag}-{pacing}.yaml"
         config_file.write_text(yaml.safe_dump({"version": "v1", "pacing": {"enabled": pacing}}))
         port = controlplane.free_port()
-        argv = [
-            sys.executable,
-            "-P",
-            "-m",
-            "gpuslice.controller.main",
-            f"--config={config_file}",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--kubeconfig={plane.admin_kubeconfig}",
-            "--identity=bench",
-            "--log-level=WARNING",
-        ]
+        argv = kube_components.controller_argv(
+            config_file, port, str(plane.admin_kubeconfig), identity="bench", python_flags=["-P"]
+        )
         what = "controller (pacing)" if pacing else "controller"
         results[what] = measure(
             plane, f"controller-{tag}-{pacing}", argv, f"http://127.0.0.1:{port}/readyz", None, env, None

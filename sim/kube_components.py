@@ -14,6 +14,7 @@ import base64
 import functools
 import operator
 import os
+import pathlib
 import sys
 import time
 import urllib.request
@@ -76,39 +77,71 @@ def settings_document(settings: config.Config) -> dict[str, Any]:
     return document
 
 
-def _start_webhook(
-    plane: controlplane.ControlPlane, settings: config.Config, name: str = "webhook"
-) -> tuple[Any, int, bytes]:
-    """The webhook process with a serving certificate from the plane's CA; (process, port, CA PEM)."""
-    directory = plane.workdir / name
+def webhook_files(plane: controlplane.ControlPlane, directory: pathlib.Path, document: Mapping[str, Any]) -> None:
+    """A webhook's serving certificate from the plane's CA (tls.crt, tls.key) and its
+    configuration (config.yaml, `document`), in `directory`."""
     directory.mkdir(exist_ok=True)
     cert, key = plane.pki.issue("gpuslice-webhook", ips=("127.0.0.1",), dns=("localhost",))
     (directory / "tls.crt").write_bytes(cert)
     (directory / "tls.key").write_bytes(key)
     (directory / "tls.key").chmod(0o600)
+    (directory / "config.yaml").write_text(yaml.safe_dump(dict(document)))
+
+
+def webhook_argv(directory: pathlib.Path, port: int, kubeconfig: str, *, python_flags: Sequence[str] = ()) -> list[str]:
+    """The webhook's command line on 127.0.0.1:`port` with `webhook_files`' files in `directory`."""
+    return [
+        sys.executable,
+        *python_flags,
+        "-m",
+        "gpuslice.webhook.main",
+        f"--config={directory / 'config.yaml'}",
+        f"--tls-cert-file={directory / 'tls.crt'}",
+        f"--tls-private-key-file={directory / 'tls.key'}",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--kubeconfig={kubeconfig}",
+        "--log-level=WARNING",
+    ]
+
+
+def controller_argv(
+    config_file: str | os.PathLike[str],
+    port: int,
+    kubeconfig: str,
+    *,
+    identity: str,
+    log_level: str = "WARNING",
+    python_flags: Sequence[str] = (),
+) -> list[str]:
+    """`gpuslice-controller`'s command line on 127.0.0.1:`port`."""
+    return [
+        sys.executable,
+        *python_flags,
+        "-m",
+        "gpuslice.controller.main",
+        f"--config={config_file}",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--kubeconfig={kubeconfig}",
+        f"--identity={identity}",
+        f"--log-level={log_level}",
+    ]
+
+
+def _start_webhook(
+    plane: controlplane.ControlPlane, settings: config.Config, name: str = "webhook"
+) -> tuple[Any, int, bytes]:
+    """The webhook process with a serving certificate from the plane's CA; (process, port, CA PEM)."""
+    directory = plane.workdir / name
     document = settings_document(settings)
     # The controller (which reads this file too) recreates refused pods, as in a cluster; quickly,
     # so that a burst's last recreation comes well inside the quiet time that ends the run.
     document["requeue"]["backoffSeconds"] = REQUEUE_BACKOFF_SECONDS
-    (directory / "config.yaml").write_text(yaml.safe_dump(document))
+    webhook_files(plane, directory, document)
     port = controlplane.free_port()
-    process = plane.spawn(
-        name,
-        [
-            sys.executable,
-            "-m",
-            "gpuslice.webhook.main",
-            f"--config={directory / 'config.yaml'}",
-            f"--tls-cert-file={directory / 'tls.crt'}",
-            f"--tls-private-key-file={directory / 'tls.key'}",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--kubeconfig={plane.admin_kubeconfig}",
-            "--log-level=WARNING",
-        ],
-        env={"PYTHONUNBUFFERED": "1"},
-    )
-
+    argv = webhook_argv(directory, port, str(plane.admin_kubeconfig))
+    process = plane.spawn(name, argv, env={"PYTHONUNBUFFERED": "1"})
     plane._wait(process, f"gpuslice {name}", functools.partial(_webhook_ready, plane, port), timeout=60)
     return process, port, plane.pki.ca_pem
 
@@ -163,21 +196,8 @@ def start_controller(
     watches have listed (leading or standing by); (process, HTTP port). The replay and the
     end-to-end tests both start it this way."""
     port = controlplane.free_port()
-    process = plane.spawn(
-        name,
-        [
-            sys.executable,
-            "-m",
-            "gpuslice.controller.main",
-            f"--config={config_file}",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--kubeconfig={kubeconfig}",
-            f"--identity={name}",
-            f"--log-level={log_level}",
-        ],
-        env={"PYTHONUNBUFFERED": "1", **(env or {})},
-    )
+    argv = controller_argv(config_file, port, kubeconfig, identity=name, log_level=log_level)
+    process = plane.spawn(name, argv, env={"PYTHONUNBUFFERED": "1", **(env or {})})
     plane._wait(process, f"gpuslice {name}", functools.partial(controller_answers, port, "/readyz"), timeout=60)
     return process, port
 
