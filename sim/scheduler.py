@@ -7,23 +7,21 @@ and the random choice among equal top scores. Formulas and weights: kube-schedul
 
 Speed: state lives in numpy arrays over nodes (allocatable and requested per resource, label values
 as category codes and integers), so one pod is a handful of vector operations; Python objects are
-touched only for the chosen node. Imports numpy, kubernetes' quantity parser and gpuslice.podrequests
-(the one rule for what a pod requests).
+touched only for the chosen node. Imports numpy, gpuslice.quantity (the one quantity parser) and
+gpuslice.podrequests (the one rule for what a pod requests).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import decimal
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from kubernetes.utils import quantity
 
-from gpuslice import podrequests
+from gpuslice import podrequests, quantity
 
 __all__ = [
     "MAX_NODE_SCORE",
@@ -87,8 +85,8 @@ class PodRequest:
 
 def _amount(resource: str, value: Any, where: str) -> int:
     try:
-        parsed = quantity.parse_quantity(value)
-    except (ValueError, decimal.InvalidOperation, TypeError):
+        parsed = quantity.parse(value)
+    except quantity.QuantityError:
         raise PodSpecError(f"{where}: {resource} quantity {value!r} is not a Kubernetes quantity") from None
     if parsed < 0:
         raise PodSpecError(f"{where}: {resource} quantity {value!r} is negative")
