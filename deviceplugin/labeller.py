@@ -23,7 +23,7 @@ The node's CPU and memory headroom comes from its allocatable (one GET of the No
 and its pods, which `KubernetesNodeApi.watch_pods` keeps by list + watch with the field selector
 `spec.nodeName=<node>` (deviceplugin/nodepods.py) while the labeller runs.
 
-May import gpuslice.{backoff,config,contract,kubeclient,timeouts} and gpuslice.deviceplugin.{allocation,
+May import gpuslice.{backoff,config,contract,kubeclient,quantity,timeouts} and gpuslice.deviceplugin.{allocation,
 health (its ALL marker), inventory, labels, nodepods, podresources}; the `kubernetes` client is used only
 by `KubernetesNodeApi`, in a thread.
 """
@@ -38,9 +38,8 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 import prometheus_client
-from kubernetes.utils import quantity
 
-from gpuslice import backoff, config, kubeclient, timeouts
+from gpuslice import backoff, config, kubeclient, quantity, timeouts
 from gpuslice.deviceplugin import allocation, health, inventory, labels, nodepods, podresources
 
 __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "headroom_from"]
@@ -155,11 +154,11 @@ def headroom_from(allocatable: Mapping[str, Any], pods: Iterable[Mapping[str, An
             used = nodepods.requests(pod)
             free_cpu -= used.get("cpu", Decimal(0))
             free_mem -= used.get("memory", Decimal(0))
-    return max(0, int(free_cpu * 1000)), max(0, int(free_mem / 2**20))
+    return max(0, int(free_cpu * 1000)), max(0, quantity.mib_down(free_mem))
 
 
 def _quantity(value: Any) -> Decimal:
-    return quantity.parse_quantity(value) if value is not None else Decimal(0)
+    return quantity.parse(value) if value is not None else Decimal(0)
 
 
 class NodeLabeller:

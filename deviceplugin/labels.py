@@ -5,7 +5,10 @@ Static labels (product, memory, GPU count, MIG profiles and their memory) let th
 the cluster's GPU classes. Steering labels (largest free block on one GPU, largest free block on a
 partly used GPU, fully free GPUs, free MIG devices, placement score) let the stock scheduler
 filter out nodes where a pod cannot fit on one GPU, and prefer the node where it fits best.
-The simulator labels its nodes with these same functions.
+The simulator labels its nodes with these same functions. Every count is written, and read back
+by `over_promises`, through gpuslice.labelcodec, the codec the webhook and the pacer read with.
+
+May import gpuslice.{contract,labelcodec} and gpuslice.deviceplugin.inventory.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from gpuslice import contract as contract_
+from gpuslice import labelcodec
 from gpuslice.deviceplugin import inventory
 
 __all__ = [
@@ -34,11 +38,13 @@ def static_labels(node: inventory.NodeInventory, contract: contract_.Contract) -
     if shared:
         model, _ = Counter(g.model for g in shared).most_common(1)[0]
         labels[contract.label_gpu_product] = contract_.label_value(model)
-        labels[contract.label_gpu_memory_mib] = str(min(g.memory_mib for g in shared))
-        labels[contract.label_gpu_count] = str(len(shared))
-    for profile in node.mig_profiles():
-        memory = min(m.memory_mib for m in node.mig_devices() if m.profile == profile)
-        labels[contract.label_mig_memory(profile)] = str(memory)
+        labels[contract.label_gpu_memory_mib] = labelcodec.count_value(min(g.memory_mib for g in shared))
+        labels[contract.label_gpu_count] = labelcodec.count_value(len(shared))
+    memory = {
+        profile: min(m.memory_mib for m in node.mig_devices() if m.profile == profile)
+        for profile in node.mig_profiles()
+    }
+    labels.update(labelcodec.mig_memory_labels(contract, memory))
     return labels
 
 
@@ -54,16 +60,17 @@ def steering_labels(
     fully_free = [g for g, free in free_units_by_gpu.items() if free == units_by_gpu[g]]
     # A partly used GPU still has room but is no longer whole: shares should go there first.
     partial = [free for g, free in free_units_by_gpu.items() if 0 < free < units_by_gpu[g]]
+    count = labelcodec.count_value
     labels = {
-        contract.label_free_block_units: str(max(free_units_by_gpu.values(), default=0)),
-        contract.label_free_partial_block_units: str(max(partial, default=0)),
-        contract.label_free_units: str(sum(free_units_by_gpu.values())),
-        contract.label_free_gpus: str(len(fully_free)),
+        contract.label_free_block_units: count(max(free_units_by_gpu.values(), default=0)),
+        contract.label_free_partial_block_units: count(max(partial, default=0)),
+        contract.label_free_units: count(sum(free_units_by_gpu.values())),
+        contract.label_free_gpus: count(len(fully_free)),
     }
     for profile, free in free_mig_by_profile.items():
-        labels[contract.label_mig_free(profile)] = str(free)
+        labels[contract.label_mig_free(profile)] = count(free)
     if placement_score is not None:
-        labels[contract.label_placement_score] = str(max(0, min(100, placement_score)))
+        labels[contract.label_placement_score] = count(max(0, min(100, placement_score)))
     return labels
 
 
@@ -112,8 +119,8 @@ def cpu_balance_labels(contract: contract_.Contract, balance_milli: int) -> dict
     leaves matches the GPUs it leaves (webhook/steering.py); both are always written, so that
     a node's keys do not change with the sign."""
     return {
-        contract.label_spare_cpu_milli: str(max(0, balance_milli)),
-        contract.label_short_cpu_milli: str(max(0, -balance_milli)),
+        contract.label_spare_cpu_milli: labelcodec.count_value(max(0, balance_milli)),
+        contract.label_short_cpu_milli: labelcodec.count_value(max(0, -balance_milli)),
     }
 
 
@@ -121,8 +128,8 @@ def headroom_labels(contract: contract_.Contract, free_cpu_milli: int, free_memo
     """The node's unrequested CPU and memory: lets the webhook pin a share to a GPU class whose
     nodes can still run it, not one whose free GPUs are stranded behind exhausted CPUs."""
     return {
-        contract.label_free_cpu_milli: str(max(0, free_cpu_milli)),
-        contract.label_free_memory_mib: str(max(0, free_memory_mib)),
+        contract.label_free_cpu_milli: labelcodec.count_value(max(0, free_cpu_milli)),
+        contract.label_free_memory_mib: labelcodec.count_value(max(0, free_memory_mib)),
     }
 
 
@@ -157,8 +164,8 @@ def over_promises(written: Mapping[str, str], change: Mapping[str, str | None], 
         if key not in watched and contract.mig_profile_of_label(key) is None:
             continue
         try:
-            if value is None or int(value) < int(written.get(key, "0")):
+            if value is None or labelcodec.count_of(key, value) < labelcodec.count_of(key, written.get(key, "0")):
                 return True
-        except ValueError:
+        except labelcodec.Malformed:
             return True
     return False

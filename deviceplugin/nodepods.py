@@ -6,7 +6,7 @@ list per node every few seconds; a watch costs one list at start (from the watch
 resourceVersion "0") and then only the node's own pod events. The loop (410 Gone, backoff,
 stop) is gpuslice.listwatch's.
 
-May import gpuslice.{listwatch,podrequests} and the kubernetes client.
+May import gpuslice.{listwatch,podrequests,quantity}.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Unpack
 
-from kubernetes.utils import quantity
-
-from gpuslice import listwatch, podrequests
+from gpuslice import listwatch, podrequests, quantity
 
 __all__ = ["NodePods", "holds_resources", "requests"]
 
@@ -82,7 +80,7 @@ def requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
 
 
 def _parse(name: str, value: Any) -> Decimal:
-    return quantity.parse_quantity(value)
+    return quantity.parse(value)
 
 
 def _held(pod: Mapping[str, Any]) -> tuple[Decimal, Decimal]:

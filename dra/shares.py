@@ -8,25 +8,21 @@ Allocate builds, so a container sees the same environment in both modes; `overco
 plugin's own last check that the shares prepared on one GPU never exceed it.
 
 May import gpuslice.contract, gpuslice.deviceplugin.{allocation,inventory}, gpuslice.dra.slices
-(device names) and kubernetes.utils.quantity.
+(device names) and gpuslice.quantity.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from kubernetes.utils import quantity
-
 from gpuslice import contract as contract_
+from gpuslice import quantity
 from gpuslice.deviceplugin import allocation, inventory
 from gpuslice.dra import slices
 
 __all__ = ["Share", "ShareError", "allocated_shares", "base_request", "grants", "overcommitted"]
-
-_MIB = Decimal(2**20)
 
 
 class ShareError(ValueError):
@@ -71,10 +67,9 @@ def _memory_mib(consumed: Mapping[str, Any] | None, full_mib: int, where: str) -
     if value is None:
         return full_mib  # no consumed capacity recorded: the device is the claim's alone
     try:
-        amount = quantity.parse_quantity(value)
-    except (ValueError, TypeError, InvalidOperation):
+        mib = quantity.mib_down(quantity.parse(value))
+    except quantity.QuantityError:
         raise ShareError(f"{where}: consumedCapacity.memory {value!r} is not a quantity") from None
-    mib = int(amount / _MIB)
     if mib <= 0:
         raise ShareError(f"{where}: consumedCapacity.memory {value!r} is less than 1 MiB")
     return mib

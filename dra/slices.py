@@ -22,7 +22,7 @@ Pure: no I/O, no clock (timestamps are passed in).
 `check_slice` checks a slice against the API's own limits (lengths, counts, request policy
 arithmetic) so a bad slice is refused here with a message instead of by the API server.
 
-May import gpuslice.contract and gpuslice.deviceplugin.inventory.
+May import gpuslice.{contract,quantity} and gpuslice.deviceplugin.inventory.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuslice import contract as contract_
+from gpuslice import quantity
 from gpuslice.deviceplugin import inventory
 
 __all__ = [
@@ -67,7 +68,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_QUANTITY_MI = re.compile(r"^(\d+)Mi$")
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 
 
@@ -91,10 +91,6 @@ def device_name(gpu: inventory.Gpu) -> str:
 def mig_device_name(parent: inventory.Gpu, position: int) -> str:
     """'gpu-2-mig-0': the MIG device at `position` of its parent's MIG list."""
     return f"gpu-{parent.index}-mig-{position}"
-
-
-def _mi(mib: int) -> str:
-    return f"{mib}Mi"
 
 
 def _string(value: str) -> dict[str, str]:
@@ -153,9 +149,9 @@ def gpu_device(
     if units < 1:
         return None
     whole = units * contract.unit_mib
-    valid_range: dict[str, str] = {"min": _mi(contract.unit_mib), "max": _mi(whole)}
+    valid_range: dict[str, str] = {"min": quantity.mebibytes(contract.unit_mib), "max": quantity.mebibytes(whole)}
     if units >= 2:  # the API wants min + step within the capacity
-        valid_range["step"] = _mi(contract.unit_mib)
+        valid_range["step"] = quantity.mebibytes(contract.unit_mib)
     attributes = {
         contract_.DRA_ATTR_TYPE: {"string": contract_.DRA_TYPE_GPU},
         contract_.DRA_ATTR_UUID: _string(gpu.uuid),
@@ -177,8 +173,8 @@ def gpu_device(
         "attributes": attributes,
         "capacity": {
             contract_.DRA_CAPACITY_MEMORY: {
-                "value": _mi(gpu.memory_mib),
-                "requestPolicy": {"default": _mi(whole), "validRange": valid_range},
+                "value": quantity.mebibytes(gpu.memory_mib),
+                "requestPolicy": {"default": quantity.mebibytes(whole), "validRange": valid_range},
             }
         },
         **_taints(taint, contract.dra_unhealthy_taint),
@@ -201,7 +197,7 @@ def mig_device(
     return {
         "name": mig_device_name(parent, position),
         "attributes": attributes,
-        "capacity": {contract_.DRA_CAPACITY_MEMORY: {"value": _mi(mig.memory_mib)}},
+        "capacity": {contract_.DRA_CAPACITY_MEMORY: {"value": quantity.mebibytes(mig.memory_mib)}},
         **_taints(taint, contract.dra_unhealthy_taint),
     }
 
@@ -287,11 +283,6 @@ def build_slices(
 # --- the API's limits --------------------------------------------------------------------------
 
 
-def _mib(quantity: Any) -> int | None:
-    match = _QUANTITY_MI.match(str(quantity))
-    return int(match.group(1)) if match else None
-
-
 def _check_qualified_name(name: str, where: str) -> list[str]:
     domain, sep, ident = name.rpartition("/")
     problems = []
@@ -307,10 +298,11 @@ def _check_request_policy(capacity: Mapping[str, Any], where: str) -> list[str]:
     policy = capacity.get("requestPolicy")
     if policy is None:
         return []
-    value = _mib(capacity.get("value"))
-    default = _mib(policy.get("default"))
+    mib = quantity.whole_mebibytes  # what we publish is written in whole Mi; anything else is refused
+    value = mib(capacity.get("value"))
+    default = mib(policy.get("default"))
     valid = policy.get("validRange") or {}
-    low, high, step = _mib(valid.get("min")), _mib(valid.get("max")), _mib(valid.get("step"))
+    low, high, step = mib(valid.get("min")), mib(valid.get("max")), mib(valid.get("step"))
     if None in (value, default, low) or (valid.get("max") is not None and high is None):
         return [f"{where}: quantities must be whole Mi (value, default, validRange.min/max/step)"]
     assert value is not None and default is not None and low is not None

@@ -2,7 +2,9 @@
 
 This package holds the shared core every component imports: `contract` (resource names, units,
 labels, annotations), `config` (the one configuration schema), `podrequests` (what a pod asks, as
-the scheduler counts it), `listwatch`, `backoff`, `timeouts` and `kubeclient`. The rest installs
+the scheduler counts it), `quantity` (the one Kubernetes quantity parser), `labelcodec` (the node
+labels' values, written and read), `affinity` (the one NodeAffinity matcher), `listwatch`,
+`backoff`, `timeouts` and `kubeclient`. The rest installs
 beside it, each from its top-level folder: the processes `gpuslice.webhook` (admission),
 `gpuslice.deviceplugin` (node), `gpuslice.dra` (node, DRA mode), `gpuslice.pacer` and
 `gpuslice.controller`; `gpuslice.proto` (wire contracts); the tools `gpuslice.sim` (packing

@@ -5,9 +5,8 @@ never lands two shares on a node by labels that no longer hold (docs/steering.md
 ledger      which nodes lag (pure)
 release     which gated pod goes next and the patch that lets it go (pure)
 room        whether pods that could land on one node fit there together (pure)
-selection   which nodes a gated pod could be placed on (pure)
 controller  the watches and the release loop, run by `gpuslice-controller` (controller/)
 
-May import gpuslice.{config,contract,listwatch,podrequests,timeouts}; never the webhook, the device
+May import gpuslice.{affinity,config,contract,labelcodec,listwatch,podrequests,timeouts}; never the webhook, the device
 plugin or the DRA plugin (the controller, which runs the pacer, gives it its API client).
 """

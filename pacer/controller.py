@@ -5,7 +5,7 @@ From them the ledger (pacer/ledger.py) knows which nodes lag. The release loop r
 the next gated pod (pacer/release.py, in order of priority and age) when fewer than
 `pacing.maxInFlight` released pods are still on their way to the scheduler (neither bound nor
 marked unschedulable, for at most `pacing.bindTimeoutSeconds`) and, on every node the pod could be
-placed on (pacer/selection.py), it fits beside every pod that could land there too: the pods in
+placed on (gpuslice.affinity), it fits beside every pod that could land there too: the pods in
 flight that could be placed there and those bound there that its labels do not count yet
 (pacer/room.py: GPUs touched against the GPUs the labels show free). A node that has lagged for
 `pacing.lagTimeoutSeconds` holds no one back (its kubelet admits nothing). It watches
@@ -20,8 +20,8 @@ next one, that pod waits until the pods that could land there are placed and the
 them. A pod that asks for no device (a CPU pod the webhook gated to keep its place in line) goes as
 soon as it is first.
 
-May import gpuslice.{backoff,compact,config,contract,listwatch,timeouts}, the pacer's own modules, prometheus_client
-and the kubernetes client.
+May import gpuslice.{affinity,backoff,compact,config,contract,listwatch,timeouts}, the pacer's own
+modules, prometheus_client and the kubernetes client.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from typing import Any
 import kubernetes
 import prometheus_client
 
-from gpuslice import compact, config, listwatch, timeouts
+from gpuslice import affinity, compact, config, listwatch, timeouts
 from gpuslice.pacer import ledger as ledger_
-from gpuslice.pacer import release, room, selection
+from gpuslice.pacer import release, room
 
 __all__ = ["Pacer"]
 
@@ -320,8 +320,11 @@ class Pacer:
             await asyncio.gather(*feeds, return_exceptions=True)
 
     def _candidates(self, entry: release.Gated) -> frozenset[str]:
-        """The nodes the pod could be placed on, by their labels now."""
-        return frozenset(n for n in self.ledger.names() if selection.admits(entry.spec, n, self.ledger.labels(n)))
+        """The nodes the pod could be placed on, by their labels now: its nodeSelector and required
+        node affinity, as the scheduler's NodeAffinity filter reads them. Taints, resources and pod
+        affinity are not looked at: a node they rule out is one the pod waits for needlessly,
+        never one it is sent to by stale labels."""
+        return frozenset(n for n in self.ledger.names() if affinity.admits(entry.spec, n, self.ledger.labels(n)))
 
     def _has_room(self, demand: dict[str, int], nodes: frozenset[str], now: float) -> bool:
         """Whether a pod taking `demand` fits, on each node of `nodes` (where it could be placed), beside

@@ -11,7 +11,7 @@ never higher, than the rule allows), and events of the two watches may come in e
 While a node lags, the pods bound to it since it last did not (`unlabelled`) are the ones its
 labels do not count yet: the pacer counts them as landing there, beside the pods it released.
 
-May import gpuslice.{contract,podrequests} only.
+May import gpuslice.{contract,labelcodec,podrequests} only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuslice import contract as contract_
-from gpuslice import podrequests
+from gpuslice import labelcodec, podrequests
 
 __all__ = ["Ledger", "pod_demand"]
 
@@ -34,6 +34,14 @@ def _count(value: Any) -> int | None:
     """An extended resource's quantity as a whole number (they have no units); None when it is not one."""
     text = str(value).strip()
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+
+
+def _free_label(labels: Mapping[str, Any], key: str) -> int | None:
+    """A free-count label's count; None when the node has none, or one not believed."""
+    try:
+        return labelcodec.read_count(labels, key)
+    except labelcodec.Malformed:
+        return None
 
 
 def pod_demand(spec: Mapping[str, Any], contract: contract_.Contract) -> dict[str, int]:
@@ -108,7 +116,7 @@ class Ledger:
         record.free_labels = {}
         for resource in record.allocatable:
             key = self.contract.free_label_of_resource(resource)
-            count = _count(labels.get(key)) if key else None
+            count = _free_label(labels, key) if key else None
             if count is not None:
                 record.free_labels[resource] = count
         self._judge(name)

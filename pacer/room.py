@@ -12,7 +12,7 @@ use. Both rules are sufficient, not necessary: they let pods go together where n
 wrong, and leave the rest to one at a time. MIG devices are counted like whole GPUs, against the
 node's free devices of each profile.
 
-May import gpuslice.contract only.
+May import gpuslice.{contract,labelcodec} only.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import collections
 from collections.abc import Iterable, Mapping
 
 from gpuslice import contract as contract_
+from gpuslice import labelcodec
 
 __all__ = ["fit_together", "touches"]
 
@@ -35,7 +36,7 @@ def touches(
     touched: dict[str, int] = {}
     for resource, count in demand.items():
         if resource == contract.gpu_memory_resource:
-            per_gpu = _units_per_gpu(allocatable.get(resource, 0), labels.get(contract.label_gpu_count))
+            per_gpu = _units_per_gpu(allocatable.get(resource, 0), labels, contract)
             touched[GPUS] = touched.get(GPUS, 0) + (-(-count // per_gpu) if per_gpu else 1)
         else:
             touched[resource] = touched.get(resource, 0) + count
@@ -59,21 +60,25 @@ def fit_together(
     for key, count in total.items():
         if count <= _free(key, labels, contract):
             continue
-        if key == GPUS and one_gpu_each and units <= _count(labels.get(contract.label_free_block_units)):
+        if key == GPUS and one_gpu_each and units <= _count(labels, contract.label_free_block_units):
             continue  # every one fits beside the others in the largest free block
         return False
     return True
 
 
-def _units_per_gpu(units: int, gpu_count: str | None) -> int:
-    count = int(gpu_count) if gpu_count and gpu_count.isdigit() else 0
+def _units_per_gpu(units: int, labels: Mapping[str, str], contract: contract_.Contract) -> int:
+    count = _count(labels, contract.label_gpu_count)
     return units // count if count else 0
 
 
 def _free(key: str, labels: Mapping[str, str], contract: contract_.Contract) -> int:
     label = contract.label_free_gpus if key == GPUS else contract.free_label_of_resource(key)
-    return _count(labels.get(label) if label else None)
+    return _count(labels, label) if label else 0
 
 
-def _count(text: str | None) -> int:
-    return int(text) if text and text.isdigit() else 0
+def _count(labels: Mapping[str, str], key: str) -> int:
+    """The label's count; 0 when it is missing or malformed (nothing is free by a label not believed)."""
+    try:
+        return labelcodec.read_count(labels, key) or 0
+    except labelcodec.Malformed:
+        return 0

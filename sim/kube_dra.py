@@ -13,7 +13,7 @@ its capacity. Each allocation is still checked against the device's capacity; an
 reported as an error, never credited.
 
 May import gpuslice.{config,contract}, gpuslice.deviceplugin.inventory, gpuslice.dra.slices,
-gpuslice.sim.node (its GpuShare) and the kubernetes client's quantity parser.
+gpuslice.sim.node (its GpuShare) and gpuslice.quantity.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
-
 from gpuslice import contract as contract_
+from gpuslice import quantity as quantity_
 from gpuslice.deviceplugin import inventory
 from gpuslice.dra import slices
 from gpuslice.sim import node as node_
@@ -57,7 +56,7 @@ def node_slices(node: inventory.NodeInventory, contract: contract_.Contract, nod
 
 def memory_mib(quantity: Any) -> float:
     """A memory quantity ('40960Mi', '40Gi', '1073741824') in MiB; ValueError when it is not one."""
-    return float(parse_quantity(quantity)) / 2**20
+    return float(quantity_.parse(quantity)) / quantity_.MIB
 
 
 class DeviceLedger:

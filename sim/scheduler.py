@@ -7,23 +7,22 @@ and the random choice among equal top scores. Formulas and weights: kube-schedul
 
 Speed: state lives in numpy arrays over nodes (allocatable and requested per resource, label values
 as category codes and integers), so one pod is a handful of vector operations; Python objects are
-touched only for the chosen node. Imports numpy, kubernetes' quantity parser and gpuslice.podrequests
-(the one rule for what a pod requests).
+touched only for the chosen node. Imports numpy, gpuslice.quantity (the one quantity parser),
+gpuslice.podrequests (the one rule for what a pod requests) and gpuslice.affinity (the one node
+affinity matcher: the vectorised filter here is tested against it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import decimal
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from kubernetes.utils import quantity
 
-from gpuslice import podrequests
+from gpuslice import affinity, podrequests, quantity
 
 __all__ = [
     "MAX_NODE_SCORE",
@@ -32,7 +31,6 @@ __all__ = [
     "PodRequest",
     "PodSpecError",
     "Profile",
-    "Requirement",
     "Scheduler",
     "binpack_profile",
     "default_profile",
@@ -51,7 +49,6 @@ MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND = 5
 
 CPU = "cpu"
 MEMORY = "memory"
-_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
 class PodSpecError(ValueError):
@@ -62,24 +59,14 @@ class PodSpecError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Requirement:
-    """One node selector requirement; `field` True for matchFields (metadata.name)."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-    field: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
 class PodRequest:
     name: str
     requests: Mapping[str, int]  # cpu in milli, memory in bytes, extended resources in units
     nonzero_cpu: int
     nonzero_memory: int
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    required_terms: tuple[tuple[Requirement, ...], ...] | None = None  # ORed terms of ANDed requirements
-    preferred_terms: tuple[tuple[int, tuple[Requirement, ...]], ...] = ()
+    required_terms: tuple[tuple[affinity.Requirement, ...], ...] | None = None  # ORed terms of ANDed requirements
+    preferred_terms: tuple[tuple[int, tuple[affinity.Requirement, ...]], ...] = ()
     scheduler_name: str = "default-scheduler"
     # Per-container requests of extended resources, for kubelet's device manager.
     container_devices: tuple[tuple[str, Mapping[str, int]], ...] = ()
@@ -87,8 +74,8 @@ class PodRequest:
 
 def _amount(resource: str, value: Any, where: str) -> int:
     try:
-        parsed = quantity.parse_quantity(value)
-    except (ValueError, decimal.InvalidOperation, TypeError):
+        parsed = quantity.parse(value)
+    except quantity.QuantityError:
         raise PodSpecError(f"{where}: {resource} quantity {value!r} is not a Kubernetes quantity") from None
     if parsed < 0:
         raise PodSpecError(f"{where}: {resource} quantity {value!r} is negative")
@@ -106,40 +93,8 @@ def _container_requests(container: Mapping[str, Any], where: str) -> dict[str, i
     return {name: _amount(name, value, where) for name, value in merged.items()}
 
 
-def _requirements(expressions: Sequence[Mapping[str, Any]], field: bool, where: str) -> list[Requirement]:
-    out = []
-    for expression in expressions or ():
-        operator = expression.get("operator")
-        if operator not in _OPERATORS:
-            raise PodSpecError(f"{where}: operator {operator!r} is not one of {', '.join(_OPERATORS)}")
-        values = tuple(str(v) for v in expression.get("values") or ())
-        if operator in ("Gt", "Lt") and (len(values) != 1 or not _is_int(values[0])):
-            raise PodSpecError(f"{where}: {operator} needs exactly one integer value, got {list(values)}")
-        if operator in ("In", "NotIn") and not values:
-            raise PodSpecError(f"{where}: {operator} needs at least one value")
-        if operator in ("Exists", "DoesNotExist") and values:
-            raise PodSpecError(f"{where}: {operator} takes no values")
-        out.append(Requirement(str(expression.get("key", "")), operator, values, field))
-    return out
-
-
-def _term(term: Mapping[str, Any], where: str) -> tuple[Requirement, ...]:
-    return tuple(
-        _requirements(term.get("matchExpressions") or (), False, where)
-        + _requirements(term.get("matchFields") or (), True, where)
-    )
-
-
 def _keys(amounts: Any) -> set[str]:
     return {str(k) for k in amounts} if isinstance(amounts, Mapping) else set()
-
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
 
 
 def read_pod(pod: Mapping[str, Any]) -> PodRequest:
@@ -182,18 +137,20 @@ def read_pod(pod: Mapping[str, Any]) -> PodRequest:
         if extended:
             devices.append((str(container.get("name")), extended))
 
-    affinity = ((spec.get("affinity") or {}).get("nodeAffinity")) or {}
-    required_terms = None
-    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required is not None:
-        terms = required.get("nodeSelectorTerms") or ()
-        required_terms = tuple(_term(t, f"pod {name} required node affinity") for t in terms)
+    try:
+        required_terms = affinity.required_terms(spec, checked=True)
+    except affinity.AffinityError as exc:
+        raise PodSpecError(f"pod {name} required node affinity: {exc}") from None
     preferred = []
-    for entry in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+    node_affinity = ((spec.get("affinity") or {}).get("nodeAffinity")) or {}
+    for entry in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
         weight = int(entry.get("weight", 0))
         if not 1 <= weight <= 100:
             raise PodSpecError(f"pod {name}: preferred node affinity weight must be 1..100, got {weight}")
-        preferred.append((weight, _term(entry.get("preference") or {}, f"pod {name} preferred node affinity")))
+        try:
+            preferred.append((weight, affinity.term(entry.get("preference") or {}, checked=True)))
+        except affinity.AffinityError as exc:
+            raise PodSpecError(f"pod {name} preferred node affinity: {exc}") from None
     return PodRequest(
         name=name,
         requests={r: n for r, n in totals.items() if n > 0},
@@ -255,25 +212,30 @@ def binpack_profile(gpu_memory_resource: str, strategy: str = "MostAllocated", *
 
 
 class _Labels:
-    """Node labels as columns: a category code per value (In/NotIn/Exists) and an integer (Gt/Lt)."""
+    """Node labels as columns: a category code per value (In/NotIn/Exists) and an integer (Gt/Lt).
+
+    `match` is gpuslice.affinity's Requirement.matches over every node at once (tests hold the
+    two equal): a label is an integer for Gt/Lt when affinity.integer reads one."""
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.codes: dict[str, np.ndarray] = {}
         self.ints: dict[str, np.ndarray] = {}
+        self.numeric: dict[str, np.ndarray] = {}  # whether the node's label is an integer
         self.vocab: dict[str, dict[str, int]] = {}
         self.of_node: list[dict[str, str]] = [{} for _ in range(count)]
 
     def _column(self, key: str) -> None:
         self.codes[key] = np.full(self.count, -1, dtype=np.int32)
-        self.ints[key] = np.full(self.count, np.nan)
+        self.ints[key] = np.zeros(self.count, dtype=np.int64)
+        self.numeric[key] = np.zeros(self.count, dtype=bool)
         self.vocab[key] = {}
 
     def set(self, node: int, labels: Mapping[str, str]) -> None:
         old = self.of_node[node]
         for key in old.keys() - labels.keys():
             self.codes[key][node] = -1
-            self.ints[key][node] = np.nan
+            self.numeric[key][node] = False
         for key, value in labels.items():
             if old.get(key) == value:
                 continue
@@ -281,12 +243,14 @@ class _Labels:
                 self._column(key)
             vocab = self.vocab[key]
             self.codes[key][node] = vocab.setdefault(value, len(vocab))
-            self.ints[key][node] = int(value) if _is_int(value) else np.nan
+            number = affinity.integer(value)
+            self.numeric[key][node] = number is not None
+            self.ints[key][node] = 0 if number is None else number
         self.of_node[node] = dict(labels)
 
-    def match(self, requirement: Requirement, names: Sequence[str]) -> np.ndarray:
+    def match(self, requirement: affinity.Requirement, names: Sequence[str]) -> np.ndarray:
         if requirement.field:
-            if requirement.key != "metadata.name" or requirement.operator not in ("In", "NotIn"):
+            if requirement.key != affinity.NODE_NAME_FIELD or requirement.operator not in ("In", "NotIn"):
                 return np.zeros(self.count, dtype=bool)
             hit = np.isin(np.asarray(names), requirement.values)
             return hit if requirement.operator == "In" else ~hit
@@ -303,9 +267,11 @@ class _Labels:
             return codes >= 0
         if operator == "DoesNotExist":
             return codes < 0
-        bound = int(requirement.values[0])
-        with np.errstate(invalid="ignore"):
-            return self.ints[key] > bound if operator == "Gt" else self.ints[key] < bound
+        bound = affinity.integer(requirement.values[0]) if len(requirement.values) == 1 else None
+        if operator not in ("Gt", "Lt") or bound is None:
+            return np.zeros(self.count, dtype=bool)
+        ints = self.ints[key]
+        return self.numeric[key] & (ints > bound if operator == "Gt" else ints < bound)
 
 
 class Cluster:
@@ -368,7 +334,7 @@ class Cluster:
         """NodeAffinity filter: nodeSelector AND (any required term)."""
         mask = np.ones(self.count, dtype=bool)
         for key, value in pod.node_selector.items():
-            mask &= self.labels.match(Requirement(key, "In", (value,)), self.names)
+            mask &= self.labels.match(affinity.Requirement(key, "In", (value,)), self.names)
         if pod.required_terms is not None:
             any_term = np.zeros(self.count, dtype=bool)
             for term in pod.required_terms:
@@ -377,7 +343,7 @@ class Cluster:
             mask &= any_term
         return mask
 
-    def _term_mask(self, term: Sequence[Requirement]) -> np.ndarray:
+    def _term_mask(self, term: Sequence[affinity.Requirement]) -> np.ndarray:
         mask = np.ones(self.count, dtype=bool)
         for requirement in term:
             mask &= self.labels.match(requirement, self.names)

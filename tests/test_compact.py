@@ -7,8 +7,8 @@ import copy
 import json
 from typing import Any
 
-from gpuslice import compact, config
-from gpuslice.pacer import ledger, release, selection
+from gpuslice import affinity, compact, config
+from gpuslice.pacer import ledger, release
 from gpuslice.webhook import nodelabels, pods, waiting
 
 CONTRACT = config.Config().contract
@@ -114,7 +114,7 @@ def test_a_compact_pod_gives_every_reader_the_same_answer():
         == {CONTRACT.gpu_memory_resource: 64}
     )
     assert release.gated(small, CONTRACT) == release.gated(whole, CONTRACT) is not None
-    assert selection.admits(small["spec"], "n1", {"pool": "a"}) and not selection.admits(small["spec"], "n1", {})
+    assert affinity.admits(small["spec"], "n1", {"pool": "a"}) and not affinity.admits(small["spec"], "n1", {})
     assert (
         waiting.unschedulable_decision(small, CONTRACT)
         == waiting.unschedulable_decision(whole, CONTRACT)

@@ -7,7 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gpuslice import affinity
 from gpuslice.sim import scheduler
 
 GIB = 1024**3
@@ -286,3 +289,95 @@ def test_equal_top_scores_are_broken_at_random_and_the_seed_makes_it_repeatable(
 
     assert picks(7) == picks(7)
     assert set(picks(7)) == {0, 1, 2}
+
+
+# Label values and bounds that tell the operators apart: equal, either side, signs, 64-bit edges,
+# and what int() reads but the scheduler does not.
+_VALUES = ["0", "1", "2", "10", "-1", "+1", "007", "a", "1_0", str(2**63 - 1), str(2**63), str(2**53 + 1)]
+_KEYS = ["k1", "k2"]
+_NAMES = ["n0", "n1", "n2", "n3"]
+
+
+def _expressions() -> st.SearchStrategy[dict[str, Any]]:
+    key = st.sampled_from([*_KEYS, "no-node-has-it"])
+    value = st.sampled_from(_VALUES)
+    return st.one_of(
+        st.builds(
+            lambda k, o, v: {"key": k, "operator": o, "values": v},
+            key,
+            st.sampled_from(["In", "NotIn"]),
+            st.lists(value, min_size=1, max_size=3),
+        ),
+        st.builds(lambda k, o: {"key": k, "operator": o}, key, st.sampled_from(["Exists", "DoesNotExist"])),
+        st.builds(
+            lambda k, o, v: {"key": k, "operator": o, "values": [v]},
+            key,
+            st.sampled_from(["Gt", "Lt"]),
+            st.sampled_from([v for v in _VALUES if affinity.integer(v) is not None]),
+        ),
+    )
+
+
+def _fields() -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(
+        lambda o, v: {"key": "metadata.name", "operator": o, "values": v},
+        st.sampled_from(["In", "NotIn"]),
+        st.lists(st.sampled_from(_NAMES), min_size=1, max_size=2),
+    )
+
+
+_TERMS = st.builds(
+    lambda e, f: {**({"matchExpressions": e} if e else {}), **({"matchFields": f} if f else {})},
+    st.lists(_expressions(), max_size=3),
+    st.lists(_fields(), max_size=1),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    labels=st.lists(st.dictionaries(st.sampled_from(_KEYS), st.sampled_from(_VALUES)), min_size=4, max_size=4),
+    terms=st.none() | st.lists(_TERMS, max_size=3),
+    selector=st.dictionaries(st.sampled_from(_KEYS), st.sampled_from(_VALUES), max_size=1),
+)
+def test_the_vectorised_filter_decides_as_the_one_node_affinity_matcher(
+    labels: list[dict[str, str]], terms: list[dict[str, Any]] | None, selector: dict[str, str]
+) -> None:
+    spec: dict[str, Any] = {"containers": [{"name": "c"}], "nodeSelector": selector}
+    if terms is not None:
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+    cluster = scheduler.Cluster(_NAMES, [{}] * len(_NAMES), [{}] * len(_NAMES))
+    for i, node_labels in enumerate(labels):  # set twice: a changed or removed label is seen
+        cluster.set_labels(i, {k: "x" for k in _KEYS})
+        cluster.set_labels(i, node_labels)
+    mask = cluster.affinity_mask(scheduler.read_pod({"metadata": {"name": "p"}, "spec": spec}))
+    assert mask.tolist() == [affinity.admits(spec, n, labels[i]) for i, n in enumerate(_NAMES)]
+
+
+def _single_requirements() -> list[dict[str, Any]]:
+    integers = [v for v in _VALUES if affinity.integer(v) is not None]
+    return (
+        [{"key": "k1", "operator": o, "values": [v]} for o in ("In", "NotIn") for v in _VALUES]
+        + [{"key": "k1", "operator": o, "values": [v]} for o in ("Gt", "Lt") for v in integers]
+        + [{"key": k, "operator": o} for k in ("k1", "no-node-has-it") for o in ("Exists", "DoesNotExist")]
+        + [{"key": "no-node-has-it", "operator": o, "values": ["1"]} for o in ("In", "NotIn", "Gt", "Lt")]
+        + [{"key": "metadata.name", "operator": o, "values": ["n1"]} for o in ("In", "NotIn")]
+    )
+
+
+@pytest.mark.parametrize(
+    "requirement", _single_requirements(), ids=lambda r: f"{r['key']} {r['operator']} {r.get('values', '')}"
+)
+def test_each_requirement_filters_every_label_value_as_the_one_matcher(requirement: dict[str, Any]) -> None:
+    names = [f"n{i}" for i in range(len(_VALUES) + 1)]
+    labels = [{"k1": v} for v in _VALUES] + [{}]  # every value, and the label missing
+    cluster = scheduler.Cluster(names, [{}] * len(names), labels)
+    field = requirement["key"] == "metadata.name"
+    term = {"matchFields" if field else "matchExpressions": [requirement]}
+    spec = {
+        "containers": [{"name": "c"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}},
+    }
+    mask = cluster.affinity_mask(scheduler.read_pod({"metadata": {"name": "p"}, "spec": spec}))
+    assert mask.tolist() == [affinity.admits(spec, n, labels[i]) for i, n in enumerate(names)]

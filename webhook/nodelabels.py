@@ -11,17 +11,17 @@ for metrics and a sentence for the log); others are unaffected. A node whose plu
 (its resource missing from allocatable, or 0) while its labels still say free keeps its class
 but offers no free capacity: steering ignores it.
 
-May import gpuslice.contract and the webhook's parsing module.
+May import gpuslice.{contract,labelcodec} and the webhook's parsing module.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from gpuslice import contract as contract_
+from gpuslice import labelcodec
 from gpuslice.webhook import parsing
 
 __all__ = ["Distrusted", "NodeGpus", "read"]
@@ -29,7 +29,6 @@ __all__ = ["Distrusted", "NodeGpus", "read"]
 MIN_GPU_MEMORY_MIB = 1024  # 1 GiB: no GPU worth sharing has less
 MAX_GPU_MEMORY_MIB = 1024 * 1024  # 1 TiB: none has more
 MAX_GPUS_PER_NODE = 64
-_NUMBER_RE = re.compile(r"[0-9]{1,12}", re.ASCII)  # int() would take "１２", "1_0" and " 12"
 
 # Reason codes (metric label values): a bounded set.
 MALFORMED = "malformed-label"
@@ -65,12 +64,10 @@ class NodeGpus:
 
 
 def _number(labels: Mapping[str, str], key: str) -> int | None:
-    value = labels.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _NUMBER_RE.fullmatch(value):
-        raise Distrusted(MALFORMED, f"label {key}={parsing.quote(value)} is not a whole number")
-    return int(value)
+    try:
+        return labelcodec.read_count(labels, key)
+    except labelcodec.Malformed as exc:
+        raise Distrusted(MALFORMED, str(exc)) from None
 
 
 def _units(status: Mapping[str, Any], field: str, resource: str) -> int | None:
@@ -90,15 +87,15 @@ def _memory_in_range(key: str, mib: int) -> None:
 
 
 def _mig(labels: Mapping[str, str], contract: contract_.Contract) -> tuple[tuple[str, int], ...]:
-    prefix, suffix = f"{contract.prefix}/mig.", ".memory-mib"
+    try:
+        memory = labelcodec.mig_memory_of(labels, contract)
+    except labelcodec.Malformed as exc:
+        raise Distrusted(MALFORMED, str(exc)) from None
     mig = []
-    for key in labels:
-        if key.startswith(prefix) and key.endswith(suffix):
-            profile = key[len(prefix) : -len(suffix)]
-            mib = _number(labels, key)
-            if profile and mib:
-                _memory_in_range(key, mib)
-                mig.append((profile, mib))
+    for profile, mib in memory.items():
+        if mib:
+            _memory_in_range(contract.label_mig_memory(profile), mib)
+            mig.append((profile, mib))
     return tuple(sorted(mig))
 
 

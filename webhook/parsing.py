@@ -3,11 +3,11 @@ of GPU memory, a count of GPUs or devices, a switch. Pure; no I/O.
 
 Strict on purpose. Python's int(), float() and Decimal() accept "１２" (full-width digits), "1_0"
 and " 12 ", which Kubernetes' own quantity grammar and KAI's parsers do not: every value must
-match an ASCII grammar first, and only then is it converted (amounts by the Kubernetes client's
-quantity parser). A value that does not fit raises `Invalid` with a message naming the
+match an ASCII grammar first, and only then is it converted (amounts by gpuslice.quantity, the
+one quantity parser). A value that does not fit raises `Invalid` with a message naming the
 annotation, a short quote of the value (at most QUOTE_CHARS characters) and the accepted forms.
 
-May import the kubernetes client's quantity module only.
+May import gpuslice.quantity only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 import re
 from typing import Any
 
-from kubernetes.utils import quantity
+from gpuslice import quantity
 
 __all__ = [
     "BOOLEAN_FORMS",
@@ -43,12 +43,6 @@ _MAX_MEMORY_MIB = 2**40
 
 _DIGITS = "[0-9]"  # not \d: that matches every Unicode digit
 _NUMBER = rf"(?:{_DIGITS}+(?:\.{_DIGITS}*)?|\.{_DIGITS}+)"
-# Kubernetes' quantity grammar (apimachinery resource.Quantity): a signed decimal number, then a
-# binary suffix, a decimal suffix, or a decimal exponent (e.g. "2e3"), never two of them.
-_QUANTITY_RE = re.compile(
-    rf"(?P<sign>[+-]?)(?P<number>{_NUMBER})(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?{_DIGITS}+)?",
-    re.ASCII,
-)
 _FRACTION_RE = re.compile(rf"[+-]?{_NUMBER}(?:[eE][+-]?{_DIGITS}+)?", re.ASCII)
 _COUNT_RE = re.compile(rf"{_DIGITS}+", re.ASCII)
 
@@ -107,27 +101,28 @@ def memory_mib(name: str, value: Any) -> int:
     """GPU memory in MiB, rounded up: a bare number (or one with a decimal exponent) is MiB, a
     number with a binary or decimal suffix is bytes."""
     text = _text(name, value, MEMORY_FORMS)
-    match = _QUANTITY_RE.fullmatch(text)
-    if not match:
-        raise Invalid(f"{name}={quote(text)} is not a number or quantity; accepted: {MEMORY_FORMS}")
-    suffix = match.group("suffix") or ""
-    if suffix in ("n", "u", "m"):
-        raise Invalid(f"{name}={quote(text)} is a fraction of a byte; accepted: {MEMORY_FORMS}")
     try:
-        amount = quantity.parse_quantity(text)
-    except ValueError:  # the grammar above should have caught it; say so rather than fail
+        read = quantity.read(text)
+    except quantity.QuantityError:
         raise Invalid(f"{name}={quote(text)} is not a number or quantity; accepted: {MEMORY_FORMS}") from None
+    if read.suffix in ("n", "u", "m"):
+        raise Invalid(f"{name}={quote(text)} is a fraction of a byte; accepted: {MEMORY_FORMS}")
+    amount = read.amount
     if amount.is_zero():
         raise Invalid(f"{name}={quote(text)} is zero; accepted: {MEMORY_FORMS}")
     if amount < 0:
         raise Invalid(f"{name}={quote(text)} is negative; accepted: {MEMORY_FORMS}")
-    # At most 64 characters and no exponent beside a suffix: the division cannot overflow, and a
-    # huge exponent ("1e999999999") is only ever compared, never expanded.
-    in_mib = suffix == "" or (suffix[0] in "eE" and len(suffix) > 1)  # "E" alone is exa
-    mib = amount if in_mib else amount / 2**20
-    if mib > _MAX_MEMORY_MIB:
-        raise Invalid(f"{name}={quote(text)} is larger than any GPU; accepted: {MEMORY_FORMS}")
-    return max(1, math.ceil(mib))
+    too_large = f"{name}={quote(text)} is larger than any GPU; accepted: {MEMORY_FORMS}"
+    if read.scaled:  # a unit: bytes
+        try:
+            return max(1, quantity.mib_up(amount, limit=_MAX_MEMORY_MIB))
+        except quantity.QuantityError:
+            raise Invalid(too_large) from None
+    # A bare number or one with an exponent is MiB; a huge exponent ("1e999999999") is only
+    # compared, never expanded.
+    if amount > _MAX_MEMORY_MIB:
+        raise Invalid(too_large)
+    return max(1, math.ceil(amount))
 
 
 def count(name: str, value: Any, *, forms: str) -> int:
@@ -208,10 +203,10 @@ def _request_quantity(text: str) -> decimal.Decimal:
     milli = _plain_milli(text)
     if milli is not None:
         return decimal.Decimal(milli) / _MILLI
-    if len(text) > _MAX_VALUE_CHARS or not _QUANTITY_RE.fullmatch(text):
+    if len(text) > _MAX_VALUE_CHARS:
         return decimal.Decimal(0)
     try:
-        amount = quantity.parse_quantity(text)  # at most 64 characters: no overflow ahead
-    except (ValueError, ArithmeticError):
+        amount = quantity.parse(text)
+    except quantity.QuantityError:
         return decimal.Decimal(0)
     return amount if 0 <= amount <= 2**63 else decimal.Decimal(0)

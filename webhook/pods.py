@@ -1,7 +1,7 @@
 """Reading the parts of a pod the conversion looks at: its containers and their resource maps,
 the GPU products it selects itself, and the CPU and memory the scheduler counts for it. Pure.
 
-May import gpuslice.{contract,podrequests} and the webhook's parsing module.
+May import gpuslice.{contract,podrequests,quantity} and the webhook's parsing module.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gpuslice import contract as contract_
-from gpuslice import podrequests
+from gpuslice import podrequests, quantity
 from gpuslice.webhook import parsing
 
 __all__ = [
@@ -160,7 +160,7 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
 def _read(name: str, value: Any) -> int:
     """One CPU or memory quantity (a container's, pod-level, overhead) in the units of `requests`."""
     amount = parsing.request_quantity(value)
-    return int(amount * 1000) if name == "cpu" else int(amount / 2**20)
+    return int(amount * 1000) if name == "cpu" else quantity.mib_down(amount)
 
 
 # Pods repeat a handful of request pairs ("4", "16Gi"); the Decimal arithmetic costs more than a lookup.
