@@ -23,7 +23,7 @@ __all__ = ["node", "pod", "pod_event", "pod_page"]
 
 _NODE_STATUS = ("allocatable", "capacity")
 _POD_METADATA = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "labels")
-# What the pacer's placement reads (pacer/selection.py: nodeSelector, and of the affinity only the
+# What the pacer's placement reads (gpuslice/affinity.py: nodeSelector, and of the affinity only the
 # required node affinity, below) and what a pod holds (gpuslice.podrequests: containers, init
 # containers and sidecars, overhead). The preferences our webhook writes are most of a converted
 # pod's spec: nothing that watches reads them.

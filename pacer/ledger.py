@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuslice import contract as contract_
-from gpuslice import labelcodec, podrequests
+from gpuslice import labelcodec, podrequests, quantity
 
 __all__ = ["Ledger", "pod_demand"]
 
@@ -31,9 +31,14 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def _count(value: Any) -> int | None:
-    """An extended resource's quantity as a whole number (they have no units); None when it is not one."""
-    text = str(value).strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+    """An extended resource's quantity as a whole number (they have no units); None when it is not
+    one. Any form of the grammar: the API server writes a count of 2,000 as "2k"."""
+    try:
+        amount = quantity.parse(value)
+    except quantity.QuantityError:
+        return None
+    whole = amount == amount.to_integral_value() and 0 <= amount < 10**12
+    return int(amount) if whole else None
 
 
 def _free_label(labels: Mapping[str, Any], key: str) -> int | None:

@@ -102,7 +102,14 @@ def test_a_sidecar_holds_its_units_beside_the_app_containers() -> None:
     assert ledger.pod_demand(spec, CONTRACT) == {UNITS: 70}
 
 
-@pytest.mark.parametrize("value", ["1.5", "-3", "1e3", "١٢", "", "9" * 40])
+@pytest.mark.parametrize(("value", "count"), [("40", 40), ("2k", 2000), ("1e3", 1000)])
+def test_a_count_is_read_in_any_form_the_api_server_writes(value: str, count: int) -> None:
+    # The API server stores a count of 2,000 units (a node's allocatable, a large pod's request) as "2k".
+    spec = {"containers": [{"resources": {"limits": {UNITS: value}}}]}
+    assert ledger.pod_demand(spec, CONTRACT) == {UNITS: count}
+
+
+@pytest.mark.parametrize("value", ["1.5", "-3", "1500m", "١٢", "", "9" * 40])
 def test_quantities_that_are_not_plain_counts_are_ignored(value: str) -> None:
     spec = {"containers": [{"resources": {"limits": {UNITS: value}}}]}
     assert ledger.pod_demand(spec, CONTRACT) == {}
