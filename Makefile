@@ -90,8 +90,8 @@ gpu-check:
 # given the folders; mypy checks the package (pyproject's [tool.mypy]) and follows them, as does
 # import-linter, which checks what may import what (pyproject's [tool.importlinter]; no cache written).
 check: venv proto
-	$(BIN)/ruff check gpuslice webhook deviceplugin dra pacer controller sim demo proto tests benchmarks tools e2e
-	$(BIN)/ruff format --check gpuslice webhook deviceplugin dra pacer controller sim demo proto tests benchmarks tools e2e
+	$(BIN)/ruff check gpuslice webhook deviceplugin node mps dra pacer controller sim demo proto tests benchmarks tools e2e
+	$(BIN)/ruff format --check gpuslice webhook deviceplugin node mps dra pacer controller sim demo proto tests benchmarks tools e2e
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

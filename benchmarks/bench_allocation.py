@@ -31,7 +31,8 @@ import time
 import grpc
 
 from gpuslice import config
-from gpuslice.deviceplugin import allocation, health, manager, metrics, nodefile, server
+from gpuslice.deviceplugin import manager, server
+from gpuslice.node import allocation, health, metrics, nodefile
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpuslice.sim import devicemanager
 

@@ -35,7 +35,8 @@ import urllib.request
 import uuid
 
 from gpuslice import config
-from gpuslice.deviceplugin import manager, nodefile
+from gpuslice.deviceplugin import manager
+from gpuslice.node import nodefile
 from gpuslice.sim import controlplane
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

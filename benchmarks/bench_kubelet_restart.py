@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from gpuslice import config
-from gpuslice.deviceplugin import health, manager, metrics, nodefile
+from gpuslice.deviceplugin import manager
+from gpuslice.node import health, metrics, nodefile
 from gpuslice.sim import kubelet as sim_kubelet
 
 NODE = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples" / "demo-node.yaml"

@@ -22,7 +22,8 @@ import time
 import prometheus_client
 
 from gpuslice import contract
-from gpuslice.deviceplugin import attribution, cgroups, gpu_usage, nodefile, podapi, podresources, usage_metrics
+from gpuslice.deviceplugin import attribution, cgroups, gpu_usage, podapi, usage_metrics
+from gpuslice.node import nodefile, podresources
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 from fake_nvml import FakeNvml  # noqa: E402 - a test helper

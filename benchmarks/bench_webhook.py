@@ -181,7 +181,7 @@ def cluster_view(settings: Any) -> Any:
 def node_labels(settings: Any, rng: random.Random, indexes: Any) -> list[tuple[str, dict[str, str]]]:
     """(name, labels) of the nodes at `indexes` of the view, each with an allocation and CPU and
     memory headroom drawn from `rng`: the same node always has the same GPUs."""
-    from gpuslice.deviceplugin import labels
+    from gpuslice.node import labels
     from gpuslice.sim import trace
 
     contract = settings.contract

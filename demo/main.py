@@ -41,7 +41,8 @@ from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.demo import pods as demo_pods
 from gpuslice.demo import tls
-from gpuslice.deviceplugin import health, inventory, labels, manager, metrics, nodefile
+from gpuslice.deviceplugin import manager
+from gpuslice.node import health, inventory, labels, metrics, nodefile
 from gpuslice.sim import kubelet as kubelet_
 from gpuslice.sim import scheduler
 from gpuslice.webhook import cluster as cluster_

@@ -26,7 +26,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import cgroups, gpu_usage, inventory, podapi, podresources
+from gpuslice.deviceplugin import cgroups, gpu_usage, podapi
+from gpuslice.node import inventory, podresources
 
 __all__ = ["UNKNOWN_REASONS", "ContainerUse", "DeviceUse", "ProcessUse", "Snapshot", "attribute", "grants_of"]
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuslice.deviceplugin import inventory, nvml_source
+from gpuslice.node import inventory, nvml_source
 
 __all__ = ["DeviceSample", "GpuProcess", "UsageReader", "shared_devices"]
 

@@ -5,14 +5,14 @@
                            [every configuration flag, see docs/configuration.md]
 
 The `<prefix>/config` label of the plugin's Node (--node-name) names the entry of the file's
-`nodeConfigs` layered over the file (deviceplugin/nodeconfig.py); a label naming no entry stops the
-plugin. Configuration, node-file and start-up check errors (deviceplugin/startup.py: e.g. pods still
+`nodeConfigs` layered over the file (node/nodeconfig.py); a label naming no entry stops the
+plugin. Configuration, node-file and start-up check errors (node/startup.py: e.g. pods still
 hold units of another `memoryUnitMiB`) print one line and exit 2. SIGTERM/SIGINT stop serving,
 remove the node labels the plugin published and the plugin sockets, cancel and await every task,
 and exit 0; a loop that fails stops the plugin the same way and exits 1, naming it. The parts
-run under gpuslice/runtime.py's supervisor (deviceplugin/runnables.py).
+run under gpuslice/runtime.py's supervisor (node/runnables.py).
 
-With `steering.enabled` and a node name, the node labeller (deviceplugin/labeller.py) runs as a
+With `steering.enabled` and a node name, the node labeller (node/labeller.py) runs as a
 named task, refreshed after every Allocate and health change, scored from NVML when there is
 NVML (deviceplugin/placement.py). With NVML and `monitor.enabled`, the usage monitor
 (deviceplugin/monitor.py) runs as another named task and feeds memory pressure to that score.
@@ -31,21 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gpuslice import config as config_
 from gpuslice import runtime
-from gpuslice.deviceplugin import (
-    health,
-    inventory,
-    labeller,
-    manager,
-    metrics,
-    monitor,
-    nodeconfig,
-    nvml_source,
-    placement,
-    podapi,
-    runnables,
-    server,
-    startup,
-)
+from gpuslice.deviceplugin import manager, monitor, placement, podapi, server
+from gpuslice.node import health, inventory, labeller, metrics, nodeconfig, nvml_source, runnables, startup
 
 __all__ = ["Options", "main", "parse_args", "run"]
 

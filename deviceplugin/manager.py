@@ -1,6 +1,6 @@
 """The set of device plugins of one node: one PluginServer per resource, kept registered.
 
-`build_resources` turns a NodeInventory (the `migStrategy` view of deviceplugin/migstrategy.py)
+`build_resources` turns a NodeInventory (the `migStrategy` view of node/migstrategy.py)
 and the Config into the resources we advertise: `<prefix>/gpu-memory` (memory units of every GPU
 not in MIG mode) and one `<prefix>/mig-<profile>` per MIG profile present.
 
@@ -28,7 +28,8 @@ import watchfiles
 
 from gpuslice import backoff, timeouts
 from gpuslice import config as config_
-from gpuslice.deviceplugin import allocation, health, inventory, metrics, response, server
+from gpuslice.deviceplugin import server
+from gpuslice.node import allocation, health, inventory, metrics, response
 
 __all__ = ["KUBELET_SOCKET", "PluginManager", "build_resources"]
 

@@ -33,18 +33,8 @@ from collections.abc import Callable, Iterable
 import prometheus_client
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import (
-    attribution,
-    cgroups,
-    gpu_usage,
-    inventory,
-    killer,
-    nvml_source,
-    overuse,
-    podapi,
-    podresources,
-    usage_metrics,
-)
+from gpuslice.deviceplugin import attribution, cgroups, gpu_usage, killer, overuse, podapi, usage_metrics
+from gpuslice.node import inventory, nvml_source, podresources
 
 __all__ = ["UsageMonitor"]
 

@@ -33,7 +33,8 @@ from collections.abc import Callable
 import prometheus_client
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import attribution, cgroups, inventory, killer, podapi
+from gpuslice.deviceplugin import attribution, cgroups, killer, podapi
+from gpuslice.node import inventory
 
 __all__ = ["REASON", "Detector", "Enforcer", "OverUse"]
 

@@ -15,8 +15,8 @@ both really free and really idle. The published integer is quantised to `step` w
 which bounds label churn.
 
 Reads NVML only through a `read(uuid) -> (used MiB, total MiB, util % or None)` function
-(production: `nvml_source.read_usage` bound to pynvml). May import gpuslice.deviceplugin.inventory
-and gpuslice.deviceplugin.nvml_source; nothing else of gpuslice.
+(production: `nvml_source.read_usage` bound to pynvml). May import gpuslice.node.inventory
+and gpuslice.node.nvml_source; nothing else of gpuslice.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable, Collection
 
-from gpuslice.deviceplugin import inventory, nvml_source
+from gpuslice.node import inventory, nvml_source
 
 __all__ = ["PlacementScore", "Reader", "from_nvml", "gpu_score"]
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 import grpc
 
 from gpuslice import timeouts
-from gpuslice.deviceplugin import allocation, health, metrics
+from gpuslice.node import allocation, health, metrics
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 __all__ = ["API_VERSION", "HEALTHY", "UNHEALTHY", "PluginServer", "RegistrationError", "Resource"]

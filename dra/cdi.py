@@ -3,7 +3,7 @@
 
 Each request of the claim becomes one CDI device, `<contract.dra_cdi_kind>=<claim UID>-<request>`,
 whose container edits are what the device plugin's Allocate gives a container for the same
-share (gpuslice.deviceplugin.response, so both modes hand containers the same environment):
+share (gpuslice.node.response, so both modes hand containers the same environment):
 NVIDIA_VISIBLE_DEVICES (deviceListStrategy envvar), GPUSLICE_MEMORY_LIMIT_MIB,
 GPUSLICE_GPU_FRACTION, GPUSLICE_GPU_COUNT, KAI's GPU_PORTION and, with mps.enabled,
 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PIPE_DIRECTORY and
@@ -14,7 +14,7 @@ cdiVersion 0.5.0: the oldest that allows a device name starting with a digit (cl
 Files are written to a temporary name, flushed and renamed, so a runtime never reads half a
 spec and a crash leaves the old file or the new one.
 
-May import gpuslice.{config,contract} and gpuslice.deviceplugin.{allocation,response}.
+May import gpuslice.{config,contract} and gpuslice.node.{allocation,response}.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from gpuslice import config as config_
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import allocation, response
+from gpuslice.node import allocation, response
 
 __all__ = ["SPEC_VERSION", "ClaimSpec", "claim_spec", "list_claim_files", "remove_spec", "spec_file_name", "write_spec"]
 

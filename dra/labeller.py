@@ -1,4 +1,4 @@
-"""The steering labels in DRA mode: the device plugin's labeller (deviceplugin/labeller.py: diff,
+"""The steering labels in DRA mode: the device plugin's labeller (node/labeller.py: diff,
 rate limit, over-promises written at once, backoff, labels withdrawn at exit) with what is in use
 read from the claims this plugin prepared instead of kubelet's PodResources record.
 
@@ -13,7 +13,7 @@ by UUID. A claim the scheduler has allocated but kubelet has not yet asked us to
 seen, as in device-plugin mode an allocation is seen only at Allocate; the webhook's promises
 cover that gap.
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin (labeller, labels, inventory, health)
+May import gpuslice.{config,contract}, gpuslice.node (labeller, labels, inventory, health)
 and gpuslice.dra.shares.
 """
 
@@ -23,8 +23,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gpuslice.deviceplugin import health, labeller, labels
 from gpuslice.dra import shares as shares_
+from gpuslice.node import health, labeller, labels
 
 __all__ = ["ClaimLabeller", "in_use"]
 

@@ -12,9 +12,9 @@ registration sockets, publishes the node's ResourceSlices and, with NVML, watche
 (a port in use, a directory it cannot write) print one line and exit 2; SIGTERM/SIGINT stop
 serving, remove the sockets, cancel and await every task, and exit 0; a loop that fails stops
 the plugin the same way and exits 1, naming it. The parts run under gpuslice/runtime.py's
-supervisor, started and stopped as the device plugin's are (deviceplugin/runnables.py).
+supervisor, started and stopped as the device plugin's are (node/runnables.py).
 
-May import gpuslice.{config,runtime}, gpuslice.deviceplugin's discovery, health, metrics,
+May import gpuslice.{config,runtime}, gpuslice.node's discovery, health, metrics,
 runnables and startup (its StartupError and the node served under migStrategy) modules, and
 gpuslice.dra.
 """
@@ -35,9 +35,9 @@ import yaml
 
 from gpuslice import config as config_
 from gpuslice import runtime
-from gpuslice.deviceplugin import health, inventory, labeller, metrics, nvml_source, runnables, startup
 from gpuslice.dra import checkpoint, kube, preparer, publisher, server, slices, slicewatch
 from gpuslice.dra import labeller as dra_labeller
+from gpuslice.node import health, inventory, labeller, metrics, nvml_source, runnables, startup
 
 __all__ = ["Options", "main", "parse_args", "run"]
 
@@ -245,7 +245,7 @@ async def _serve(
         log.info("stopping: removing the plugin sockets")
         await grpc_server.stop()
 
-    # Started in this order, stopped in the reverse one (deviceplugin/runnables.py).
+    # Started in this order, stopped in the reverse one (node/runnables.py).
     parts: list[runtime.Runnable] = []
     if nvml is not None:
         parts.append(runnables.health_monitor(health.HealthMonitor(nvml, physical, settings.health, health_state)))

@@ -13,7 +13,7 @@ A crash between any two steps leaves a state the next call finishes (checkpoint.
 why). `crash_hook(step)` is called after each durable step ("started", "cdi-written",
 "cdi-removed") so tests can stop the process exactly there.
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin.inventory and gpuslice.dra's
+May import gpuslice.{config,contract}, gpuslice.node.inventory and gpuslice.dra's
 shares, cdi and checkpoint.
 """
 
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import inventory
 from gpuslice.dra import cdi, checkpoint, shares
+from gpuslice.node import inventory
 
 __all__ = ["ClaimApi", "ClaimApiError", "ClaimNotFound", "ClaimRef", "Preparer", "Result"]
 

@@ -12,7 +12,7 @@ every `dra.sliceResyncSeconds` (repairs slices someone changed), and at most onc
 notifications in between coalesce into one sync of the latest state. A failed sync is retried
 with jittered exponential backoff (gpuslice.backoff, capped at a minute).
 
-May import gpuslice.{backoff,config,contract,timeouts}, gpuslice.deviceplugin.inventory and gpuslice.dra.slices.
+May import gpuslice.{backoff,config,contract,timeouts}, gpuslice.node.inventory and gpuslice.dra.slices.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 from gpuslice import backoff, timeouts
 from gpuslice import config as config_
-from gpuslice.deviceplugin import inventory
 from gpuslice.dra import slices
+from gpuslice.node import inventory
 
 __all__ = ["SliceApi", "SlicePublisher"]
 

@@ -7,7 +7,7 @@ the inventory; `grants` turns them into the same MemoryGrant/MigGrant the device
 Allocate builds, so a container sees the same environment in both modes; `overcommitted` is the
 plugin's own last check that the shares prepared on one GPU never exceed it.
 
-May import gpuslice.contract, gpuslice.deviceplugin.{allocation,inventory}, gpuslice.dra.slices
+May import gpuslice.contract, gpuslice.node.{allocation,inventory}, gpuslice.dra.slices
 (device names) and gpuslice.quantity.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from gpuslice import contract as contract_
 from gpuslice import quantity
-from gpuslice.deviceplugin import allocation, inventory
 from gpuslice.dra import slices
+from gpuslice.node import allocation, inventory
 
 __all__ = ["Share", "ShareError", "allocated_shares", "base_request", "grants", "overcommitted"]
 

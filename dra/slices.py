@@ -9,7 +9,7 @@ Pure: no I/O, no clock (timestamps are passed in).
   more than it has and no share spans GPUs.
 * One device per MIG device (static: as the node is partitioned now), allocated whole. Under
   `migStrategy` single each MIG device is shared by memory like a GPU instead (the node comes
-  from deviceplugin/migstrategy.py's view), with its GPU's UUID as parentUUID; under none GPUs in
+  from node/migstrategy.py's view), with its GPU's UUID as parentUUID; under none GPUs in
   MIG mode are left out.
 * Attributes (names in gpuslice.contract): type, uuid, product (label form), productName,
   memoryMiB, index, minor, pciBusID, numaNode, nvlinkPeers, nvlinkDomain; MIG devices add
@@ -22,7 +22,7 @@ Pure: no I/O, no clock (timestamps are passed in).
 `check_slice` checks a slice against the API's own limits (lengths, counts, request policy
 arithmetic) so a bad slice is refused here with a message instead of by the API server.
 
-May import gpuslice.{contract,quantity} and gpuslice.deviceplugin.inventory.
+May import gpuslice.{contract,quantity} and gpuslice.node.inventory.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 from gpuslice import contract as contract_
 from gpuslice import quantity
-from gpuslice.deviceplugin import inventory
+from gpuslice.node import inventory
 
 __all__ = [
     "API_VERSION",

@@ -62,7 +62,7 @@ __all__ = [
 
 SCHEMA_VERSION = "v1"
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
-# NVIDIA's MIG strategies, mapped onto gpuslice's resources (deviceplugin/migstrategy.py).
+# NVIDIA's MIG strategies, mapped onto gpuslice's resources (node/migstrategy.py).
 MIG_STRATEGIES = ("none", "single", "mixed")
 OVERUSE_POLICIES = ("warn", "evict", "kill")
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
@@ -297,7 +297,7 @@ class MpsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class HealthConfig:
-    """XID events and the probes of unhealthy GPUs (deviceplugin/health.py)."""
+    """XID events and the probes of unhealthy GPUs (node/health.py)."""
 
     READ_BY: ClassVar = NODE_PLUGINS
 
@@ -318,7 +318,7 @@ class SteeringConfig:
     READ_BY: ClassVar = (WEBHOOK, *NODE_PLUGINS)
 
     enabled: bool = key(True, "publish and use the steering node labels")
-    # What a pod takes is written at once (deviceplugin/labels.py over_promises); releases and the
+    # What a pod takes is written at once (node/labels.py over_promises); releases and the
     # score wait this long.
     label_min_interval_seconds: float = key(
         2.0,

@@ -12,7 +12,7 @@ pod whose claims are allocated: the allocator has already put every share on one
 its capacity. Each allocation is still checked against the device's capacity; an overrun would be
 reported as an error, never credited.
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin.inventory, gpuslice.dra.slices,
+May import gpuslice.{config,contract}, gpuslice.node.inventory, gpuslice.dra.slices,
 gpuslice.sim.node (its GpuShare) and gpuslice.quantity.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from gpuslice import contract as contract_
 from gpuslice import quantity as quantity_
-from gpuslice.deviceplugin import inventory
 from gpuslice.dra import slices
+from gpuslice.node import inventory
 from gpuslice.sim import node as node_
 
 __all__ = ["DRA_CONTROLLERS", "DeviceLedger", "device_class", "memory_mib", "node_slices"]

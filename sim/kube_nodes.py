@@ -34,9 +34,9 @@ from typing import Any
 
 from gpuslice import config
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import labeller
 from gpuslice.dra import labeller as dra_labeller
 from gpuslice.dra import slices
+from gpuslice.node import labeller
 from gpuslice.sim import kube_api, kube_dra, scheduler, trace
 from gpuslice.sim import node as node_
 

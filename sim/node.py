@@ -1,5 +1,5 @@
 """One simulated GPU node's kubelet and device plugin, without gRPC: kubelet's device manager record
-(gpuslice.sim.devicemanager) asks the plugin's real allocation policy (gpuslice.deviceplugin.allocation)
+(gpuslice.sim.devicemanager) asks the plugin's real allocation policy (gpuslice.node.allocation)
 for its preferred devices, falls back as kubelet does, and calls the real Allocate check; a rejection
 is a kubelet admission failure. The node's labels come from the plugin's own label functions.
 
@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import allocation, inventory, labels
+from gpuslice.node import allocation, inventory, labels
 from gpuslice.sim import devicemanager
 
 __all__ = ["AdmissionFailure", "GpuShare", "Grant", "SimNode"]

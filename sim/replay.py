@@ -27,7 +27,7 @@ import numpy as np
 
 from gpuslice import config
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import labels as node_labels_
+from gpuslice.node import labels as node_labels_
 from gpuslice.sim import node as node_
 from gpuslice.sim import scheduler, trace
 from gpuslice.webhook import cluster as cluster_
@@ -85,7 +85,7 @@ class LabelDelay:
     `binds` further binds and `seconds` of simulated time (pods arrive `pod_interval_seconds` apart)
     have passed. Zero and zero: at once.
 
-    `min_interval_seconds` > 0 adds the labeller's rate limit (deviceplugin/labeller.py): a node's
+    `min_interval_seconds` > 0 adds the labeller's rate limit (node/labeller.py): a node's
     labels are written at most once per interval; a change inside the interval waits for its end,
     and what is written then is the node's latest state.
 

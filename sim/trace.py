@@ -3,7 +3,7 @@ simulated nodes (a NodeInventory per trace node) and pods written as a user woul
 (KAI annotations, whole `nvidia.com/gpu`, a GPU-model affinity for gpu_spec).
 
 Reads only; the trace itself is never copied into the repository (research-use licence). May import
-gpuslice.contract and gpuslice.deviceplugin.inventory; no other gpuslice module.
+gpuslice.contract and gpuslice.node.inventory; no other gpuslice module.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import inventory
+from gpuslice.node import inventory
 
 __all__ = [
     "DEFAULT_NODE_FILE",

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import inventory, nodefile
+from gpuslice.node import inventory, nodefile
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "gpuslice" / "examples"

@@ -27,7 +27,7 @@ import threading
 import types
 from typing import Any
 
-from gpuslice.deviceplugin import inventory
+from gpuslice.node import inventory
 
 _MIB = 1 << 20
 NOT_MIG_SPECIFIC = 0xFFFFFFFF

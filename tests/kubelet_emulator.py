@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import health, inventory, manager, metrics
+from gpuslice.deviceplugin import manager
+from gpuslice.node import health, inventory, metrics
 from gpuslice.sim import kubelet as sim_kubelet
 
 Kubelet = sim_kubelet.Kubelet

@@ -1083,7 +1083,7 @@ def test_only_the_dra_plugin_which_writes_cdi_specs_mounts_the_cdi_directory():
 def test_mps_and_cdi_reach_workloads_through_allocate_not_through_the_plugin_pod(tmp_path):
     """What the chart no longer mounts is still handed to workloads: the plugin names the host pipe
     directory and CDI devices in its Allocate answers."""
-    from gpuslice.deviceplugin import allocation, response
+    from gpuslice.node import allocation, response
 
     manifests = rendered("everything")
     settings = shared_config(manifests, tmp_path)

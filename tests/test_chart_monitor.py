@@ -10,7 +10,8 @@ import chartkit
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import main, mps_daemon
+from gpuslice.deviceplugin import main
+from gpuslice.mps import main as mps_daemon
 
 pytestmark = pytest.mark.helm
 

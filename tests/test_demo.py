@@ -12,7 +12,7 @@ import yaml
 from gpuslice import config
 from gpuslice.demo import main as demo
 from gpuslice.demo import pods as demo_pods
-from gpuslice.deviceplugin import inventory
+from gpuslice.node import inventory
 
 
 def _leftovers() -> set[str]:

@@ -7,7 +7,7 @@ import pytest
 from kubelet_emulator import AdmissionError, kubelet_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import allocation, nodefile, response
+from gpuslice.node import allocation, nodefile, response
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")

@@ -10,7 +10,7 @@ import pytest
 from kubelet_emulator import kubelet_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config
-from gpuslice.deviceplugin import health
+from gpuslice.node import health
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")

@@ -16,7 +16,8 @@ import pytest
 from kubelet_emulator import kubelet_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config
-from gpuslice.deviceplugin import health, main, manager, metrics
+from gpuslice.deviceplugin import main, manager
+from gpuslice.node import health, metrics
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 

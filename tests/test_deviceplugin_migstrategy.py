@@ -10,7 +10,8 @@ import pytest
 from kubelet_emulator import kubelet_fixture, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import health, inventory, main, manager, migstrategy, nodefile
+from gpuslice.deviceplugin import main, manager
+from gpuslice.node import health, inventory, migstrategy, nodefile
 
 # tests/conftest.py has the same; a test module cannot import it (tests/e2e has a conftest too).
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import labeller, main, nodeconfig
+from gpuslice.deviceplugin import main
+from gpuslice.node import labeller, nodeconfig
 
 # tests/conftest.py has the same; a test module cannot import it (tests/e2e has a conftest too).
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"

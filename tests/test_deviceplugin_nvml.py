@@ -1,4 +1,4 @@
-"""NVML discovery (deviceplugin/nvml_source.py) against the fake NVML, and on a real GPU."""
+"""NVML discovery (node/nvml_source.py) against the fake NVML, and on a real GPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import fake_nvml
 import pytest
 
-from gpuslice.deviceplugin import inventory, nodefile, nvml_source
+from gpuslice.node import inventory, nodefile, nvml_source
 
 
 def started(node: inventory.NodeInventory) -> fake_nvml.FakeNvml:

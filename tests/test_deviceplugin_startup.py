@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import health, main, manager, metrics, nodefile, server, startup
+from gpuslice.deviceplugin import main, manager, server
 from gpuslice.dra import main as dra_main
+from gpuslice.node import health, metrics, nodefile, startup
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 H200_NODE = REPO / "gpuslice" / "examples" / "h200x8-node.yaml"

@@ -14,7 +14,8 @@ import pytest
 from kubelet_emulator import kubelet_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import main, podresources, startup
+from gpuslice.deviceplugin import main
+from gpuslice.node import podresources, startup
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import nodefile
 from gpuslice.dra import main as dra_main
 from gpuslice.dra import slices
+from gpuslice.node import nodefile
 
 pytestmark = pytest.mark.helm
 

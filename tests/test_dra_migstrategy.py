@@ -13,8 +13,8 @@ import yaml
 from dra_kit import claim, dirs_fixture, ref, result, uid  # noqa: F401 - fixture
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import nodefile, startup
 from gpuslice.dra import checkpoint, main, preparer, slices
+from gpuslice.node import nodefile, startup
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 

@@ -90,7 +90,7 @@ async def test_with_mps_the_share_gets_its_memory_and_sm_limits_and_the_pipe(dem
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps/pipe"
     assert env["GPUSLICE_MEMORY_LIMIT_MIB"] == "40704" and env["GPU_PORTION"] == "0.5"
-    # The MPS pipe and the daemon's shared /dev/shm, as in device-plugin mode (deviceplugin/response.py).
+    # The MPS pipe and the daemon's shared /dev/shm, as in device-plugin mode (node/response.py).
     assert sorted(spec["devices"][0]["containerEdits"]["mounts"], key=lambda m: m["containerPath"]) == [
         {"hostPath": "/run/nvidia/mps/shm", "containerPath": "/dev/shm", "options": ["rw", "nosuid", "nodev", "bind"]},
         {
@@ -428,7 +428,7 @@ import asyncio, os, sys
 sys.path.insert(0, sys.argv[1])
 import dra_kit
 from gpuslice import config
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import nodefile
 from gpuslice.dra import checkpoint, preparer
 root, step = sys.argv[2], sys.argv[3]
 api = dra_kit.FakeApi()

@@ -10,8 +10,8 @@ import dra_kit
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import inventory
 from gpuslice.dra import publisher
+from gpuslice.node import inventory
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import inventory, nodefile
 from gpuslice.dra import main, slices
+from gpuslice.node import inventory, nodefile
 
 KUBE = "1.37.0"
 CONTRACT = contract.Contract()

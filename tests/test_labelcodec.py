@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslice import contract, labelcodec
-from gpuslice.deviceplugin import inventory, labels
+from gpuslice.node import inventory, labels
 
 CONTRACT = contract.Contract()
 

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import allocation, health, labeller, labels, migstrategy, nodefile, nodepods
+from gpuslice.node import allocation, health, labeller, labels, migstrategy, nodefile, nodepods
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 NODE = "gpu-node-1"

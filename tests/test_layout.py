@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-FOLDERS = ("webhook", "deviceplugin", "dra", "pacer", "controller", "sim", "demo", "proto")
+FOLDERS = ("webhook", "deviceplugin", "node", "mps", "dra", "pacer", "controller", "sim", "demo", "proto")
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

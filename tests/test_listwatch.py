@@ -10,8 +10,8 @@ import pytest
 
 from gpuslice import config, listwatch
 from gpuslice.controller import requeue
-from gpuslice.deviceplugin import nodepods
 from gpuslice.dra import slicewatch
+from gpuslice.node import nodepods
 from gpuslice.pacer import controller
 from gpuslice.webhook import cluster, nodewatch, waiting
 

@@ -26,7 +26,8 @@ from fake_proc import CLOCK_TICKS, FakeProc
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import cgroups, killer, monitor, overuse, podapi, podresources
+from gpuslice.deviceplugin import cgroups, killer, monitor, overuse, podapi
+from gpuslice.node import podresources
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 H100_A = "GPU-21302f2a-76fb-5940-b684-dae50f92c162"

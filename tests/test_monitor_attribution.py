@@ -7,7 +7,8 @@ import pytest
 from fake_nvml import FakeNvml, NVMLError_NotSupported
 
 from gpuslice import contract
-from gpuslice.deviceplugin import attribution, cgroups, gpu_usage, podapi, podresources
+from gpuslice.deviceplugin import attribution, cgroups, gpu_usage, podapi
+from gpuslice.node import podresources
 
 H100_A = "GPU-21302f2a-76fb-5940-b684-dae50f92c162"
 H100_B = "GPU-eeca949e-f642-56d1-9ca3-6efaa80acfb1"

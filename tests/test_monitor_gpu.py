@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from gpuslice.deviceplugin import attribution, cgroups, gpu_usage, nvml_source, overuse, podapi
+from gpuslice.deviceplugin import attribution, cgroups, gpu_usage, overuse, podapi
+from gpuslice.node import nvml_source
 
 ALLOCATION_MIB = 1024
 

@@ -16,7 +16,8 @@ from test_deviceplugin_lifecycle import free_port
 from test_monitor import api_server_fixture, pod_json  # noqa: F401 - fixture
 
 from gpuslice import config
-from gpuslice.deviceplugin import inventory, main, placement
+from gpuslice.deviceplugin import main, placement
+from gpuslice.node import inventory
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 

@@ -61,7 +61,7 @@ def test_the_daemon_runs_with_shared_directories_answers_checks_and_quits_on_sig
         f"--shm-directory={shm}",
         f"--control={control}",
     ]
-    command = [sys.executable, "-m", "gpuslice.deviceplugin.mps_daemon", *args]
+    command = [sys.executable, "-m", "gpuslice.mps.main", *args]
     check = subprocess.run([*command, "--check"], capture_output=True, text=True, timeout=30)
     assert check.returncode == 1  # no daemon yet
     daemon = subprocess.Popen(command)
@@ -88,7 +88,7 @@ def test_a_missing_control_binary_is_named_and_fails(tmp_path):
         [
             sys.executable,
             "-m",
-            "gpuslice.deviceplugin.mps_daemon",
+            "gpuslice.mps.main",
             f"--pipe-directory={tmp_path / 'p'}",
             f"--log-directory={tmp_path / 'l'}",
             f"--shm-directory={shm}",
@@ -108,7 +108,7 @@ def test_a_shared_directory_that_cannot_be_made_is_one_line_and_exit_2(tmp_path)
         [
             sys.executable,
             "-m",
-            "gpuslice.deviceplugin.mps_daemon",
+            "gpuslice.mps.main",
             f"--pipe-directory={blocker / 'pipe'}",
             f"--log-directory={tmp_path / 'l'}",
             f"--shm-directory={tmp_path}",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import nodefile
 
 
 def test_demo_node_has_two_shared_gpus_and_one_mig_gpu(demo_node):

@@ -157,7 +157,7 @@ def child_discovery() -> dict[str, Any]:
     import pynvml
     import yaml
 
-    from gpuslice.deviceplugin import nodefile, nvml_source
+    from gpuslice.node import nodefile, nvml_source
 
     nvml = nvml_source.load_pynvml()
     node = nvml_source.discover(nvml)
@@ -197,7 +197,7 @@ def test_discovery_through_pynvml_finds_the_eight_a100s_of_the_dgx_mock(nvml_dir
 def child_switches() -> dict[str, Any]:
     import pynvml
 
-    from gpuslice.deviceplugin import nvml_source
+    from gpuslice.node import nvml_source
 
     nvml = nvml_source.load_pynvml()
     node = nvml_source.discover(nvml)
@@ -227,7 +227,7 @@ def child_h200_raw() -> dict[str, Any]:
     """The raw calls tools/gpu-check.py made on the real H200, made here the same way."""
     import pynvml
 
-    from gpuslice.deviceplugin import nvml_source
+    from gpuslice.node import nvml_source
 
     nvml = nvml_source.load_pynvml()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -291,7 +291,7 @@ def test_the_h200_mock_answers_every_raw_call_as_the_measured_h200_did(nvml_dir,
 def child_h200_mig() -> dict[str, Any]:
     import pynvml
 
-    from gpuslice.deviceplugin import nvml_source
+    from gpuslice.node import nvml_source
 
     nvml = nvml_source.load_pynvml()
     node = nvml_source.discover(nvml)
@@ -333,7 +333,7 @@ def test_mig_devices_made_through_the_mocks_mig_api_are_discovered_with_nvidias_
 
 
 def child_mig_refused() -> dict[str, Any]:
-    from gpuslice.deviceplugin import nvml_source
+    from gpuslice.node import nvml_source
 
     try:
         nvml_source.load_pynvml()
@@ -354,7 +354,8 @@ def test_a_mig_layout_the_gpu_cannot_hold_fails_nvml_init(nvml_dir, tmp_path):
 def child_usage() -> dict[str, Any]:
     import pynvml
 
-    from gpuslice.deviceplugin import gpu_usage, nvml_source
+    from gpuslice.deviceplugin import gpu_usage
+    from gpuslice.node import nvml_source
 
     nvml = nvml_source.load_pynvml()
     node = nvml_source.discover(nvml)
@@ -427,7 +428,8 @@ def test_the_usage_reader_lists_the_processes_and_memory_the_state_file_sets(nvm
 def child_lost() -> dict[str, Any]:
     import pynvml
 
-    from gpuslice.deviceplugin import gpu_usage, nvml_source
+    from gpuslice.deviceplugin import gpu_usage
+    from gpuslice.node import nvml_source
 
     nvml = nvml_source.load_pynvml()
     node = nvml_source.discover(nvml)
@@ -470,7 +472,7 @@ def test_one_lost_gpu_leaves_the_others_readable(nvml_dir, tmp_path):
 
 def child_health() -> dict[str, Any]:
     from gpuslice import config
-    from gpuslice.deviceplugin import health, nvml_source
+    from gpuslice.node import health, nvml_source
 
     nvml = nvml_source.load_pynvml()
     node = nvml_source.discover(nvml)
@@ -520,7 +522,7 @@ def test_health_registers_for_xids_waits_out_timeouts_and_marks_the_device_an_ev
 
 def child_health_lost() -> dict[str, Any]:
     from gpuslice import config
-    from gpuslice.deviceplugin import health, nvml_source
+    from gpuslice.node import health, nvml_source
 
     nvml = nvml_source.load_pynvml()
     node = nvml_source.discover(nvml)
@@ -589,7 +591,7 @@ def test_the_dra_plugin_publishes_what_nvml_reports_of_the_mock_gpus(nvml_dir, t
 
 
 def child_no_driver() -> dict[str, Any]:
-    from gpuslice.deviceplugin import nvml_source
+    from gpuslice.node import nvml_source
 
     try:
         nvml_source.load_node(None)
@@ -606,7 +608,7 @@ def test_a_node_without_a_driver_is_reported_as_no_nvml(nvml_dir, tmp_path):
 def child_functions() -> dict[str, Any]:
     import pynvml
 
-    from gpuslice.deviceplugin import nvml_source
+    from gpuslice.node import nvml_source
 
     nvml_source.load_pynvml()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)

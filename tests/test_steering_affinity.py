@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import inventory, labels
+from gpuslice.node import inventory, labels
 from gpuslice.webhook import steering
 
 CONTRACT = contract_.Contract()

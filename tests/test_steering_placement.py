@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.deviceplugin import inventory, placement
+from gpuslice.deviceplugin import placement
+from gpuslice.node import inventory
 
 
 class Readings:

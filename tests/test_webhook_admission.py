@@ -201,8 +201,8 @@ def test_malformed_reviews_raise_a_typed_error_with_a_message(body: Any, words: 
 
 def two_class_view() -> cluster.ClusterView:
     """The demo node (2 x H100 80GB) and an 8 x H200 node, all free, labelled by the plugin's code."""
-    from gpuslice.deviceplugin import labels as node_labels
-    from gpuslice.deviceplugin import nodefile
+    from gpuslice.node import labels as node_labels
+    from gpuslice.node import nodefile
 
     examples = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
     built = view()
@@ -237,8 +237,8 @@ def test_promised_units_leave_when_the_labels_show_them_or_when_they_expire() ->
     view_.promise(81559, 159, now=1.0)
     assert view_.promised_units(81559, now=2.0) == 318
     # The plugin's labeller writes the first allocation: 159 fewer free units on the demo node.
-    from gpuslice.deviceplugin import labels as node_labels
-    from gpuslice.deviceplugin import nodefile
+    from gpuslice.node import labels as node_labels
+    from gpuslice.node import nodefile
 
     examples = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
     demo = nodefile.load(examples / "demo-node.yaml")
@@ -249,8 +249,8 @@ def test_promised_units_leave_when_the_labels_show_them_or_when_they_expire() ->
 
 def cpu_bound_view(h200_cpu_milli: int | None, h100_cpu_milli: int | None = 200_000) -> cluster.ClusterView:
     """As `two_class_view`, each node publishing the CPU its pods have not requested (None: not published)."""
-    from gpuslice.deviceplugin import labels as node_labels
-    from gpuslice.deviceplugin import nodefile
+    from gpuslice.node import labels as node_labels
+    from gpuslice.node import nodefile
 
     examples = pathlib.Path(__file__).resolve().parent.parent / "gpuslice" / "examples"
     built = view()

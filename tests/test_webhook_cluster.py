@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import inventory
-from gpuslice.deviceplugin import labels as node_labels
+from gpuslice.node import inventory
+from gpuslice.node import labels as node_labels
 from gpuslice.webhook import cluster, mutation, nodelabels
 
 CONTRACT = config.Config().contract

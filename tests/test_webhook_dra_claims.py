@@ -18,9 +18,9 @@ import pytest
 import reviewkit
 
 from gpuslice import config
-from gpuslice.deviceplugin import labels as node_labels
-from gpuslice.deviceplugin import nodefile
 from gpuslice.dra import slices
+from gpuslice.node import labels as node_labels
+from gpuslice.node import nodefile
 from gpuslice.webhook import claim_templates, cluster, dra_claims, mutation, server
 
 SETTINGS = config.load(overrides={"dra.enabled": True}, environ={})

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from gpuslice import config
-from gpuslice.deviceplugin import labels as node_labels
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import labels as node_labels
+from gpuslice.node import nodefile
 from gpuslice.webhook import cluster, conversions, cpudemand, mutation, patches, pods, steering
 from gpuslice.webhook import decision as decision_
 

@@ -17,7 +17,7 @@ import reviewkit
 from test_webhook_mutation import deployment_pod, make_view
 
 from gpuslice import config
-from gpuslice.deviceplugin import labels as node_labels
+from gpuslice.node import labels as node_labels
 from gpuslice.webhook import admission, cluster, mutation
 
 PACED = dataclasses.replace(config.Config(), pacing=config.PacingConfig(enabled=True))

@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslice import config
-from gpuslice.deviceplugin import labels as node_labels
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import labels as node_labels
+from gpuslice.node import nodefile
 from gpuslice.sim import trace
 from gpuslice.webhook import admission, cluster, cpudemand, repeats, steering
 

@@ -233,7 +233,7 @@ def _fields(value: Any) -> Any:
 
 
 def check_nvml(current: Stage) -> tuple[Any, Any]:
-    from gpuslice.deviceplugin import nvml_source
+    from gpuslice.node import nvml_source
 
     try:
         nvml = nvml_source.load_pynvml()
@@ -389,7 +389,8 @@ class _Pods:
 
 def check_monitor(current: Stage, nvml: Any, node: Any, allocate_mib: int) -> None:
     from gpuslice import config, contract
-    from gpuslice.deviceplugin import gpu_usage, monitor, podapi, podresources
+    from gpuslice.deviceplugin import gpu_usage, monitor, podapi
+    from gpuslice.node import podresources
 
     shared = gpu_usage.shared_devices(node)
     if not shared:
@@ -490,7 +491,7 @@ def check_mps(current: Stage, nvml: Any, node: Any, limit_mib: int) -> None:
     pipes, logs, shm = work / "pipe", work / "log", work / "shm"
     shm.mkdir()
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipes), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
-    wrapper = [sys.executable, "-m", "gpuslice.deviceplugin.mps_daemon", "--pipe-directory", str(pipes)]
+    wrapper = [sys.executable, "-m", "gpuslice.mps.main", "--pipe-directory", str(pipes)]
     wrapper += ["--log-directory", str(logs), "--shm-directory", str(shm), "--control", control]
     daemon = subprocess.Popen(wrapper, env={**env, "PYTHONPATH": str(ROOT)}, start_new_session=True)
     clients: list[CudaChild] = []

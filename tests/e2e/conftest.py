@@ -20,7 +20,7 @@ import k8skit
 import kubernetes
 import pytest
 
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import nodefile
 from gpuslice.sim import controlplane, kube_components
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -30,7 +30,8 @@ import pytest
 import yaml
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import inventory, labels, manager
+from gpuslice.deviceplugin import manager
+from gpuslice.node import inventory, labels
 from gpuslice.sim import controlplane
 
 REQUIRE_ENV = "GPUSLICE_REQUIRE_E2E"
@@ -124,7 +125,7 @@ def gpu_node_object(
     cpu: str = "64",
     taints: Iterable[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
-    """A GPU node as the device plugin and kubelet present it: the plugin's labels (deviceplugin/labels.py)
+    """A GPU node as the device plugin and kubelet present it: the plugin's labels (node/labels.py)
     for `allocated` (GPU UUID -> units in use) and kubelet's allocatable of the plugin's resources."""
     settings = settings or config_.Config()
     contract = settings.contract

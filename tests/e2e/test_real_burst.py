@@ -83,7 +83,7 @@ def gpu_nodes(
 ) -> Iterator[dict[str, nodeagent.NodeAgent]]:
     """NODES nodes of 2 x H100, each with kubelet's device manager, our device plugin and labeller (the
     chart's ServiceAccount, default rate limits) and the node agent admitting bound pods."""
-    from gpuslice.deviceplugin import nodefile
+    from gpuslice.node import nodefile
 
     node_file = _two_h100_node_file(workdir)
     inventory = nodefile.load(node_file)

@@ -20,7 +20,7 @@ import pytest
 from gpuslice import config as config_
 from gpuslice import contract as contract_
 from gpuslice.deviceplugin import main as plugin_main
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import nodefile
 from gpuslice.sim import controlplane
 
 pytestmark = pytest.mark.e2e

@@ -35,8 +35,8 @@ import kubernetes
 import pytest
 
 from gpuslice import config
-from gpuslice.deviceplugin import labels, nodefile
 from gpuslice.dra import cdi, kube, publisher, slices
+from gpuslice.node import labels, nodefile
 from gpuslice.sim import controlplane
 from gpuslice.webhook import claim_templates, dra_claims, mutation
 from gpuslice.webhook import cluster as webhook_cluster

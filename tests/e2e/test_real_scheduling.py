@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import nodefile
 from gpuslice.sim import controlplane
 from gpuslice.webhook import steering
 

@@ -18,7 +18,7 @@ import kubernetes
 import pytest
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import nodefile
 from gpuslice.sim import controlplane
 from gpuslice.webhook import cluster
 

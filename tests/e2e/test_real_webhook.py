@@ -23,7 +23,7 @@ import yaml
 
 from gpuslice import config as config_
 from gpuslice.demo import pods as demo_pods
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import nodefile
 from gpuslice.sim import controlplane
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]

@@ -9,7 +9,7 @@ the compute instance's slice count and the instance memory relative to the paren
 `<G>g.<GB>gb` (or `<C>c.<G>g.<GB>gb`), with `+me`, `+me.all`, `+gfx`, `-me` suffixes for the
 special GPU-instance profiles.
 
-May import gpuslice.deviceplugin.inventory; no other gpuslice module.
+May import gpuslice.node.inventory; no other gpuslice module.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gpuslice.deviceplugin import inventory, nodefile
+from gpuslice.node import inventory, nodefile
 
 __all__ = [
     "DiscoveryFailed",

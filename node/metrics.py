@@ -2,7 +2,7 @@
 
 `Metrics` owns its own prometheus-client registry (no process-global state, so tests and
 several plugins in one process do not collide). The HTTP app that serves it (/healthz, /readyz,
-/metrics) is the runtime's (gpuslice/runtime.py, wired in deviceplugin/runnables.py).
+/metrics) is the runtime's (gpuslice/runtime.py, wired in node/runnables.py).
 
 May import prometheus_client; no other gpuslice module.
 """

@@ -27,7 +27,7 @@ from typing import Any, Literal, overload
 
 import yaml
 
-from gpuslice.deviceplugin import inventory
+from gpuslice.node import inventory
 
 __all__ = ["NodeFileError", "load", "parse", "dump"]
 

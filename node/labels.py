@@ -8,7 +8,7 @@ filter out nodes where a pod cannot fit on one GPU, and prefer the node where it
 The simulator labels its nodes with these same functions. Every count is written, and read back
 by `over_promises`, through gpuslice.labelcodec, the codec the webhook and the pacer read with.
 
-May import gpuslice.{contract,labelcodec} and gpuslice.deviceplugin.inventory.
+May import gpuslice.{contract,labelcodec} and gpuslice.node.inventory.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from gpuslice import contract as contract_
 from gpuslice import labelcodec
-from gpuslice.deviceplugin import inventory
+from gpuslice.node import inventory
 
 __all__ = [
     "capacity_keys",

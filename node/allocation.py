@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 from gpuslice import contract
-from gpuslice.deviceplugin import inventory
+from gpuslice.node import inventory
 
 __all__ = ["AllocationError", "MemoryGrant", "MemoryUnits", "MigGrant", "MigSlices"]
 

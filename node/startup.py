@@ -20,7 +20,7 @@ allocation code keeps a single unit size (docs/deviceplugin.md, "Changing the un
 The node served under `migStrategy` (`served_node`, for this plugin and the DRA plugin alike): a
 layout the strategy cannot serve is refused the same way.
 
-May import gpuslice.{config,contract}, gpuslice.deviceplugin.{inventory,migstrategy,podresources}
+May import gpuslice.{config,contract}, gpuslice.node.{inventory,migstrategy,podresources}
 and the generated v1beta1 messages.
 """
 
@@ -34,7 +34,7 @@ from collections.abc import Collection, Iterable
 
 from gpuslice import config as config_
 from gpuslice import contract as contract_
-from gpuslice.deviceplugin import inventory, migstrategy, podresources
+from gpuslice.node import inventory, migstrategy, podresources
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2
 
 __all__ = [
@@ -203,7 +203,7 @@ def check_device_list(node: inventory.NodeInventory, names: contract_.Contract) 
 
 
 def served_node(node: inventory.NodeInventory, settings: config_.Config) -> inventory.NodeInventory:
-    """The node as `settings.mig_strategy` serves it (deviceplugin/migstrategy.py); StartupError
+    """The node as `settings.mig_strategy` serves it (node/migstrategy.py); StartupError
     when the layout does not fit the strategy, or with MPS under `single`."""
     strategy = settings.mig_strategy
     if strategy == "single" and settings.mps.enabled:

@@ -21,9 +21,9 @@ Counters go to the plugin's Prometheus registry when one is given (`registry=met
 
 The node's CPU and memory headroom comes from its allocatable (one GET of the Node per refresh)
 and its pods, which `KubernetesNodeApi.watch_pods` keeps by list + watch with the field selector
-`spec.nodeName=<node>` (deviceplugin/nodepods.py) while the labeller runs.
+`spec.nodeName=<node>` (node/nodepods.py) while the labeller runs.
 
-May import gpuslice.{backoff,config,contract,kubeclient,quantity,timeouts} and gpuslice.deviceplugin.{allocation,
+May import gpuslice.{backoff,config,contract,kubeclient,quantity,timeouts} and gpuslice.node.{allocation,
 health (its ALL marker), inventory, labels, nodepods, podresources}; the `kubernetes` client is used only
 by `KubernetesNodeApi`, in a thread.
 """
@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import prometheus_client
 
 from gpuslice import backoff, config, kubeclient, quantity, timeouts
-from gpuslice.deviceplugin import allocation, health, inventory, labels, nodepods, podresources
+from gpuslice.node import allocation, health, inventory, labels, nodepods, podresources
 
 __all__ = ["KubernetesNodeApi", "NodeApi", "NodeApiError", "NodeLabeller", "headroom_from"]
 

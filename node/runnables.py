@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 import prometheus_client
 
 from gpuslice import runtime
-from gpuslice.deviceplugin import health, labeller, startup
+from gpuslice.node import health, labeller, startup
 
 __all__ = ["health_monitor", "http", "node_labeller", "supervise"]
 

@@ -15,7 +15,7 @@ grant and the configuration. Pure: no gRPC calls, no I/O.
   every GPU of one grant has the same limit, so the order CUDA enumerates them in does not matter.
 
 Names come from gpuslice.contract. May import gpuslice.{contract,config}, the generated
-v1beta1 messages and gpuslice.deviceplugin.allocation.
+v1beta1 messages and gpuslice.node.allocation.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from gpuslice import config as config_
 from gpuslice import contract
-from gpuslice.deviceplugin import allocation
+from gpuslice.node import allocation
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2
 
 __all__ = ["format_fraction", "memory_response", "mig_response"]

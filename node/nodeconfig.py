@@ -11,7 +11,7 @@ default configuration would advertise resources its pods do not ask for, and a c
 is seen where a log line is not. A Node that cannot be read is the same error when the file has
 `nodeConfigs` (the choice matters), and only a warning when it has none.
 
-May import gpuslice.{config,contract,kubeclient} and gpuslice.deviceplugin.labeller (NodeApiError).
+May import gpuslice.{config,contract,kubeclient} and gpuslice.node.labeller (NodeApiError).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuslice import config as config_
 from gpuslice import kubeclient
-from gpuslice.deviceplugin import labeller
+from gpuslice.node import labeller
 
 __all__ = ["NodeConfigError", "api_labels", "select"]
 

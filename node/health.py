@@ -12,7 +12,7 @@ servers wait on). `HealthMonitor` is the loop that feeds it from NVML:
   and has raised no critical XID during a whole interval, it is healthy again.
 
 NVML calls block, so they run on the monitor's own single worker thread. May import
-gpuslice.config and gpuslice.deviceplugin.{inventory,nvml_source}.
+gpuslice.config and gpuslice.node.{inventory,nvml_source}.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuslice import config as config_
-from gpuslice.deviceplugin import inventory, nvml_source
+from gpuslice.node import inventory, nvml_source
 
 __all__ = ["ALL", "HealthMonitor", "HealthState"]
 

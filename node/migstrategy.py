@@ -12,12 +12,12 @@ its own resources (docs/deviceplugin.md, "MIG strategies"):
 - `none`: MIG is not gpuslice's business: no `mig-<profile>` resource, and GPUs in MIG mode are
   left out (their memory belongs to their MIG instances, so units of it could not be used).
 
-Pure: a NodeInventory in, a NodeInventory out. May import gpuslice.deviceplugin.inventory.
+Pure: a NodeInventory in, a NodeInventory out. May import gpuslice.node.inventory.
 """
 
 from __future__ import annotations
 
-from gpuslice.deviceplugin import inventory
+from gpuslice.node import inventory
 
 __all__ = ["MigStrategyError", "advertised", "left_out"]
 

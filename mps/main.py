@@ -9,7 +9,7 @@ CUDA_MPS_LOG_DIRECTORY set:
 
 * the pipe and log directories exist;
 * the shared /dev/shm (a host directory both the daemon and every client pod mount there, see
-  deviceplugin/response.py) is mode 1777 like any /dev/shm, so clients running as any user can
+  node/response.py) is mode 1777 like any /dev/shm, so clients running as any user can
   create their segments in it;
 * SIGTERM/SIGINT send the daemon `quit` through its control pipe (`echo quit |
   nvidia-cuda-mps-control`, NVIDIA's documented way to stop it), then wait for it to exit.
