@@ -33,8 +33,11 @@ Node labels are untrusted input: `nodelabels` reads and checks them, and a node 
 be believed is left out (`untrusted` names it and says why; the node watch logs it and the metrics
 count it).
 
+An admission reads the view only through its answer seam (`inputs`, webhook/answerinputs.py),
+which the answer cache checks; the view tells the seam when its shape may have changed.
+
 No I/O (promises read a monotonic clock). May import numpy, gpuslice.contract and
-webhook.{cpudemand,nodelabels} (never gpuslice.deviceplugin).
+webhook.{answerinputs,cpudemand,nodelabels} (never gpuslice.deviceplugin).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """CPU-pod steering (`steering.cpuPods`): a pod that asks for no device gets a preference for
-nodes without a fully free GPU (webhook/steering.py's terms), so its CPU and memory stay off the
+nodes without a fully free GPU (webhook/steering/'s `CpuPods` family), so its CPU and memory stay off the
 nodes that whole-GPU pods will need. It is never refused and gets nothing else. Pure.
 
 May import gpuslice.{config,contract} and the webhook's answerinputs, decoding, parsing, patches, pods and steering

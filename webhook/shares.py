@@ -117,7 +117,7 @@ def _memory(
     }
     per_gpu_cpu = settings.steering.cpu_per_gpu_milli
     # The CPU balance terms need the share of one GPU, unknown when GPUs of several sizes fit:
-    # then the requests are not read (steering._cpu_balance).
+    # then the requests are not read (steering.families.CpuBalance).
     cpu_milli = pods.requests(spec)[0] if per_gpu > 0 and per_gpu_cpu > 0 else -1
     request = steering.Request(
         units=units,

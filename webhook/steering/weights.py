@@ -40,7 +40,7 @@ class Weights:
     cpu_balance_close: int = 15
     cpu_balance_near: int = 7
     # Whole GPUs that take every fully free GPU of a node: the node whose free memory they fill
-    # most (`_host_fit`). As large as the close CPU balance; it decides among nodes of equal GPU fit.
+    # most (`families.HostFit`). As large as the close CPU balance; it decides among nodes of equal GPU fit.
     host_fit: int = 15
     # MIG: the last free slices of the profile on the node go first.
     last_mig: int = 30
