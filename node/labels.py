@@ -116,7 +116,7 @@ def node_labels(
 def cpu_balance_labels(contract: contract_.Contract, balance_milli: int) -> dict[str, str]:
     """The node's CPU beyond (or, negative, short of) what its free GPUs are expected to need, as
     two labels, since a label value cannot be negative. A GPU pod is steered to where what it
-    leaves matches the GPUs it leaves (webhook/steering.py); both are always written, so that
+    leaves matches the GPUs it leaves (webhook/steering/); both are always written, so that
     a node's keys do not change with the sign."""
     return {
         contract.label_spare_cpu_milli: labelcodec.count_value(max(0, balance_milli)),
@@ -147,7 +147,7 @@ def over_promises(written: Mapping[str, str], change: Mapping[str, str | None], 
     largest free block, free whole GPUs and free MIG devices are what the webhook's required
     affinity filters on: every pod the scheduler sends by a higher value is one kubelet refuses.
     The free total, the partly used block and the CPU and memory headroom steer its preferences
-    (webhook/steering.py): a pod placed by their old values goes where the node's last pods have
+    (webhook/steering/): a pod placed by their old values goes where the node's last pods have
     already gone, which costs packing (0.5-0.7 points on gpushare40 at the replay's pace,
     docs/benchmarks.md), and the pacer reads a node as lagging until its free total counts every
     pod bound to it (pacer/ledger.py). So anything taken is written at once; what is given back

@@ -1,4 +1,4 @@
-"""The webhook's steering affinity (webhook/steering.py), evaluated against node label sets made
+"""The webhook's steering affinity (webhook/steering/), evaluated against node label sets made
 by the device plugin's own labelling code, with a tiny nodeSelector evaluator that follows
 Kubernetes' operator semantics, and validated as a real Pod against Kubernetes 1.29-1.35."""
 

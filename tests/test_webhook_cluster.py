@@ -397,12 +397,12 @@ def test_honest_labels_with_kubelets_counts_are_used_as_they_are() -> None:
 
 def test_the_shape_generation_moves_with_the_classes_and_the_pacer_not_with_free_capacity() -> None:
     cv = view()
-    empty = cv.shape_generation
+    empty = cv.inputs.shape_generation
     cv.update_node("a", gpu_labels(81920, 8, "P", free_units=100))
-    first = cv.shape_generation
+    first = cv.inputs.shape_generation
     assert first != empty
     cv.update_node("a", gpu_labels(81920, 8, "P", free_units=50))  # an allocation
-    assert cv.shape_generation == first and cv.generation != first
+    assert cv.inputs.shape_generation == first and cv.generation != first
     for change in (
         lambda: cv.update_node("b", gpu_labels(24576, 4, "Q", free_units=0)),  # a new class
         lambda: cv.update_node("b", gpu_labels(24576, 4, "R", free_units=0)),  # another product
@@ -410,7 +410,7 @@ def test_the_shape_generation_moves_with_the_classes_and_the_pacer_not_with_free
         lambda: cv.set_pacer(""),
         lambda: cv.remove_node("c"),
     ):
-        before = cv.shape_generation
+        before = cv.inputs.shape_generation
         change()
-        assert cv.shape_generation != before
-    assert view().shape_generation != cv.shape_generation  # unique across views
+        assert cv.inputs.shape_generation != before
+    assert view().inputs.shape_generation != cv.inputs.shape_generation  # unique across views

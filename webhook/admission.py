@@ -146,7 +146,8 @@ def promise(result: Result, cluster: cluster_.ClusterView, *, pod_cpu_milli: int
     if result.result == RESULT_MUTATED and not result.dry_run and outcome is not None and outcome.kind:
         # (a pod whose only change is its scheduler's name has no kind: nothing converted or steered)
         cluster.promise_conversion(outcome.decision, outcome.cpu_milli)
-        if cluster.admitting_owner:  # its class, for the next pods of its controller (classchoice)
-            cluster.note_owner_class(cluster.admitting_owner, outcome.decision)
+        owner = cluster.inputs.owner
+        if owner:  # its class, for the next pods of its controller (classchoice)
+            cluster.note_owner_class(owner, outcome.decision)
         cpu = outcome.pod_cpu_milli if pod_cpu_milli is None else pod_cpu_milli
         cluster.cpu_demand.note(cpu, device=outcome.kind != conversions.KIND_CPU_POD)

@@ -2,10 +2,11 @@
 the classes the pod may use (the products it selects), the one with the largest free share on
 nodes where the pod fits now, and the node-affinity pin and decision notes that record the choice.
 A gpu-memory share is not pinned to one class, only kept off classes whose GPUs are too small.
-Pure: reads the cluster view, changes nothing.
+Pure: reads the cluster through the answer seam (webhook/answerinputs.py), changes nothing.
 
 Raises parsing.Invalid (the pod is refused) when no class can ever run the pod.
-May import gpuslice.{config,contract} and the webhook's cluster, conversions and parsing modules.
+May import gpuslice.{config,contract} and the webhook's answerinputs, conversions and parsing
+modules (never the cluster view itself).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any
 
 from gpuslice import config
 from gpuslice import contract as contract_
-from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import conversions, parsing
+from gpuslice.webhook import answerinputs, conversions, parsing
 
 __all__ = ["Choice", "Demand", "candidates", "for_fraction", "for_memory", "for_whole_gpus"]
 
@@ -50,9 +50,9 @@ class Choice:
     largest_node_gpus: int  # GPUs of the class's largest node; 0 when no class is known
 
 
-def candidates(cluster: cluster_.ClusterView, products: frozenset[str] | None) -> list[cluster_.GpuClass]:
+def candidates(inputs: answerinputs.Inputs, products: frozenset[str] | None) -> list[answerinputs.GpuClass]:
     """The classes the pod may use: all, or those carrying a product it selects."""
-    classes = cluster.classes()
+    classes = inputs.classes()
     if products is None:
         return classes
     chosen = [c for c in classes if c.products & products]
@@ -72,7 +72,7 @@ def _no_nodes(settings: config.Config) -> Choice:
 
 
 def for_fraction(
-    cluster: cluster_.ClusterView,
+    inputs: answerinputs.Inputs,
     products: frozenset[str] | None,
     settings: config.Config,
     demand: Demand,
@@ -81,22 +81,22 @@ def for_fraction(
     """The class a gpu-fraction is taken of; for a fraction of each of `gpus` GPUs in one pod
     (gpu-fraction-num-devices), among the classes with a node that has that many, if any (else
     the pod waits in the class chosen, as no node can run it)."""
-    classes = candidates(cluster, products)
+    classes = candidates(inputs, products)
     if not classes:
         return _no_nodes(settings)
     if gpus > 1:
         classes = [c for c in classes if c.max_gpus_per_node >= gpus] or classes
-    return _pinned(classes, cluster, settings.contract, demand)
+    return _pinned(classes, inputs, settings.contract, demand)
 
 
 def for_whole_gpus(
-    cluster: cluster_.ClusterView,
+    inputs: answerinputs.Inputs,
     products: frozenset[str] | None,
     settings: config.Config,
     demand: Demand,
 ) -> Choice:
     """The class whose nodes have enough GPUs for `demand.whole_gpus` in one pod."""
-    classes = candidates(cluster, products)
+    classes = candidates(inputs, products)
     if not classes:
         return _no_nodes(settings)
     fitting = [c for c in classes if c.max_gpus_per_node >= demand.whole_gpus]
@@ -105,20 +105,20 @@ def for_whole_gpus(
             f"{contract_.NVIDIA_GPU}: {demand.whole_gpus} GPUs in one pod, but no gpuslice node has that many "
             f"(most on one node: {max(c.max_gpus_per_node for c in classes)})"
         )
-    return _pinned(fitting, cluster, settings.contract, demand)
+    return _pinned(fitting, inputs, settings.contract, demand)
 
 
 def for_memory(
     mib: int,
     units: int,
-    cluster: cluster_.ClusterView,
+    inputs: answerinputs.Inputs,
     products: frozenset[str] | None,
     settings: config.Config,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], int, int]:
     """(required expressions, decision notes, units of one GPU or 0 when several classes fit,
     GPUs of the largest fitting node or 0) for a gpu-memory share of `units` (`mib` asked)."""
     contract = settings.contract
-    classes = candidates(cluster, products)
+    classes = candidates(inputs, products)
     if not classes:
         largest = settings.default_gpu_memory_mib
         if units > contract.units_per_gpu(largest):
@@ -136,7 +136,7 @@ def for_memory(
             f"{max(contract.units_per_gpu(c.memory_mib) for c in classes) * contract.unit_mib} MiB"
         )
     required = []
-    if len(fitting) < len(cluster.classes()):
+    if len(fitting) < len(inputs.classes()):
         # Some GPUs are too small: keep the pod off their nodes even without steering labels.
         values = [str(c.memory_mib) for c in fitting]
         required.append({"key": contract.label_gpu_memory_mib, "operator": "In", "values": values})
@@ -151,11 +151,11 @@ def for_memory(
 
 
 def _pinned(
-    classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, contract: contract_.Contract, demand: Demand
+    classes: Sequence[answerinputs.GpuClass], inputs: answerinputs.Inputs, contract: contract_.Contract, demand: Demand
 ) -> Choice:
-    fresh = _Best(classes, contract, cluster, demand)
+    fresh = _Best(classes, contract, inputs, demand)
     # A pod with a controller (and the pods whose answers it shares: they have one too) follows it.
-    memory, rule = cluster.noted(_OwnersClass(classes, cluster, fresh) if cluster.admitting_owner else fresh)
+    memory, rule = inputs.decided(_OwnersClass(classes, inputs, fresh) if inputs.owner else fresh)
     best = next(c for c in classes if c.memory_mib == memory)
     pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
     notes = {"classMemoryMiB": best.memory_mib, "products": sorted(best.products), "rule": rule}
@@ -171,19 +171,19 @@ class _Facts:
     free_share_key: tuple[float, int, int]  # largest free share first, then more GPUs, then the smaller GPU
 
 
-def _facts(cluster: cluster_.ClusterView, contract: contract_.Contract) -> dict[int, _Facts]:
+def _facts(inputs: answerinputs.Inputs, contract: contract_.Contract) -> dict[int, _Facts]:
     """Per class memory, computed once per version of the view."""
 
     def build() -> dict[int, _Facts]:
         facts = {}
-        for c in cluster.classes():
+        for c in inputs.classes():
             per_gpu = contract.units_per_gpu(c.memory_mib)
             capacity = c.gpus * per_gpu
             free_share = c.free_units / capacity if capacity else 0.0
             facts[c.memory_mib] = _Facts(per_gpu, capacity, (-free_share, -c.gpus, c.memory_mib))
         return facts
 
-    return cluster.derived(("classchoice", contract), build)
+    return inputs.derived(("classchoice", contract), build)
 
 
 # Per class memory: (memory MiB, capacity in units, free-share key negated); with the units needed per class.
@@ -197,24 +197,24 @@ def _negated(key: tuple[float, int, int]) -> tuple[float, int, int]:
 
 
 class _OwnersClass:
-    """The class the other pods of the pod's owner went to (`ClusterView.admitting_owner`, the
+    """The class the other pods of the pod's owner went to (`answerinputs.Inputs.owner`, the
     controller of the pod admitted now), while one of the pod's classes; else `_Best`'s, which the
     admission then records for the owner. A fraction or whole GPUs of another GPU model is another
     workload: the replicas of a Deployment, the pods of a Job or StatefulSet must not get 40 GiB on
     one node and 20 GiB on the next. Recorded like `_Best`, and read from the view each time it is
     asked: a remembered answer serves the pods of every owner of one template, each its own class."""
 
-    __slots__ = ("_memories", "_cluster", "_best")
+    __slots__ = ("_memories", "_inputs", "_best")
     reads_owner = True  # webhook/repeats.py sets the owner of the pod at hand before asking again
 
-    def __init__(self, classes: Sequence[cluster_.GpuClass], cluster: cluster_.ClusterView, best: _Best) -> None:
-        self._cluster, self._best = cluster, best
+    def __init__(self, classes: Sequence[answerinputs.GpuClass], inputs: answerinputs.Inputs, best: _Best) -> None:
+        self._inputs, self._best = inputs, best
         self._memories = frozenset(c.memory_mib for c in classes)
 
     def __call__(self) -> tuple[int, str]:
         chosen = self._best()
-        owner = self._cluster.admitting_owner
-        memory = self._cluster.owner_class(owner) if owner else None
+        owner = self._inputs.owner
+        memory = self._inputs.owner_class(owner) if owner else None
         if memory is None or memory == chosen[0] or memory not in self._memories:
             return chosen
         return memory, "the class of the other pods of its owner"
@@ -228,28 +228,28 @@ class _Best:
     until a node does is looked up once per version of the view, so a repeat reads only the
     promises."""
 
-    __slots__ = ("_classes", "_contract", "_cluster", "_demand", "_generation", "_free", "_per_class")
+    __slots__ = ("_classes", "_contract", "_inputs", "_demand", "_generation", "_free", "_per_class")
 
     def __init__(
         self,
-        classes: Sequence[cluster_.GpuClass],
+        classes: Sequence[answerinputs.GpuClass],
         contract: contract_.Contract,
-        cluster: cluster_.ClusterView,
+        inputs: answerinputs.Inputs,
         demand: Demand,
     ) -> None:
-        self._classes, self._contract, self._cluster, self._demand = classes, contract, cluster, demand
+        self._classes, self._contract, self._inputs, self._demand = classes, contract, inputs, demand
         self._generation = -1
-        self._free: cluster_.FreeUnits | None = None
+        self._free: answerinputs.Free | None = None
         self._per_class: list[tuple[int, int, tuple[float, int, int]]] = []
 
     def __call__(self) -> tuple[int, str]:
         classes = self._classes
         if len(classes) == 1:
             return classes[0].memory_mib, "only class"
-        cluster = self._cluster
-        if cluster.generation != self._generation:  # -1 at first: no view has that generation
+        inputs = self._inputs
+        if inputs.generation != self._generation:  # -1 at first: no view has that generation
             self._look_up()
-            self._generation = cluster.generation
+            self._generation = inputs.generation
         assert self._free is not None
         units = self._free.now()
         top: tuple[float, tuple[float, int, int], int] | None = None
@@ -268,20 +268,20 @@ class _Best:
         version of the view and GPU need, at most _MAX_DEMANDS of them, then afresh. Keyed by the
         fields, not the frozen dataclasses (hashing one costs a Python call per admission), and
         without the CPU and memory requests, which pods of one GPU need vary."""
-        cluster, contract, demand = self._cluster, self._contract, self._demand
+        inputs, contract, demand = self._inputs, self._contract, self._demand
         memories = tuple(c.memory_mib for c in self._classes)
-        known: dict[Any, _Rows] = cluster.derived(("best", contract.prefix, contract.unit_mib), dict)
+        known: dict[Any, _Rows] = inputs.derived(("best", contract.prefix, contract.unit_mib), dict)
         need = (memories, demand.fraction, demand.whole_gpus)
         rows = known.get(need)
         if rows is None:
             if len(known) >= _MAX_DEMANDS:
                 known.clear()
-            facts = _facts(cluster, contract)
+            facts = _facts(inputs, contract)
             rows = known[need] = (
                 {m: demand.units(facts[m].units_per_gpu) for m in memories},
                 [(m, facts[m].capacity, _negated(facts[m].free_share_key)) for m in memories],
             )
         needs, self._per_class = rows
-        self._free = cluster.free_units(
+        self._free = inputs.free_units(
             needs, whole_gpus=bool(demand.whole_gpus), cpu_milli=demand.cpu_milli, memory_request_mib=demand.memory_mib
         )

@@ -33,8 +33,11 @@ Node labels are untrusted input: `nodelabels` reads and checks them, and a node 
 be believed is left out (`untrusted` names it and says why; the node watch logs it and the metrics
 count it).
 
+An admission reads the view only through its answer seam (`inputs`, webhook/answerinputs.py),
+which the answer cache checks; the view tells the seam when its shape may have changed.
+
 No I/O (promises read a monotonic clock). May import numpy, gpuslice.contract and
-webhook.{cpudemand,nodelabels} (never gpuslice.deviceplugin).
+webhook.{answerinputs,cpudemand,nodelabels} (never gpuslice.deviceplugin).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from gpuslice import contract as contract_
-from gpuslice.webhook import cpudemand, nodelabels
+from gpuslice.webhook import answerinputs, cpudemand, nodelabels
+from gpuslice.webhook.answerinputs import GpuClass
 
 __all__ = ["APPEAR_SECONDS", "PROMISE_SECONDS", "ClusterView", "FreeUnits", "GpuClass"]
 
@@ -66,18 +70,6 @@ APPEAR_SECONDS = 30.0
 # Owners whose class is remembered: the least recently converted go first (their next pod then takes
 # the class chosen for it, and its siblings follow that one).
 _MAX_OWNERS = 65536
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuClass:
-    """All shared (non-MIG) GPUs of one memory size in the cluster."""
-
-    memory_mib: int
-    products: frozenset[str]
-    gpus: int
-    free_units: int
-    nodes: int
-    max_gpus_per_node: int
 
 
 @dataclasses.dataclass
@@ -125,15 +117,9 @@ class ClusterView:
         # What admissions derive from the nodes alone (the table `usable_free_units` reads, the
         # class choice's per-class figures): built on the first query after a node changed.
         self._derived: dict[Hashable, Any] = {}
-        # Changes with every node change (and when a pacer comes or goes), unique across views: an
-        # answer computed at one generation holds for the next admission of the same generation but
-        # for what promises change (`start_recording`, webhook/repeats.py).
+        # Changes with every node change (and when a pacer comes or goes), unique across views:
+        # what admissions derive from the nodes alone holds while it does.
         self.generation = next(_GENERATIONS)
-        # What answers read of the view but through `noted` (`shape_generation`), as last compared.
-        self._shape: tuple[Any, ...] | None = None
-        self._shape_generation = next(_GENERATIONS)
-        self._shape_stale = False
-        self._reads: list[tuple[Callable[[], Hashable], Hashable]] | None = None
         # One row per node with shared GPUs, for `usable_free_units`: a scan of a thousand rows in
         # numpy per admission instead of a Python loop. Rows of removed nodes are reused.
         self._rows: dict[str, int] = {}
@@ -155,10 +141,6 @@ class ClusterView:
         self._next_unseen = math.inf
         self.not_created = 0  # promises given back because the pod never appeared
         self.promised_from_others = 0  # other replicas' conversions promised here (`promise_seen`)
-        # The controller of the pod being admitted ("" for none, or opted out): its pods go to one GPU
-        # class (webhook/classchoice.py). Set by mutation.mutate, and by webhook/repeats.py before a
-        # remembered answer's decisions are taken again.
-        self.admitting_owner = ""
         # Owner (controller UID) -> the GPU class its converted pods went to, most recent last.
         self._owner_classes: collections.OrderedDict[str, int] = collections.OrderedDict()
         # Pacing: "" while a pacer renews its Lease (webhook/pacerlease.py), else why none is alive,
@@ -166,6 +148,9 @@ class ClusterView:
         self.pacer_absent = "no pacer Lease read (the webhook watches no cluster)"
         # The CPU asked by the pods admitted, CPU-only pods apart (turns the CPU pods' band on).
         self.cpu_demand = cpudemand.CpuDemand()
+        # What an admission's answer reads of this view, and the answer cache checks: the one seam
+        # (webhook/answerinputs.py). Told here when a shape read may have changed.
+        self.inputs = answerinputs.Inputs(self)
 
     # --- updates -------------------------------------------------------------------------
     def update_node(self, name: str, labels: Mapping[str, str], *, status: Mapping[str, Any] | None = None) -> None:
@@ -363,7 +348,7 @@ class ClusterView:
             return False
         self.pacer_absent = absent
         self.generation = next(_GENERATIONS)  # what nodes alone give (`derived`) still holds
-        self._shape_stale = True
+        self.inputs.stale = True
         return True
 
     def node_names(self) -> set[str]:
@@ -413,7 +398,8 @@ class ClusterView:
         asked for: for a share of one GPU, a class with promised CPU counts at most the units that
         the CPU left on those nodes, once the promised pods have theirs, gives pods like this one
         (where every such node publishes its CPU headroom). A decision drawn from this answer must
-        be reached through `noted`. To ask for one demand again and again: `free_units`."""
+        be reached through `Inputs.decided` (webhook/answerinputs.py). To ask for one demand again
+        and again: `free_units`."""
         return self.free_units(
             needs, whole_gpus=whole_gpus, cpu_milli=cpu_milli, memory_request_mib=memory_request_mib
         ).now()
@@ -444,46 +430,6 @@ class ClusterView:
                 self._next_deadline = min(deadlines, default=math.inf)
         return self._promised_total, self._promised_cpu
 
-    @property
-    def shape_generation(self) -> int:
-        """Changes when what an admission reads of the view, but for the decisions it reaches
-        through `noted`, changes: the classes' GPU memory, products, GPU and node counts and GPUs
-        per node, the MIG profiles, the pacer. Free capacity (every allocation moves a label) does
-        not move it: a remembered answer then holds if its decisions, taken again, come out the
-        same (webhook/repeats.py). Unique across views, like `generation`."""
-        if self._shape_stale:
-            self._shape_stale = False
-            shape = (
-                tuple([(c.memory_mib, c.products, c.gpus, c.nodes, c.max_gpus_per_node) for c in self.classes()]),
-                tuple(sorted(self.mig_profiles().items())),
-                self.pacer_absent,
-            )
-            if shape != self._shape:
-                self._shape = shape
-                self._shape_generation = next(_GENERATIONS)
-        return self._shape_generation
-
-    def start_recording(self) -> list[tuple[Callable[[], Hashable], Hashable]]:
-        """Until `stop_recording`, every answer that depends on promises (`noted`) is appended to
-        the list returned, with a way to compute it again: all else an admission reads of the view
-        holds until the next node change (`generation`). (Not a context manager: this is on the
-        admission path, and a generator-based one costs a few µs.)"""
-        reads: list[tuple[Callable[[], Hashable], Hashable]] = []
-        self._reads = reads
-        return reads
-
-    def stop_recording(self) -> None:
-        self._reads = None
-
-    def noted(self, again: Callable[[], T]) -> T:
-        """`again()`, recorded between `start_recording` and `stop_recording`. Whoever reads
-        `usable_free_units` (promises change its answer) reaches its decision through this, so a
-        remembered answer can be checked."""
-        answer = again()
-        if self._reads is not None:
-            self._reads.append((again, cast(Hashable, answer)))
-        return answer
-
     def derived(self, key: Hashable, build: Callable[[], T]) -> T:
         """`build()`, computed once per version of the view (until a node changes) and kept under
         `key`: for what admissions need from the nodes alone. Promises are not part of a version."""
@@ -513,7 +459,7 @@ class ClusterView:
     def _changed(self) -> None:
         self._derived.clear()
         self.generation = next(_GENERATIONS)
-        self._shape_stale = True
+        self.inputs.stale = True
 
     def _set_row(self, name: str, node: nodelabels.NodeGpus | None) -> None:
         self._changed()

@@ -1,8 +1,8 @@
 """CPU-pod steering (`steering.cpuPods`): a pod that asks for no device gets a preference for
-nodes without a fully free GPU (webhook/steering.py's terms), so its CPU and memory stay off the
+nodes without a fully free GPU (webhook/steering/'s `CpuPods` family), so its CPU and memory stay off the
 nodes that whole-GPU pods will need. It is never refused and gets nothing else. Pure.
 
-May import gpuslice.{config,contract} and the webhook's cluster, decoding, parsing, patches, pods and steering
+May import gpuslice.{config,contract} and the webhook's answerinputs, decoding, parsing, patches, pods and steering
 modules.
 """
 
@@ -13,8 +13,7 @@ from typing import Any
 
 from gpuslice import config
 from gpuslice import contract as contract_
-from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import decoding, parsing, patches, pods, steering
+from gpuslice.webhook import answerinputs, decoding, parsing, patches, pods, steering
 
 __all__ = ["asks_for_no_device", "cpu_asked", "key_rules", "nearly_full_mib", "patch"]
 
@@ -22,7 +21,7 @@ __all__ = ["asks_for_no_device", "cpu_asked", "key_rules", "nearly_full_mib", "p
 _PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 
 
-def patch(pod: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView) -> list[dict[str, Any]]:
+def patch(pod: Mapping[str, Any], settings: config.Config, inputs: answerinputs.Inputs) -> list[dict[str, Any]]:
     """The pod's patch: its affinity with the preferences added (and the pacer's gate, with pacing
     on while a pacer is alive); empty when steering is off, the pod is not one to steer, or it
     already has them."""
@@ -32,25 +31,24 @@ def patch(pod: Mapping[str, Any], settings: config.Config, cluster: cluster_.Clu
     affinity = patches.merge_node_affinity(
         (pod.get("spec") or {}).get("affinity"),
         (),
-        steering.cpu_pod_preferences(contract, nearly_full_mib(settings, cluster)),
+        steering.cpu_pod_preferences(contract, nearly_full_mib(settings, inputs)),
     )
     if affinity is None:
         return []
     # Gated too, with pacing, so that it keeps its place among the GPU pods the pacer releases in
     # arrival order: let through at once, it would take the CPU beside GPUs that pods before it need.
-    gate = patches.gate_ops(pod.get("spec") or {}, settings, pacer_absent=cluster.pacer_absent)
+    gate = patches.gate_ops(pod.get("spec") or {}, settings, pacer_absent=inputs.pacer_absent)
     return [{"op": "add", "path": "/spec/affinity", "value": affinity}, *gate]
 
 
-def nearly_full_mib(settings: config.Config, cluster: cluster_.ClusterView) -> int:
+def nearly_full_mib(settings: config.Config, inputs: answerinputs.Inputs) -> int:
     """`steering.cpuPodsNearlyFullMiB` while CPU-only pods ask more than
     `steering.cpuPodsNearlyFullCpuPercent` of the CPU admitted (webhook/cpudemand.py), else 0 (no
     band). Noted: a remembered answer holds only while the band is as it was."""
     bound, percent = settings.steering.cpu_pods_nearly_full_mib, settings.steering.cpu_pods_nearly_full_cpu_percent
     if bound <= 0 or percent <= 0:
         return bound
-    demand = cluster.cpu_demand
-    return bound if cluster.noted(lambda: demand.above(percent)) else 0
+    return bound if inputs.cpu_pods_band(percent) else 0
 
 
 def cpu_asked(decoded: decoding.Decoded) -> int:

@@ -22,8 +22,7 @@ from typing import Any
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import annotations as annotations_
-from gpuslice.webhook import cluster as cluster_
-from gpuslice.webhook import conversions, parsing, pods, steering
+from gpuslice.webhook import answerinputs, conversions, parsing, pods, steering
 
 __all__ = [
     "HAMI_CORES",
@@ -78,7 +77,7 @@ def names_in(spec: Mapping[str, Any], contract: contract_.Contract) -> list[str]
 
 
 def mig_conversion(
-    spec: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView
+    spec: Mapping[str, Any], settings: config.Config, inputs: answerinputs.Inputs
 ) -> conversions.Conversion | None:
     """The conversion of the pod's nvidia.com/mig-<profile> requests; None when it has none."""
     contract = settings.contract
@@ -103,7 +102,7 @@ def mig_conversion(
     field, index, container, name, count = found[0]
     suffix = name[len(NVIDIA_MIG_PREFIX) :]
     resource = f"{contract.mig_resource_prefix}{suffix}"
-    profiles = {contract_.mig_resource_suffix(p): p for p in cluster.mig_profiles()}
+    profiles = {contract_.mig_resource_suffix(p): p for p in inputs.mig_profiles()}
     if profiles and suffix not in profiles:
         raise parsing.Invalid(
             f"{name} of {_where(container)}: no node of the cluster offers MIG profile {parsing.quote(suffix)}; "
@@ -125,7 +124,7 @@ def mig_conversion(
         "migProfile": profile,
         "rule": "NVIDIA's MIG resource, same profile",
     }
-    memory = cluster.mig_profiles().get(profile)
+    memory = inputs.mig_profiles().get(profile)
     if memory is not None:
         decision["memoryMiB"] = memory * count
     return conversions.Conversion(

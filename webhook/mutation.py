@@ -16,7 +16,8 @@ Bad input is denied with a message naming the annotation, the value and the acce
 denied pod gets no patch. A container that already carries a gpuslice resource is left alone,
 so reinvocation never adds a second or conflicting conversion.
 
-May import gpuslice.config and the webhook's pure modules.
+May import gpuslice.config and the webhook's pure modules. Of the cluster view it takes only the
+seam (`ClusterView.inputs`, webhook/answerinputs.py), which is all the steps below it are handed.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any
 
 from gpuslice import config
 from gpuslice.webhook import annotations as annotations_
-from gpuslice.webhook import cluster as cluster_
 from gpuslice.webhook import (
+    answerinputs,
     conversions,
     cpupods,
     dra_claims,
@@ -40,6 +41,7 @@ from gpuslice.webhook import (
     tolerations,
     wholegpus,
 )
+from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["Outcome", "mutate"]
 
@@ -79,10 +81,11 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
     """Convert one pod (a Pod object as JSON) or say why it is refused. Whatever else happens, a pod
     allowed with `schedulerName: kai-scheduler` leaves with a scheduler that exists (a converted pod's
     own rewrite, else this one): once gpuslice replaces KAI, no scheduler would ever place it. The
-    pod's controller is the view's `admitting_owner` while it is converted (and after, for the
+    pod's controller is the seam's `owner` while it is converted (and after, for the
     promise): its pods take one GPU class (webhook/classchoice.py)."""
-    cluster.admitting_owner = pods.owner_of(pod.get("metadata") or {}, settings.contract)
-    outcome = _mutate(pod, settings=settings, cluster=cluster)
+    inputs = cluster.inputs  # all the steps below read of the view (webhook/answerinputs.py)
+    inputs.owner = pods.owner_of(pod.get("metadata") or {}, settings.contract)
+    outcome = _mutate(pod, settings=settings, inputs=inputs)
     if outcome.allowed and outcome.decision is not None:
         mps = ((pod.get("metadata") or {}).get("annotations") or {}).get(KAI_MPS)
         if mps is not None:
@@ -94,7 +97,7 @@ def mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_
     return dataclasses.replace(outcome, patch=[*outcome.patch, *ops], warnings=(*outcome.warnings, *warnings))
 
 
-def _mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
+def _mutate(pod: Mapping[str, Any], *, settings: config.Config, inputs: answerinputs.Inputs) -> Outcome:
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = metadata.get("annotations") or {}
@@ -102,12 +105,12 @@ def _mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster
     if settings.dra.enabled and dra_claims.already_converted(pod):
         return _UNCHANGED  # DRA mode, reinvoked: the pod references its claim already
     try:
-        conversion = _convert(spec, annotations, annotated, settings, cluster)
+        conversion = _convert(spec, annotations, annotated, settings, inputs)
     except parsing.Invalid as denied:
         return Outcome(allowed=False, message=str(denied))
     if conversion is None:
         # Annotated but nothing to convert (already converted, container name only): leave it.
-        return _UNCHANGED if annotated else _steer_cpu_pod(pod, settings, cluster)
+        return _UNCHANGED if annotated else _steer_cpu_pod(pod, settings, inputs)
     # The pod no longer requests nvidia.com/gpu, so Kubernetes adds no toleration for GPU taints.
     toleration_ops, added = tolerations.patch_ops(spec, settings.converted_pod_tolerations)
     if added:
@@ -116,7 +119,7 @@ def _mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster
         classes = []
         if conversion.kind == conversions.KIND_WHOLE_GPUS and conversion.steering_request is not None:
             gpus = conversion.steering_request.gpus  # every class with a node of that many GPUs
-            classes = [c.memory_mib for c in cluster.classes() if c.max_gpus_per_node >= gpus]
+            classes = [c.memory_mib for c in inputs.classes() if c.max_gpus_per_node >= gpus]
         need = dra_claims.need_from_conversion(conversion, settings.contract, pod, classes)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
         patch = claims.patch + toleration_ops + patches.dra_affinity(pod, conversion, settings)
@@ -130,7 +133,7 @@ def _mutate(pod: Mapping[str, Any], *, settings: config.Config, cluster: cluster
             (claims.template,),
             pod_cpu_milli=pods.cpu_requested(spec),
         )
-    patch, warnings = patches.build(pod, conversion, settings, pacer_absent=cluster.pacer_absent)
+    patch, warnings = patches.build(pod, conversion, settings, pacer_absent=inputs.pacer_absent)
     request = conversion.steering_request
     read = request.cpu_milli if request is not None else -1  # read for the steering terms, or -1
     return Outcome(
@@ -149,7 +152,7 @@ def _convert(
     annotations: Mapping[str, Any],
     annotated: bool,
     settings: config.Config,
-    cluster: cluster_.ClusterView,
+    inputs: answerinputs.Inputs,
 ) -> conversions.Conversion | None:
     """What the pod is converted to; None when nothing is (parsing.Invalid when it is refused)."""
     if annotated:
@@ -165,23 +168,23 @@ def _convert(
                 f"the pod asks for a share with annotation {share.annotation} and for {', '.join(other)}: "
                 f"choose one; remove {', '.join(other)} to keep the annotation's share"
             )
-        return shares.convert(share, spec, settings, cluster)
+        return shares.convert(share, spec, settings, inputs)
     if settings.convert_whole_gpus:
         if foreign.names_in(spec, settings.contract):  # rare: one pass says whether to look closer
             hami = foreign.hami_share(spec, settings.contract)
             if hami is not None:
-                conversion = shares.convert(hami, spec, settings, cluster)
+                conversion = shares.convert(hami, spec, settings, inputs)
                 conversion.replaces = foreign.REPLACED_BY_A_SHARE
                 return conversion
-            mig = foreign.mig_conversion(spec, settings, cluster)
+            mig = foreign.mig_conversion(spec, settings, inputs)
             if mig is not None:
                 return mig
-        return wholegpus.convert(spec, settings, cluster)
+        return wholegpus.convert(spec, settings, inputs)
     return None
 
 
-def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView) -> Outcome:
-    patch = cpupods.patch(pod, settings, cluster)
+def _steer_cpu_pod(pod: Mapping[str, Any], settings: config.Config, inputs: answerinputs.Inputs) -> Outcome:
+    patch = cpupods.patch(pod, settings, inputs)
     if not patch:
         return _UNCHANGED
     cpu_milli = pods.cpu_requested(pod.get("spec") or {})

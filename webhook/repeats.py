@@ -12,16 +12,18 @@ Two memories, one answer:
 Each is remembered the second time it comes: most bodies never repeat, and remembering each at
 once would cost every such admission more than a repeat saves (docs/benchmarks.md).
 
-A remembered answer holds while the cluster view keeps its shape (`ClusterView.shape_generation`:
-the GPU classes, MIG profiles and the pacer, which also moves when a pacer comes or goes: a pod
-gated for a pacer that died is not answered again) and every decision that free capacity and
-promises can change (`ClusterView.start_recording`: the GPU class chosen) comes out the same now;
-the answer is a function of the fields read, the configuration, the view's shape and those
-decisions, so it is then what a full review would give. Free capacity moves with every
-allocation, on some node every few seconds in a busy cluster: answers outlive it, their
-decisions taken again. An entry keeps one answer per outcome
-of its decisions: as a burst's promises fill one class and then the next, its pods' answers
-alternate between a few, each given from memory. A repeat of a converted pod promises its units
+A remembered answer holds while everything its review read of the cluster comes out the same,
+and all it reads goes through one seam (`ClusterView.inputs`, webhook/answerinputs.py), which
+sorts each read into one of two kinds: the view's shape (`Inputs.shape_generation`: the GPU
+classes, MIG profiles and the pacer, which also moves when a pacer comes or goes: a pod gated for
+a pacer that died is not answered again), and decisions that free capacity, promises, an owner's
+class or the CPU admitted can change (`Inputs.decided`: the GPU class chosen, the CPU-pod band),
+recorded while the answer is first computed and taken again for every repeat. The answer is a
+function of the fields read, the configuration, the view's shape and those decisions, so it is
+then what a full review would give. Free capacity moves with every allocation, on some node every
+few seconds in a busy cluster: answers outlive it, their decisions taken again. An entry keeps one
+answer per outcome of its decisions: as a burst's promises fill one class and then the next, its
+pods' answers alternate between a few, each given from memory. A repeat of a converted pod promises its units
 like the first did. DRA conversions (they create claim templates) and malformed reviews are never
 remembered.
 
@@ -37,8 +39,8 @@ bytes are compared in full (`startswith`, `endswith`: no copy) before an answer 
 so two bodies with one fingerprint only cost time: the second is remembered at its first
 sighting, in place of the first.
 
-May import orjson, gpuslice.config and the webhook's admission, cluster, conversions, cpupods and
-decoding modules.
+May import orjson, gpuslice.config and the webhook's admission, answerinputs, cluster,
+conversions, cpupods and decoding modules.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from typing import Any
 import orjson
 
 from gpuslice import config
-from gpuslice.webhook import admission, conversions, cpupods, decoding
+from gpuslice.webhook import admission, answerinputs, conversions, cpupods, decoding
 from gpuslice.webhook import cluster as cluster_
 
 __all__ = ["RepeatAnswers"]
@@ -79,18 +81,18 @@ class _Answer:
 @dataclasses.dataclass
 class _Remembered:
     """The answers to one body (or field key) at one shape of the view (`generation`:
-    `ClusterView.shape_generation`), by what its decisions came to."""
+    `answerinputs.Inputs.shape_generation`), by what its decisions came to."""
 
     head: bytes  # the body up to its uid's value (for a field key: the key)
     tail: bytes  # ... and after it
     generation: int
-    decide: tuple[Callable[[], Hashable], ...]  # the decisions promises can change, to take again
+    decide: tuple[Callable[[], Hashable], ...]  # the decisions recorded (Inputs.decided), to take again
     answers: dict[tuple[Hashable, ...], _Answer]
     owner: str = ""  # a body's pod's controller (its class follows it): the same for every repeat of the bytes
 
     @functools.cached_property
     def reads_owner(self) -> bool:
-        """A decision reads the pod's owner (`ClusterView.admitting_owner`: one class per controller)."""
+        """A decision reads the pod's owner (`answerinputs.Inputs.owner`: one class per controller)."""
         return any(getattr(again, "reads_owner", False) for again in self.decide)
 
     def holds(self, body: bytes, start: int, end: int) -> bool:
@@ -102,17 +104,17 @@ class _Remembered:
             and body.endswith(self.tail)
         )
 
-    def decisions(self, cluster: cluster_.ClusterView) -> tuple[Hashable, ...] | None:
+    def decisions(self, inputs: answerinputs.Inputs) -> tuple[Hashable, ...] | None:
         """What the decisions come to now; None when the view's shape has changed since."""
-        if self.generation != cluster.shape_generation:
+        if self.generation != inputs.shape_generation:
             return None
         decide = self.decide
         if len(decide) <= 1:  # most answers: none, or the GPU class (a comprehension costs more)
             return (decide[0](),) if decide else ()
         return tuple([again() for again in decide])
 
-    def answer(self, cluster: cluster_.ClusterView) -> _Answer | None:
-        decided = self.decisions(cluster)
+    def answer(self, inputs: answerinputs.Inputs) -> _Answer | None:
+        decided = self.decisions(inputs)
         return None if decided is None else self.answers.get(decided)
 
     @property
@@ -214,6 +216,7 @@ class RepeatAnswers:
         self, body: bytes, *, settings: config.Config, cluster: cluster_.ClusterView
     ) -> tuple[admission.Result, bytes]:
         """`admission.review(body)` and its answer encoded; MalformedReview as it raises."""
+        inputs = cluster.inputs  # all an answer reads of the view, and what a repeat must check
         span = _uid_span(body) if len(body) <= MAX_BODY_BYTES else None
         print_: int | None = None
         if span is not None:
@@ -221,8 +224,8 @@ class RepeatAnswers:
             print_ = _fingerprint(body, start, end)
             known = self._bodies.get(print_)
             if known is not None and known.holds(body, start, end):
-                cluster.admitting_owner = known.owner
-                answer = known.answer(cluster)
+                inputs.owner = known.owner
+                answer = known.answer(inputs)
                 if answer is not None and (answer.checked or self._check(print_, known, answer)):
                     self._bodies.move_to_end(print_)
                     return self._again(answer, body[start:end].decode(), cluster)
@@ -241,8 +244,8 @@ class RepeatAnswers:
             key = None
         if keyed is not None and key is not None:
             # only a decision taken again reads the owner (a class choice); the promise notes its class
-            cluster.admitting_owner = decoded.owner if keyed.reads_owner else ""
-            decided = keyed.decisions(cluster)
+            inputs.owner = decoded.owner if keyed.reads_owner else ""
+            decided = keyed.decisions(inputs)
             answer = keyed.answers.get(decided) if decided is not None else None
             if decided is not None and answer is not None:
                 self._fields.move_to_end(key)
@@ -253,12 +256,12 @@ class RepeatAnswers:
                 steered = outcome is not None and outcome.kind == conversions.KIND_CPU_POD
                 return self._again(answer, uid, cluster, cpupods.cpu_asked(decoded) if steered else None)
         document = decoded.document()
-        generation = cluster.shape_generation
-        reads = cluster.start_recording()
+        generation = inputs.shape_generation
+        reads = inputs.start_recording()
         try:
             result = admission.review_document(*document, settings=settings, cluster=cluster)
         finally:
-            cluster.stop_recording()
+            inputs.stop_recording()
         encoded = orjson.dumps(result.response)
         if _rememberable(uid, result) and (key is not None or print_ is not None):
             decide, decided = tuple([again for again, _ in reads]), tuple([value for _, value in reads])

@@ -23,26 +23,25 @@ from typing import Any
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import annotations as annotations_
-from gpuslice.webhook import classchoice, conversions, parsing, pods, steering
-from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import answerinputs, classchoice, conversions, parsing, pods, steering
 
 __all__ = ["convert"]
 
 
 def convert(
-    share: annotations_.Share, spec: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView
+    share: annotations_.Share, spec: Mapping[str, Any], settings: config.Config, inputs: answerinputs.Inputs
 ) -> conversions.Conversion:
     """The conversion of `share` (the pod's `spec` for its selected products and requests);
     parsing.Invalid when no GPU in the cluster can hold it."""
     products = pods.selected_products(spec, settings.contract)
     base = {"container": share.container.get("name"), "annotation": share.annotation}
     if share.mig:
-        return _mig(share, spec, products, base, settings, cluster)
+        return _mig(share, spec, products, base, settings, inputs)
     if share.memory_mib is not None:
-        conversion = _memory(share, share.memory_mib, spec, products, base, settings, cluster)
+        conversion = _memory(share, share.memory_mib, spec, products, base, settings, inputs)
     else:
         assert share.fraction is not None
-        conversion = _fraction(share, share.fraction, spec, products, base, settings, cluster)
+        conversion = _fraction(share, share.fraction, spec, products, base, settings, inputs)
     return _on_devices(conversion, share.devices, settings.contract)
 
 
@@ -66,11 +65,11 @@ def _fraction(
     products: frozenset[str] | None,
     base: dict[str, Any],
     settings: config.Config,
-    cluster: cluster_.ClusterView,
+    inputs: answerinputs.Inputs,
 ) -> conversions.Conversion:
     contract = settings.contract
     demand = classchoice.Demand(fraction, 0, *pods.requests(spec))
-    choice = classchoice.for_fraction(cluster, products, settings, demand, share.devices)
+    choice = classchoice.for_fraction(inputs, products, settings, demand, share.devices)
     per_gpu = contract.units_per_gpu(choice.memory_mib)
     units = conversions.fraction_units(fraction, per_gpu)
     resource = contract.gpu_memory_resource
@@ -102,11 +101,11 @@ def _memory(
     products: frozenset[str] | None,
     base: dict[str, Any],
     settings: config.Config,
-    cluster: cluster_.ClusterView,
+    inputs: answerinputs.Inputs,
 ) -> conversions.Conversion:
     contract = settings.contract
     units = contract_.units_for_mib(mib, contract.unit_mib)
-    required, notes, per_gpu, largest = classchoice.for_memory(mib, units, cluster, products, settings)
+    required, notes, per_gpu, largest = classchoice.for_memory(mib, units, inputs, products, settings)
     resource = contract.gpu_memory_resource
     decision = {
         **base,
@@ -118,7 +117,7 @@ def _memory(
     }
     per_gpu_cpu = settings.steering.cpu_per_gpu_milli
     # The CPU balance terms need the share of one GPU, unknown when GPUs of several sizes fit:
-    # then the requests are not read (steering._cpu_balance).
+    # then the requests are not read (steering.families.CpuBalance).
     cpu_milli = pods.requests(spec)[0] if per_gpu > 0 and per_gpu_cpu > 0 else -1
     request = steering.Request(
         units=units,
@@ -138,7 +137,7 @@ def _mig(
     products: frozenset[str] | None,
     base: dict[str, Any],
     settings: config.Config,
-    cluster: cluster_.ClusterView,
+    inputs: answerinputs.Inputs,
 ) -> conversions.Conversion:
     """One device of the smallest MIG profile that holds the share (a fraction is taken of the
     GPU class a shared fraction would get)."""
@@ -147,15 +146,15 @@ def _mig(
     if share.fraction is not None:
         demand = classchoice.Demand(share.fraction, 0, *pods.requests(spec))
         try:
-            choice = classchoice.for_fraction(cluster, products, settings, demand)
+            choice = classchoice.for_fraction(inputs, products, settings, demand)
         except parsing.Invalid:  # a product only MIG-mode GPUs carry: no shared class to take it from
-            choice = classchoice.for_fraction(cluster, None, settings, demand)
+            choice = classchoice.for_fraction(inputs, None, settings, demand)
         need = math.ceil(share.fraction * choice.memory_mib - 1e-9)
         base.update(fraction=share.fraction, **choice.notes)
     else:
         assert share.memory_mib is not None
         need = share.memory_mib
-    profiles = cluster.mig_profiles()
+    profiles = inputs.mig_profiles()
     if not profiles:
         raise parsing.Invalid(
             f"annotation {contract.isolation_annotation}={parsing.quote(annotations_.ISOLATION_MIG)}: no MIG profile "

@@ -11,14 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuslice import config, podrequests
-from gpuslice.webhook import classchoice, conversions, parsing, pods, steering
-from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import answerinputs, classchoice, conversions, parsing, pods, steering
 
 __all__ = ["convert"]
 
 
 def convert(
-    spec: Mapping[str, Any], settings: config.Config, cluster: cluster_.ClusterView
+    spec: Mapping[str, Any], settings: config.Config, inputs: answerinputs.Inputs
 ) -> conversions.Conversion | None:
     """The conversion of the pod's nvidia.com/gpu requests; None when it has none (or they are
     converted already); parsing.Invalid for a count that is not a whole number or too many GPUs."""
@@ -41,7 +40,7 @@ def convert(
     gpus = podrequests.container_total(spec, lambda c: {"gpus": by_container.get(id(c), 0)}).get("gpus", 0)
     products = pods.selected_products(spec, contract)
     demand = classchoice.Demand(0.0, gpus, *pods.requests(spec))
-    choice = classchoice.for_whole_gpus(cluster, products, settings, demand)
+    choice = classchoice.for_whole_gpus(inputs, products, settings, demand)
     per_gpu = contract.units_per_gpu(choice.memory_mib)
     container_units = {key: n * per_gpu for key, n in counts.items()}
     resource = contract.gpu_memory_resource
