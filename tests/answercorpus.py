@@ -30,8 +30,8 @@ sys.path.insert(0, str(HERE))
 import reviewkit  # noqa: E402
 
 from gpuslice import config  # noqa: E402
-from gpuslice.deviceplugin import labels as node_labels  # noqa: E402
-from gpuslice.deviceplugin import nodefile  # noqa: E402
+from gpuslice.node import labels as node_labels  # noqa: E402
+from gpuslice.node import nodefile  # noqa: E402
 from gpuslice.sim import trace  # noqa: E402
 from gpuslice.webhook import cluster, repeats  # noqa: E402
 

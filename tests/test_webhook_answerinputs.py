@@ -8,8 +8,8 @@ import ast
 import pathlib
 
 from gpuslice import config
-from gpuslice.deviceplugin import labels as node_labels
-from gpuslice.deviceplugin import nodefile
+from gpuslice.node import labels as node_labels
+from gpuslice.node import nodefile
 from gpuslice.webhook import answerinputs, cluster
 
 SETTINGS = config.Config()

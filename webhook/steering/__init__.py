@@ -5,7 +5,7 @@ preferred terms that keep its CPU off nodes whose GPUs are still whole.
 
 Each family of terms is one object (webhook/steering/families.py: what it reads, its weight band,
 the terms it writes); this module composes them per kind of request. Pure, over the contract's
-label keys (published by gpuslice.deviceplugin.labels); the patch building (webhook/patches.py)
+label keys (published by gpuslice.node.labels); the patch building (webhook/patches.py)
 calls `placement_affinity`, and CPU-pod steering (webhook/cpupods.py) `cpu_pod_preferences` with
 `steering.cpuPods`, when `steering.enabled`, and merge the result into the pod's affinity. The
 package imports only gpuslice.contract; no family sees the cluster view (import-linter contract
