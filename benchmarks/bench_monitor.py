@@ -5,7 +5,7 @@ processes) with the fake NVML (tests/fake_nvml.py) and a fake /proc tree on disk
 parts of a round that run in the plugin's process: reading each process's identity from /proc
 (stat, cgroup, stat), the join with pods and grants, and rendering the Prometheus scrape. The
 fake NVML's own time is reported separately and says nothing of a real driver (on a GPU, run
-tests/test_monitor_gpu.py, which prints one real NVML read).
+tests/deviceplugin/test_monitor_gpu.py, which prints one real NVML read).
 
     .venv/bin/python benchmarks/bench_monitor.py [--pods-per-gpu 16] [--processes 2] [--rounds 50]
 """

@@ -6,7 +6,7 @@ YAML file > default. Every key is declared once, as a field of its section's fro
 default, its check and its help; its YAML name is the field's name in camelCase with "MiB" for
 "mib" (`memoryUnitMiB`, `mps.pipeDirectory`). `FIELDS` is built from these declarations, and from
 it come the flags (`--memory-unit-mib`), the environment variables (`GPUSLICE_MEMORY_UNIT_MIB`) and
-the table in docs/configuration.md (`describe()`; tests/test_config_docs.py keeps them equal).
+the table in docs/configuration.md (`describe()`; tests/core/test_config_docs.py keeps them equal).
 
 Each section says which components read it (`READ_BY`), and a key may say otherwise where a
 section is shared; a component's `--help` lists the flags of the keys it reads (`reads()`).
@@ -954,7 +954,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
 
 def describe(fields: Sequence[Field] = FIELDS) -> str:
     """A Markdown table of the schema: the one in docs/configuration.md, which
-    tests/test_config_docs.py keeps equal to it (`python -m gpuslice.config` prints it)."""
+    tests/core/test_config_docs.py keeps equal to it (`python -m gpuslice.config` prints it)."""
     defaults = Config()
     rows = ["| key | flag | environment | default | meaning |", "|---|---|---|---|---|"]
     for field in fields:

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -378,3 +379,36 @@ def mount_for(container_spec: Mapping[str, Any], path: str) -> dict[str, Any] | 
 
 def secret_bytes(secret: Mapping[str, Any], key: str) -> bytes:
     return base64.b64decode(secret["data"][key])
+
+
+# --- CEL, as the API server evaluates a ValidatingAdmissionPolicy ---------------------------------------
+
+
+@functools.cache
+def cel_program(expression: str) -> celpy.Runner:
+    """A CEL program; Kubernetes' strings library adds list.join, which cel-python lacks."""
+    env = celpy.Environment()
+    return env.program(env.compile(expression), functions={"join": lambda items, sep: sep.join(items)})
+
+
+def evaluate_policy(policy: dict[str, Any], request: dict[str, Any]) -> tuple[bool, list[str]]:
+    """(matched, failed validation messages) of a ValidatingAdmissionPolicy for one request."""
+    activation = {k: celpy.json_to_cel(v) for k, v in request.items()}
+    spec = policy["spec"]
+    if not all(cel_program(c["expression"]).evaluate(activation) for c in spec.get("matchConditions", [])):
+        return False, []
+    variables: dict[str, Any] = {}
+    for variable in spec.get("variables", []):
+        variables[variable["name"]] = cel_program(variable["expression"]).evaluate(
+            {
+                **activation,
+                "variables": celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()}),
+            }
+        )
+    activation["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
+    failed = [
+        v.get("message", v.get("messageExpression", ""))
+        for v in spec["validations"]
+        if not cel_program(v["expression"]).evaluate(activation)
+    ]
+    return True, failed
