@@ -36,7 +36,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
 import kubernetes
@@ -241,21 +241,12 @@ class ListWatch:
         self._response = response
         page: list[Mapping[str, Any]] = []
         try:
-            for line in response:
-                if self._stopping.is_set():
-                    raise _Stopped()
-                if not line.strip():
-                    continue
-                kind, obj = self._decode_event(line)
+            for kind, obj in self._events(response):
                 metadata = obj.get("metadata") or {}
                 if kind == "BOOKMARK":
                     if (metadata.get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
                         loop.call_soon_threadsafe(self.listed, page)
                         return str(metadata.get("resourceVersion") or "")
-                elif kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone()
-                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
                 elif kind == "ADDED" and (kept := self.keep(obj)) is not None:
                     page.append(kept)
                     if len(page) >= _LIST_PAGE:
@@ -282,6 +273,23 @@ class ListWatch:
         event = json.loads(line)
         return str(event.get("type") or ""), event.get("object") or {}
 
+    def _events(self, response: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """A watch stream's events, (type, object), until it ends or `stop()` is called; an ERROR
+        event raises (410 Gone: `_Gone`, so the caller lists again)."""
+        if self._stopping.is_set():  # stopped before the stream was there to shut down
+            return
+        for line in response:
+            if self._stopping.is_set():
+                return
+            if not line.strip():
+                continue
+            kind, obj = self._decode_event(line)
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise _Gone()
+                raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+            yield kind, obj
+
     def _watch(self, loop: asyncio.AbstractEventLoop, version: str) -> str:
         """Stream events from `version` until the server ends the watch; returns the last version."""
         response = self._call(
@@ -294,18 +302,7 @@ class ListWatch:
         self._response = response
         self.watches += 1
         try:
-            if self._stopping.is_set():
-                return version
-            for line in response:
-                if self._stopping.is_set():
-                    break
-                if not line.strip():
-                    continue
-                kind, obj = self._decode_event(line)
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone()
-                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+            for kind, obj in self._events(response):
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind in ("ADDED", "MODIFIED", "DELETED") and (kept := self.keep(obj)) is not None:
                     loop.call_soon_threadsafe(self.apply, kind, kept)
@@ -341,55 +338,6 @@ class PodWatch(ListWatch):
             **options,
         )
         self.compact = compact
-
-    def _stream_list(self, loop: asyncio.AbstractEventLoop) -> str:
-        """Read a list as a watch's initial events, handing them to `listed` on the loop a page at a
-        time; the resourceVersion of the bookmark that ends them."""
-        try:
-            response = self._call(
-                watch=True,
-                send_initial_events=True,
-                resource_version_match="NotOlderThan",  # with no resourceVersion: a consistent read
-                allow_watch_bookmarks=True,
-                timeout_seconds=self.watch_timeout_seconds,
-                _request_timeout=(self.request_timeout_seconds, self.watch_timeout_seconds + 30),
-            )
-        except kubernetes.client.ApiException as exc:
-            if exc.status in (400, 422):
-                raise _NotStreamed(f"HTTP {exc.status}: {exc.reason}") from None
-            raise
-        self._response = response
-        page: list[Mapping[str, Any]] = []
-        try:
-            for line in response:
-                if self._stopping.is_set():
-                    raise _Stopped()
-                if not line.strip():
-                    continue
-                kind, obj = self._decode_event(line)
-                metadata = obj.get("metadata") or {}
-                if kind == "BOOKMARK":
-                    if (metadata.get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
-                        loop.call_soon_threadsafe(self.listed, page)
-                        return str(metadata.get("resourceVersion") or "")
-                elif kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone()
-                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
-                elif kind == "ADDED" and (kept := self.keep(obj)) is not None:
-                    page.append(kept)
-                    if len(page) >= _LIST_PAGE:
-                        loop.call_soon_threadsafe(self.listed, page)
-                        page = []
-                elif kind in ("MODIFIED", "DELETED"):
-                    # Only a server that ignored sendInitialEvents sends changes before the bookmark.
-                    raise _NotStreamed(f"a {kind} event before the initial events ended")
-            if self._stopping.is_set():
-                raise _Stopped()
-            raise _NotStreamed("the watch ended without the bookmark that ends a streamed list")
-        finally:
-            self._response = None
-            response.release_conn()
 
     def _decode_list(self, data: bytes) -> tuple[list[Mapping[str, Any]], str | None, str]:
         if self.compact:
