@@ -9,7 +9,7 @@ which no plugin writes, so a reader refuses them (`Malformed`) rather than guess
 does with a refused value is its own policy: the webhook distrusts the node, the pacer counts
 nothing free.
 
-May import gpuslice.contract only.
+May import gpuslice.{contract,messages} only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuslice import contract as contract_
+from gpuslice import messages
 
 __all__ = [
     "MAX_COUNT_DIGITS",
@@ -33,18 +34,10 @@ __all__ = [
 MAX_COUNT_DIGITS = 12  # no count gpuslice publishes comes near: 10**12 MiB is an exbibyte
 _COUNT_RE = re.compile(rf"[0-9]{{1,{MAX_COUNT_DIGITS}}}", re.ASCII)
 # A message quotes at most this much of a value: it goes to logs and metrics' reasons.
-_QUOTE_CHARS = 100
 
 
 class Malformed(ValueError):
     """A label's value is not a count as the plugin writes one; the message names the label."""
-
-
-def _quote(value: Any) -> str:
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= _QUOTE_CHARS:
-        return repr(text)
-    return f"{text[:_QUOTE_CHARS]!r}... ({len(text)} characters)"
 
 
 def count_value(count: int) -> str:
@@ -59,7 +52,7 @@ def count_value(count: int) -> str:
 def count_of(key: str, value: Any) -> int:
     """The count in label `key`'s `value`; Malformed when it is not one `count_value` writes."""
     if not isinstance(value, str) or not _COUNT_RE.fullmatch(value):
-        raise Malformed(f"label {key}={_quote(value)} is not a whole number")
+        raise Malformed(f"label {key}={messages.quote(value)} is not a whole number")
     return int(value)
 
 

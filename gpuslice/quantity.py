@@ -12,7 +12,7 @@ What a caller does with an amount that is negative, fractional or absurdly large
 choice: the conversions below say how they round, and a caller names its own value in its own
 error message by catching QuantityError.
 
-May import only the standard library.
+May import gpuslice.messages (how a bad value is quoted) and the standard library.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import decimal
 import math
 import re
 from typing import Any, NamedTuple
+
+from gpuslice import messages
 
 __all__ = [
     "FORMS",
@@ -38,7 +40,6 @@ __all__ = [
 MIB = 2**20
 FORMS = 'a Kubernetes quantity such as "4", "500m", "16Gi", "2G" or "2e3"'
 # A message quotes at most this much of a bad value.
-_QUOTE_CHARS = 100
 
 _DIGITS = "[0-9]"  # not \d: that matches every Unicode digit
 _NUMBER = rf"(?:{_DIGITS}+(?:\.{_DIGITS}*)?|\.{_DIGITS}+)"
@@ -78,20 +79,13 @@ class Quantity(NamedTuple):
         return self.suffix in _BINARY or self.suffix in _DECIMAL
 
 
-def _quote(value: Any) -> str:
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= _QUOTE_CHARS:
-        return repr(text)
-    return f"{text[:_QUOTE_CHARS]!r}... ({len(text)} characters)"
-
-
 def read(text: str) -> Quantity:
     """`text` as a Quantity; QuantityError when it does not follow the grammar."""
     if not isinstance(text, str):
-        raise QuantityError(f"{_quote(text)} is not a string; accepted: {FORMS}")
+        raise QuantityError(f"{messages.quote(text)} is not a string; accepted: {FORMS}")
     match = _GRAMMAR.fullmatch(text)
     if match is None:
-        raise QuantityError(f"{_quote(text)} is not a quantity; accepted: {FORMS}")
+        raise QuantityError(f"{messages.quote(text)} is not a quantity; accepted: {FORMS}")
     number, suffix, exponent = match.group("number", "suffix", "exponent")
     suffix = suffix or ""
     if exponent is not None:
@@ -99,7 +93,7 @@ def read(text: str) -> Quantity:
         try:
             return Quantity(_WIDE.create_decimal(number + "e" + exponent), suffix)
         except decimal.DecimalException:
-            raise QuantityError(f"{_quote(text)} has an exponent out of range; accepted: {FORMS}") from None
+            raise QuantityError(f"{messages.quote(text)} has an exponent out of range; accepted: {FORMS}") from None
     amount = decimal.Decimal(number)
     if suffix in _BINARY:
         amount = _exact(amount, 2 ** _BINARY[suffix])
@@ -116,12 +110,12 @@ def parse(value: Any) -> decimal.Decimal:
     """The exact amount of a quantity: a string in the grammar, or an int (a float by its
     shortest decimal form, as a JSON number is written). QuantityError otherwise."""
     if isinstance(value, bool):
-        raise QuantityError(f"{_quote(value)} is a boolean, not a quantity; accepted: {FORMS}")
+        raise QuantityError(f"{messages.quote(value)} is a boolean, not a quantity; accepted: {FORMS}")
     if isinstance(value, int):
         return decimal.Decimal(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise QuantityError(f"{_quote(value)} is not a finite number; accepted: {FORMS}")
+            raise QuantityError(f"{messages.quote(value)} is not a finite number; accepted: {FORMS}")
         return read(repr(value)).amount
     return read(value).amount
 

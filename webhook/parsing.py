@@ -7,7 +7,7 @@ match an ASCII grammar first, and only then is it converted (amounts by gpuslice
 one quantity parser). A value that does not fit raises `Invalid` with a message naming the
 annotation, a short quote of the value (at most QUOTE_CHARS characters) and the accepted forms.
 
-May import gpuslice.quantity only.
+May import gpuslice.{messages,quantity} only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from gpuslice import quantity
+from gpuslice.messages import QUOTE_CHARS, cut, quote
 
 __all__ = [
     "BOOLEAN_FORMS",
@@ -35,7 +36,6 @@ __all__ = [
 ]
 
 # A denial quotes at most this much of a value: the message goes back to the user and into events.
-QUOTE_CHARS = 100
 # No valid value is longer: the longest useful quantity is some 20 characters.
 _MAX_VALUE_CHARS = 64
 # Larger amounts of GPU memory are refused before any arithmetic (1 EiB in MiB).
@@ -54,19 +54,6 @@ MEMORY_FORMS = (
 
 class Invalid(ValueError):
     """A value cannot be used; the message says which, why, and what is accepted."""
-
-
-def quote(value: Any) -> str:
-    """`value` as a Python literal, cut to QUOTE_CHARS characters (the length said when cut)."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= QUOTE_CHARS:
-        return repr(text)
-    return f"{text[:QUOTE_CHARS]!r}... ({len(text)} characters)"
-
-
-def cut(text: str) -> str:
-    """`text` (a list the message names, say) cut to QUOTE_CHARS characters."""
-    return text if len(text) <= QUOTE_CHARS else f"{text[:QUOTE_CHARS]}... ({len(text)} characters)"
 
 
 def _text(name: str, value: Any, forms: str) -> str:
