@@ -105,10 +105,8 @@ class KubernetesPodApi:
     """PodApi with the official client; calls run in a thread because the client blocks."""
 
     def __init__(self, api_client: Any = None, *, timeout_seconds: float = 10.0) -> None:
-        self._api_client = api_client  # kubernetes.client.ApiClient; None: load config on first use
-        self._owns_client = api_client is None
+        self._core_api = kubeclient.LazyCoreApi(api_client)  # None: the default client, on first use
         self._timeout = timeout_seconds
-        self._core: Any = None
 
     async def node_pods(self, node_name: str) -> list[PodInfo]:
         return await asyncio.to_thread(self._node_pods, node_name)
@@ -120,19 +118,9 @@ class KubernetesPodApi:
         return await asyncio.to_thread(self._evict, namespace, name, uid)
 
     def close(self) -> None:
-        if self._owns_client and self._api_client is not None:
-            self._api_client.close()
+        self._core_api.close()
 
     # --- in the thread ---------------------------------------------------------------------
-
-    def _core_api(self) -> Any:
-        import kubernetes  # only the production path needs it loaded
-
-        if self._core is None:
-            if self._api_client is None:
-                self._api_client = kubeclient.default_api_client()
-            self._core = kubernetes.client.CoreV1Api(self._api_client)
-        return self._core
 
     def _call(self, what: str, call: Any) -> Any:
         import kubernetes

@@ -11,7 +11,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["core_api_from_flag", "default_api_client", "kubeconfig_paths"]
+__all__ = ["LazyCoreApi", "core_api_from_flag", "default_api_client", "kubeconfig_paths"]
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
@@ -82,3 +82,27 @@ def core_api_from_flag(kubeconfig: str | None = None) -> Any:
     else:
         return None
     return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
+
+
+class LazyCoreApi:
+    """A CoreV1Api made on its first call, over `api_client` or, when none is given, the default
+    client (made then too, and closed by `close()`): a component that never reaches the API server
+    never loads its configuration, and tests with fakes never load the client."""
+
+    def __init__(self, api_client: Any = None) -> None:
+        self._api_client = api_client  # kubernetes.client.ApiClient; None: the default, on first use
+        self._owns_client = api_client is None
+        self._core: Any = None
+
+    def __call__(self) -> Any:
+        import kubernetes  # only the production path needs it loaded
+
+        if self._core is None:
+            if self._api_client is None:
+                self._api_client = default_api_client()
+            self._core = kubernetes.client.CoreV1Api(self._api_client)
+        return self._core
+
+    def close(self) -> None:
+        if self._owns_client and self._api_client is not None:
+            self._api_client.close()

@@ -65,10 +65,8 @@ class KubernetesNodeApi:
     thread because the client is blocking."""
 
     def __init__(self, api_client: Any = None, *, timeout_seconds: float = 10.0) -> None:
-        self._api_client = api_client  # kubernetes.client.ApiClient; None: load config on first use
-        self._owns_client = api_client is None
+        self._core_api = kubeclient.LazyCoreApi(api_client)  # None: the default client, on first use
         self._timeout = timeout_seconds
-        self._core: Any = None
         self._pods: nodepods.NodePods | None = None
 
     async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
@@ -95,15 +93,6 @@ class KubernetesNodeApi:
             raise NodeApiError(f"the pods of node {node_name} are not listed yet")
         allocatable = await asyncio.to_thread(self._allocatable, node_name)
         return headroom_from(allocatable, pods.pods())
-
-    def _core_api(self) -> Any:
-        import kubernetes  # imported here: only the production path needs it
-
-        if self._core is None:
-            if self._api_client is None:
-                self._api_client = kubeclient.default_api_client()
-            self._core = kubernetes.client.CoreV1Api(self._api_client)
-        return self._core
 
     def _allocatable(self, node_name: str) -> Mapping[str, Any]:
         import kubernetes
@@ -139,8 +128,7 @@ class KubernetesNodeApi:
             raise NodeApiError(f"PATCH node {node_name}: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
-        if self._owns_client and self._api_client is not None:
-            self._api_client.close()
+        self._core_api.close()
 
 
 def headroom_from(allocatable: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[int, int]:

@@ -77,3 +77,13 @@ def test_the_paths_are_those_kubectl_reads() -> None:
     assert paths == [pathlib.Path("/a"), pathlib.Path("/b")] and origin == "$KUBECONFIG"
     paths, origin = kubeclient.kubeconfig_paths({})
     assert paths == [pathlib.Path("~/.kube/config").expanduser()] and "unset" in origin
+
+
+def test_a_lazy_core_api_is_made_once_over_the_client_given_and_leaves_that_client_to_its_owner() -> None:
+    closed: list[bool] = []
+    given = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:1"))
+    given.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    lazy = kubeclient.LazyCoreApi(given)
+    assert lazy() is lazy() and lazy().api_client is given
+    lazy.close()
+    assert closed == []  # the caller's client is the caller's to close
