@@ -3,11 +3,11 @@ trace node, what kubelet and the gpuslice device plugin do between the binding a
 
 There is no kubelet (no container runtime), so this plays each node's part, in one process:
 - the Node objects, as kubelet and the plugin register them: allocatable CPU, memory and the
-  plugin's extended resources, the plugin's labels (`deviceplugin.labels`), Ready;
+  plugin's extended resources, the plugin's labels (`node.labels`), Ready;
 - one watch of every pod bound to a node: kubelet's admission of the pod through the simulated
   device manager and the plugin's real allocation policy (`sim.node.SimNode.admit`), then the pod's
   status as kubelet writes it: Running, or Failed with reason UnexpectedAdmissionError;
-- per node, the plugin's real labeller (`deviceplugin.labeller.NodeLabeller`: recompute, diff,
+- per node, the plugin's real labeller (`node.labeller.NodeLabeller`: recompute, diff,
   rate limit of `steering.labelMinIntervalSeconds`, merge patch) writing to the real API server.
   Only its two reads are replaced: kubelet's PodResources record by the simulated node's, and the
   node's CPU/memory headroom (GET node + list its pods) by this process's own record of the same

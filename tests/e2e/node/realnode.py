@@ -672,7 +672,7 @@ class MockDriver:
         """What the mock presents now, as our own discovery reads it through pynvml in a process of
         this host: [{uuid, index, minor, model, memory_mib, mig: [{uuid, profile}]}]."""
         program = (
-            "import json; from gpuslice.deviceplugin import nvml_source\n"
+            "import json; from gpuslice.node import nvml_source\n"
             "node = nvml_source.discover(nvml_source.load_pynvml())\n"
             "print(json.dumps([{'uuid': g.uuid, 'index': g.index, 'minor': g.minor_number, 'model': g.model,"
             " 'memory_mib': g.memory_mib, 'mig': [{'uuid': m.uuid, 'profile': m.profile} for m in g.mig]}"
