@@ -88,8 +88,17 @@ def webhook_files(plane: controlplane.ControlPlane, directory: pathlib.Path, doc
     (directory / "config.yaml").write_text(yaml.safe_dump(dict(document)))
 
 
-def webhook_argv(directory: pathlib.Path, port: int, kubeconfig: str, *, python_flags: Sequence[str] = ()) -> list[str]:
-    """The webhook's command line on 127.0.0.1:`port` with `webhook_files`' files in `directory`."""
+def webhook_argv(
+    directory: pathlib.Path,
+    port: int,
+    kubeconfig: str,
+    *,
+    python_flags: Sequence[str] = (),
+    log_level: str | None = "WARNING",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The webhook's command line on 127.0.0.1:`port` with `webhook_files`' files in `directory`
+    (the end-to-end tests write their own, from the chart's Secret); `log_level` None: its default."""
     return [
         sys.executable,
         *python_flags,
@@ -101,7 +110,8 @@ def webhook_argv(directory: pathlib.Path, port: int, kubeconfig: str, *, python_
         "--host=127.0.0.1",
         f"--port={port}",
         f"--kubeconfig={kubeconfig}",
-        "--log-level=WARNING",
+        *([f"--log-level={log_level}"] if log_level else []),
+        *extra,
     ]
 
 

@@ -32,7 +32,7 @@ import yaml
 from gpuslice import config as config_
 from gpuslice.deviceplugin import manager
 from gpuslice.node import inventory, labels
-from gpuslice.sim import controlplane
+from gpuslice.sim import controlplane, kube_components
 
 REQUIRE_ENV = "GPUSLICE_REQUIRE_E2E"
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "gpuslice" / "examples"
@@ -302,22 +302,8 @@ def start_webhook(
     for key in ("tls.crt", "tls.key", "ca.crt"):
         (directory / key).write_bytes(base64.b64decode(tls_secret.data[key]))
     (directory / "config.yaml").write_text(config_yaml)
-    process = plane.spawn(
-        name,
-        [
-            sys.executable,
-            "-m",
-            "gpuslice.webhook.main",
-            f"--config={directory / 'config.yaml'}",
-            f"--tls-cert-file={directory / 'tls.crt'}",
-            f"--tls-private-key-file={directory / 'tls.key'}",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--kubeconfig={kubeconfig}",
-            *extra_args,
-        ],
-        env={"PYTHONUNBUFFERED": "1", **(env or {})},
-    )
+    argv = kube_components.webhook_argv(directory, port, kubeconfig, log_level=None, extra=extra_args)
+    process = plane.spawn(name, argv, env={"PYTHONUNBUFFERED": "1", **(env or {})})
     cafile = str(directory / "ca.crt")
 
     def ready() -> bool:
