@@ -17,12 +17,12 @@ resourceVersion "0" would be served from the cache too, but whole, whatever the 
 A watch may instead read its list as a stream (`stream_lists`, for the cluster-wide pod watches):
 a watch with `sendInitialEvents`, which the API server answers with every object as an ADDED event
 and then a bookmark marked `k8s.io/initial-events-end` carrying the list's resourceVersion (the
-WatchList feature, on by default from 1.32). One request instead of one a page, no continue
-tokens, and the server streams from its watch cache without building pages: at 100,000 pods the
-pacer is ready in about three quarters of the paged time, with 20-30 MiB less at its peak
-(docs/benchmarks.md, "Cluster scale"). The events
-are handed on in batches of a page. An API server that refuses such a watch (an older one answers
-422) or ends it without the bookmark is read in pages from then on.
+WatchList feature: on by default in 1.32 and from 1.34, off in 1.33). One request instead of one
+a page, no continue tokens, and the server streams from its watch cache without building pages:
+at 100,000 pods the pacer is ready in about three quarters of the paged time, with 20-30 MiB less
+at its peak (docs/benchmarks.md, "Cluster scale"). The events are handed on in batches of a page.
+An API server that refuses such a watch (422 where the feature is off or unknown) or ends it
+without the bookmark is read in pages from then on.
 
 Subclasses take the loop's timing as `**options` (`Options`) and pass it on; `PodWatch` is the
 pods a field selector picks out, cluster-wide, which most of them watch.
