@@ -45,7 +45,10 @@ class NodeAgent:
         self.core = core
         self.node = node
         self.harness = harness
-        self.decisions: dict[str, Decision] = {}  # pod UID -> what kubelet decided (kept after deletion)
+        # pod UID -> what kubelet decided (kept after deletion); written by the agent's thread while the
+        # test reads it, so read through decided(), a copy taken under the lock
+        self._decisions: dict[str, Decision] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"node-agent-{node}", daemon=True)
         self.errors: list[str] = []
@@ -95,12 +98,15 @@ class NodeAgent:
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
         if kind == "DELETED":
-            decision = self.decisions.get(uid)
+            with self._lock:
+                decision = self._decisions.get(uid)
             if decision is not None and decision.admitted and not decision.released:
                 self.harness.remove(uid)
                 decision.released = True
             return
-        if uid in self.decisions or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+        with self._lock:
+            decided = uid in self._decisions
+        if decided or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
             return
         status, body = self.harness.admit(pod)
         meta = pod["metadata"]
@@ -116,12 +122,18 @@ class NodeAgent:
             message = str(body.get("error") if isinstance(body, dict) else body)
             decision = Decision(meta["namespace"], meta["name"], False, message, {})
             patch = {"status": {"phase": "Failed", "reason": REFUSED_REASON, "message": message}}
-        self.decisions[uid] = decision
+        with self._lock:
+            self._decisions[uid] = decision
         try:
             self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], patch)
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:  # deleted meanwhile: nothing to report
                 raise
 
+    def decided(self) -> list[Decision]:
+        """What kubelet decided so far, in order: a copy the agent's thread cannot change under the caller."""
+        with self._lock:
+            return list(self._decisions.values())
+
     def refusals(self) -> list[Decision]:
-        return [d for d in list(self.decisions.values()) if not d.admitted]
+        return [d for d in self.decided() if not d.admitted]

@@ -129,7 +129,7 @@ def gpus_held(gpu_nodes: dict[str, nodeagent.NodeAgent], namespace: str) -> set[
     gpus = set()
     for agent in gpu_nodes.values():
         assert not agent.errors, agent.errors
-        for decision in agent.decisions.values():
+        for decision in agent.decided():
             if decision.admitted and decision.namespace == namespace and not decision.released:
                 gpus |= {(agent.node, contract_.parse_unit_device_id(i).gpu_uuid) for i in decision.devices[GPU_MEMORY]}
     return gpus
@@ -204,7 +204,7 @@ def test_a_burst_of_replicas_ahead_of_the_labels_loses_no_replica(
     # Every running replica holds 191 units on one GPU, and no GPU holds two (they would not fit).
     held: dict[tuple[str, str], int] = {}
     for agent in gpu_nodes.values():
-        for decision in agent.decisions.values():
+        for decision in agent.decided():
             if not decision.admitted or decision.namespace != namespace or decision.released:
                 continue
             ids = decision.devices[GPU_MEMORY]
