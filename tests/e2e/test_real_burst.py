@@ -265,7 +265,17 @@ def test_a_requeue_a_dead_leader_left_half_done_is_finished_from_its_journal(
 ) -> None:
     # As the controller's ServiceAccount under the chart's RBAC: a requeuer writes down a refused
     # pod's replacement and deletes the pod, then dies before its create. The next leader's pass
-    # (the standby taking over, or this one restarted) creates it from the journal.
+    # (the standby taking over, or this one restarted) creates it from the journal. The release's
+    # own controller is stopped meanwhile: taking the Lease, it would finish the entry itself.
+    for controller in list(release.controllers):
+        release.stop_controller(controller)
+    try:
+        _finish_a_half_done_requeue(release, core, namespace)
+    finally:
+        release.start_controller()
+
+
+def _finish_a_half_done_requeue(release: Any, core: kubernetes.client.CoreV1Api, namespace: str) -> None:
     settings = config_.Config()
     own = kubernetes.client.CoreV1Api(k8skit.api_client(release.kubeconfig_of(f"{release.fullname}-controller")))
     pod = k8skit.pod_object(
