@@ -269,6 +269,7 @@ class ControlPlane:
         self.server = ""
         self.ca_file = str(self.workdir / "ca.crt")
         self.admin_kubeconfig = ""
+        self.scheduler_urls: dict[str, str] = {}  # process name -> https://127.0.0.1:<secure port>
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -477,7 +478,17 @@ class ControlPlane:
             return status == 200
 
         self._wait(process, name, ready)
+        self.scheduler_urls[name] = f"https://127.0.0.1:{port}"
         return process
+
+    def cpu_profile(self, name: str, seconds: int) -> bytes:
+        """A pprof CPU profile of the scheduler `name` over the next `seconds` (its /debug/pprof,
+        on by default, asked as admin: the scheduler has the API server authorise the path)."""
+        url = f"{self.scheduler_urls[name]}/debug/pprof/profile?seconds={seconds}"
+        status, body = _https_get(url, None, self.admin_token, timeout=seconds + 30)
+        if status != 200:
+            raise RuntimeError(f"{name}: HTTP {status} for its CPU profile: {body[:200]!r}")
+        return body
 
     def start_controller_manager(self, controllers: Sequence[str] = CONTROLLERS, *, qps: int = 200) -> _Process:
         """kube-controller-manager running `controllers` (never the node lifecycle controller: with no

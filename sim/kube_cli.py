@@ -93,6 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{chaos_.KILL_WEBHOOK_REPLICA} (needs --webhook-replicas 2 or more) or {chaos_.KILL_CONTROLLER_LEADER} "
         "(a standby controller then runs beside the leader); may be given once for each",
     )
+    group.add_argument(
+        "--profile-scheduler",
+        metavar="DIR",
+        help="kube: write kube-scheduler's CPU profiles (pprof, 20 s each, the whole run) to "
+        "DIR/<configuration>-<seed>/; read them with `go tool pprof -top DIR/<run>/*.pb.gz`",
+    )
     group.add_argument("--kube-bin", metavar="DIR", help=f"the built Kubernetes components [{controlplane.BIN_ENV}]")
     group.add_argument("--kube-workdir", metavar="DIR", help="keep the components' logs here (default: a temp dir)")
 
@@ -164,6 +170,9 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                         placements=bool(args.placements),
                         webhook_replicas=args.webhook_replicas,
                         chaos=args.chaos,
+                        profile_dir=(
+                            pathlib.Path(args.profile_scheduler) / f"{name}-{seed}" if args.profile_scheduler else None
+                        ),
                     )
             finally:
                 if not args.kube_workdir:

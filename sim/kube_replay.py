@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import pathlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -44,6 +45,7 @@ from gpuslice.sim import (
     kube_dra,
     kube_nodes,
     kube_outcomes,
+    profiling,
     replay,
     trace,
 )
@@ -282,12 +284,14 @@ def replay_on_kube(
     placements: bool = False,
     webhook_replicas: int | None = None,
     chaos: Sequence[chaos_.Event] = (),
+    profile_dir: pathlib.Path | None = None,
 ) -> kube_outcomes.KubeResult:
     """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model.
     `progress(n)`: n of the pods have an outcome on the control plane (called while they settle).
     `placements`: the kube run's Result also holds every pod's --placements line.
     `webhook_replicas`: that many webhook processes behind a round-robin proxy (None: one, direct).
-    `chaos`: processes to kill partway through the arrivals (sim/chaos.py; chaos.check first)."""
+    `chaos`: processes to kill partway through the arrivals (sim/chaos.py; chaos.check first).
+    `profile_dir`: kube-scheduler's CPU profiles, from its start to the end of the run (sim/profiling.py)."""
     # The model knows device-plugin mode only: in DRA mode it gives the device-plugin figure beside it.
     modelled = configuration
     if configuration.settings.dra.enabled:
@@ -298,6 +302,7 @@ def replay_on_kube(
     model = replay.replay(nodes, arrivals, modelled, seed=seed, gpu_memory_mib=gpu_memory_mib)
     started = time.monotonic()
     plane = controlplane.ControlPlane(binaries, workdir)
+    profiler: profiling.SchedulerProfiler | None = None
     try:
         plane.start(scheduler=False, controllers=False)
         plane.start_scheduler(
@@ -306,6 +311,8 @@ def replay_on_kube(
             qps=SCHEDULER_QPS,
             burst=2 * SCHEDULER_QPS,
         )
+        if profile_dir is not None:
+            profiler = profiling.SchedulerProfiler(plane, profile_dir).start()
         if configuration.sharing and configuration.settings.dra.enabled:
             # Pods' claims from the webhook's templates; as fast as the scheduler binds.
             plane.start_controller_manager(kube_dra.DRA_CONTROLLERS, qps=SCHEDULER_QPS)
@@ -329,6 +336,8 @@ def replay_on_kube(
             )
         )
     finally:
+        if profiler is not None:
+            profiler.stop()
         plane.stop()
     paced = None
     draws: list[float] = []

@@ -10,7 +10,7 @@ import k8skit
 import kubernetes
 import pytest
 
-from gpuslice.sim import controlplane
+from gpuslice.sim import controlplane, profiling
 
 pytestmark = pytest.mark.e2e
 
@@ -56,3 +56,16 @@ def test_the_real_scheduler_binds_a_pod_by_an_extended_resource(
     )
     message = k8skit.scheduling_failure(core, namespace, "wants-two")
     assert "Insufficient example.com/thing" in message
+
+
+def test_the_schedulers_cpu_profile_is_read_as_admin_and_written_by_the_replays_profiler(
+    cluster: controlplane.ControlPlane, tmp_path: pathlib.Path
+) -> None:
+    # What `gpuslice-sim --profile-scheduler` reads: pprof's gzip-compressed protobuf, one per period.
+    assert cluster.cpu_profile("kube-scheduler", 1)[:2] == b"\x1f\x8b"
+    profiler = profiling.SchedulerProfiler(cluster, tmp_path / "profiles", seconds=1).start()
+    k8skit.wait_for("a profile written", lambda: profiler.written or None, timeout=30, interval=0.2)
+    profiler.stop()
+    assert all(path.read_bytes()[:2] == b"\x1f\x8b" for path in profiler.written), profiler.written
+    with pytest.raises(KeyError):
+        cluster.cpu_profile("no-such-scheduler", 1)

@@ -1,0 +1,63 @@
+"""CPU profiles of kube-scheduler during a replay (`gpuslice-sim --scheduler kube --profile-scheduler DIR`).
+
+A thread asks the scheduler's /debug/pprof for one profile after another, each `seconds` long, and
+writes them as DIR/scheduler-NNN.pb.gz until stopped; `go tool pprof -top DIR/*.pb.gz` merges them.
+Where the time of a DRA burst goes (issue 35) is read from these: the allocator, CEL, the
+scheduler's own queue and the API round trips each have their own frames.
+
+May import the other gpuslice.sim modules.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import threading
+
+from gpuslice.sim import controlplane
+
+log = logging.getLogger(__name__)
+
+PROFILE_SECONDS = 20
+
+
+class SchedulerProfiler:
+    """Profiles the scheduler `name` of `plane` into `directory` from `start()` to `stop()`."""
+
+    def __init__(
+        self,
+        plane: controlplane.ControlPlane,
+        directory: pathlib.Path,
+        *,
+        name: str = "kube-scheduler",
+        seconds: int = PROFILE_SECONDS,
+    ) -> None:
+        self.plane = plane
+        self.directory = directory
+        self.name = name
+        self.seconds = seconds
+        self.written: list[pathlib.Path] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"profile-{name}", daemon=True)
+
+    def start(self) -> SchedulerProfiler:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No further profile is asked for; the one under way is kept if it ends within its time."""
+        self._stop.set()
+        self._thread.join(timeout=self.seconds + 35)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                profile = self.plane.cpu_profile(self.name, self.seconds)
+            except (OSError, RuntimeError) as exc:  # the scheduler stopped, or refused: said once, then done
+                if not self._stop.is_set():
+                    log.warning("no CPU profile of %s: %s", self.name, exc)
+                return
+            path = self.directory / f"scheduler-{len(self.written):03d}.pb.gz"
+            path.write_bytes(profile)
+            self.written.append(path)
