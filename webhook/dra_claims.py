@@ -4,8 +4,12 @@ of the gpuslice DRA driver instead of extended resources. Pure: no I/O, no clock
 The mutation parses and checks the annotations exactly as in device-plugin mode (same denials,
 same class choice, same unit rounding); what it decided reaches this module as a `Need`:
   gpu-memory / gpu-fraction -> one request of class gpu.<prefix>, count 1, with
-                               capacity.requests.memory = the share (whole units), and a CEL
-                               selector on the device's memoryMiB when a GPU class was chosen;
+                               capacity.requests.memory = the share (whole units) and no
+                               selector: a GPU class chosen is the pod's required node affinity
+                               on the class label, as in device-plugin mode (webhook/patches.py,
+                               dra_affinity), so the allocator never evaluates the nodes of
+                               other classes (where DRA mode's scheduling time goes: docs/dra.md,
+                               "Scheduling cost");
   whole GPUs (nvidia.com/gpu: N with convertWholeGpus) -> one request of N devices of class
                                gpu.<prefix> without a capacity: each takes its whole GPU
                                (the request policy's default); as a prioritized list over the GPU
@@ -90,7 +94,7 @@ class Need:
     kind: str
     containers: tuple[ContainerNeed, ...]
     replaces: tuple[str, ...] = ()  # other systems' resource names the containers lose (Conversion.replaces)
-    # GPU classes (memoryMiB) allowed (for whole GPUs: preferred, in order); empty: any
+    # whole GPUs: the GPU classes (memoryMiB) preferred, in order; empty: any
     gpu_memory_mib: tuple[int, ...] = ()
     decision: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -118,18 +122,17 @@ def need_from_conversion(
     classes: Sequence[int] = (),
 ) -> Need:
     """The Need of a device-plugin-mode conversion: units become MiB, GPU-class pins on the
-    <prefix>/gpu.memory-mib node label become the allowed GPU memories. Whole GPUs are not pinned:
-    the pinned class comes first, then the other `classes` (GPU memory of the classes known whose
-    largest node has enough GPUs), smallest first."""
+    <prefix>/gpu.memory-mib node label become the preferred GPU memories of whole GPUs: the pinned
+    class first, then the other `classes` (GPU memory of the classes known whose largest node has
+    enough GPUs), smallest first. A share's pin stays on the pod (its required node affinity)."""
     decision = dict(conversion.decision)
     allowed: list[int] = []
     for expression in conversion.required or ():
         if expression.get("key") == contract.label_gpu_memory_mib and expression.get("operator") == "In":
             allowed.extend(int(v) for v in expression.get("values") or ())
+    memories: tuple[int, ...] = ()
     if conversion.kind == conversions.KIND_WHOLE_GPUS:
         memories = tuple(dict.fromkeys([*allowed, *sorted(classes)]))  # preference order, no repeats
-    else:
-        memories = tuple(sorted(set(allowed)))
     spec = pod.get("spec") or {}
     needs = []
     for (field, index), units in conversion.container_units.items():
@@ -150,14 +153,9 @@ def need_from_conversion(
     )
 
 
-def _selectors(need: Need, container: ContainerNeed, contract: contract_.Contract) -> list[dict[str, Any]]:
+def _mig_selectors(container: ContainerNeed, contract: contract_.Contract) -> list[dict[str, Any]]:
     attributes = f'device.attributes["{contract.dra_driver}"]'
-    if container.mig_profile:
-        return [{"cel": {"expression": f'{attributes}.{contract_.DRA_ATTR_MIG_PROFILE} == "{container.mig_profile}"'}}]
-    if need.gpu_memory_mib:
-        values = ", ".join(str(v) for v in need.gpu_memory_mib)
-        return [{"cel": {"expression": f"{attributes}.{contract_.DRA_ATTR_MEMORY_MIB} in [{values}]"}}]
-    return []
+    return [{"cel": {"expression": f'{attributes}.{contract_.DRA_ATTR_MIG_PROFILE} == "{container.mig_profile}"'}}]
 
 
 def request_name(container: ContainerNeed, single: bool) -> str:
@@ -210,20 +208,16 @@ def _share(contract: contract_.Contract, memory_mib: int, count: int = 1) -> dic
     }
 
 
-def _exactly(need: Need, container: ContainerNeed, contract: contract_.Contract) -> dict[str, Any]:
+def _exactly(container: ContainerNeed, contract: contract_.Contract) -> dict[str, Any]:
     """A share of `memory_mib` (on `devices` GPUs), or `gpus` MIG devices of the profile."""
     if container.mig_profile:
-        exactly: dict[str, Any] = {
+        return {
             "deviceClassName": contract.dra_mig_device_class,
             "allocationMode": "ExactCount",
             "count": container.gpus or 1,
+            "selectors": _mig_selectors(container, contract),
         }
-    else:
-        exactly = _share(contract, container.memory_mib, container.devices)
-    selectors = _selectors(need, container, contract)
-    if selectors:
-        exactly["selectors"] = selectors
-    return exactly
+    return _share(contract, container.memory_mib, container.devices)
 
 
 def _mig_or_share(mig: dict[str, Any], memory_mib: int, contract: contract_.Contract) -> list[dict[str, Any]]:
@@ -240,10 +234,10 @@ def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
         if container.gpus and not container.mig_profile:
             requests.append(_whole_gpus(need, container, contract, name))
         elif container.or_memory_mib:
-            mig = _exactly(need, container, contract)
+            mig = _exactly(container, contract)
             requests.append({"name": name, "firstAvailable": _mig_or_share(mig, container.or_memory_mib, contract)})
         else:
-            requests.append({"name": name, "exactly": _exactly(need, container, contract)})
+            requests.append({"name": name, "exactly": _exactly(container, contract)})
     return requests
 
 

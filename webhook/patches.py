@@ -111,10 +111,19 @@ def dra_affinity(
     pod: Mapping[str, Any], conversion: conversions.Conversion, settings: config.Config
 ) -> list[dict[str, Any]]:
     """DRA mode: the allocator keeps every share on one GPU by itself but scores no node by what is
-    left on it, so the steering's preferred terms (never its required ones, which exist for
-    kubelet's sake in device-plugin mode) are what makes the stock scheduler pack."""
-    _, preferred = _steering_terms(conversion, settings)
-    affinity = merge_node_affinity((pod.get("spec") or {}).get("affinity"), (), preferred)
+    left on it, so the steering's preferred terms are what makes the stock scheduler pack. Its
+    required terms (room on the node's labels) and a share's GPU-class pin are required as in
+    device-plugin mode, for the scheduler's sake rather than kubelet's: the NodeAffinity filter
+    then keeps the pod off the nodes that cannot take it before the DRA allocator evaluates each
+    of their devices, which it would do for every pod at every retry (docs/dra.md, "Scheduling
+    cost"). Labels that lag allocations are optimistic (the allocator still decides); labels that
+    lag a release keep a pod waiting until the plugin relabels its node, which requeues it."""
+    required, preferred = _steering_terms(conversion, settings)
+    if conversion.decision.get("orShareMiB"):
+        required = []  # a MIG slice, else a share: a node with no slice free still takes it
+    elif conversion.kind not in (conversions.KIND_WHOLE_GPUS, conversions.KIND_MIG):
+        required = [*conversion.required, *required]
+    affinity = merge_node_affinity((pod.get("spec") or {}).get("affinity"), required, preferred)
     return [] if affinity is None else [{"op": "add", "path": "/spec/affinity", "value": affinity}]
 
 

@@ -92,17 +92,8 @@ def test_the_same_need_gives_the_same_template_and_another_need_another():
     one = dra_claims.build(pod(), share(2048), SETTINGS).template
     again = dra_claims.build(pod(ctr("other")), share(2048), SETTINGS).template
     other = dra_claims.build(pod(), share(2304), SETTINGS).template
-    pinned = dra_claims.build(pod(), share(2048, (81559,)), SETTINGS).template
     assert one == again
-    assert len({t["metadata"]["name"] for t in (one, other, pinned)}) == 3
-
-
-def test_a_chosen_gpu_class_becomes_a_device_selector_on_its_memory():
-    claims, _ = apply(pod(), share(40704, (81559,)))
-    (request,) = claims.template["spec"]["spec"]["devices"]["requests"]
-    assert request["exactly"]["selectors"] == [
-        {"cel": {"expression": 'device.attributes["gpu.gpuslice.io"].memoryMiB in [81559]'}}
-    ]
+    assert len({t["metadata"]["name"] for t in (one, other)}) == 2
 
 
 def test_whole_gpus_ask_for_devices_without_capacity_so_each_takes_its_whole_gpu():
@@ -401,31 +392,46 @@ def test_gpu_memory_becomes_a_claim_of_whole_units_and_the_placeholder_goes():
     assert outcome.kind == "gpu-memory" and outcome.decision["claimTemplate"] == template["metadata"]["name"]
 
 
-def test_gpu_fraction_takes_the_class_chosen_as_in_device_plugin_mode_as_a_device_selector():
+def test_gpu_fraction_takes_the_class_chosen_as_in_device_plugin_mode_as_a_required_class_label():
+    # On the node's class label, not as a device selector: the allocator never looks at the devices
+    # of the other classes' nodes, and no device selector is evaluated on the devices it does.
     annotations = {"gpu-fraction": "0.5"}
     plugin_mode, _ = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
-    outcome, _ = mutate(pod(annotations=annotations))
+    outcome, patched = mutate(pod(annotations=annotations))
     (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
-    memory = plugin_mode.decision["classMemoryMiB"]
-    assert request["exactly"]["selectors"] == [
-        {"cel": {"expression": f'device.attributes["gpu.gpuslice.io"].memoryMiB in [{memory}]'}}
-    ]
+    assert "selectors" not in request["exactly"]
     assert request["exactly"]["capacity"]["requests"]["memory"] == f"{plugin_mode.decision['memoryMiB']}Mi"
+    required = patched["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    memory = str(plugin_mode.decision["classMemoryMiB"])
+    pin = {"key": "gpuslice.io/gpu.memory-mib", "operator": "In", "values": [memory]}
+    assert pin in required["nodeSelectorTerms"][0]["matchExpressions"]
 
 
-def test_shares_get_the_steering_preferences_of_device_plugin_mode_but_none_of_its_requirements():
-    annotations = {"gpu-fraction": "0.25"}
-    _, plugin_mode = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
-    _, patched = mutate(pod(annotations=annotations))
-    plugin_affinity = plugin_mode["spec"]["affinity"]["nodeAffinity"]
-    affinity = patched["spec"]["affinity"]["nodeAffinity"]
-    # The preferred terms pack; the allocator, not a required label term, keeps the share on one GPU.
-    assert (
-        affinity["preferredDuringSchedulingIgnoredDuringExecution"]
-        == (plugin_affinity["preferredDuringSchedulingIgnoredDuringExecution"])
-    )
-    assert "requiredDuringSchedulingIgnoredDuringExecution" in plugin_affinity
-    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
+def test_shares_and_whole_gpus_get_the_node_affinity_of_device_plugin_mode():
+    # Required as there, for the scheduler's sake: the NodeAffinity filter keeps the pod off the
+    # nodes whose labels say it cannot fit before the DRA allocator evaluates their devices.
+    whole_gpus = config.load(overrides={"dra.enabled": True, "convertWholeGpus": True}, environ={})
+    whole_gpus_plugin = config.load(overrides={"convertWholeGpus": True}, environ={})
+    for original, dra_settings, plugin_settings in (
+        (pod(annotations={"gpu-fraction": "0.25"}), SETTINGS, DEVICE_PLUGIN_MODE),
+        (pod(annotations={"gpu-memory": "2000"}), SETTINGS, DEVICE_PLUGIN_MODE),
+        (pod(ctr(limits={"nvidia.com/gpu": "2"})), whole_gpus, whole_gpus_plugin),
+    ):
+        _, plugin_mode = mutate(original, plugin_settings)
+        outcome, patched = mutate(original, dra_settings)
+        plugin_affinity = plugin_mode["spec"]["affinity"]["nodeAffinity"]
+        affinity = patched["spec"]["affinity"]["nodeAffinity"]
+        preferred = "preferredDuringSchedulingIgnoredDuringExecution"
+        assert affinity[preferred] == plugin_affinity[preferred], outcome.kind
+        ((plugin_term,),) = [plugin_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]]
+        ((term,),) = [affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]]
+        keys = {e["key"] for e in term["matchExpressions"]}
+        assert keys & {"gpuslice.io/gpu.free-block-units", "gpuslice.io/gpu.free-gpus"}, keys
+        if outcome.kind == "whole-gpus":  # the class is the claim's first alternative, never required
+            assert "gpuslice.io/gpu.memory-mib" not in keys
+            assert all(e in plugin_term["matchExpressions"] for e in term["matchExpressions"])
+        else:
+            assert sorted(map(str, term["matchExpressions"])) == sorted(map(str, plugin_term["matchExpressions"]))
 
 
 def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
@@ -466,6 +472,12 @@ def test_mig_or_share_converts_to_the_mig_request_else_a_share_of_the_profiles_m
     assert share_request["capacity"] == {"requests": {"memory": f"{profile_mib}Mi"}} and profile_mib % 256 == 0
     assert "selectors" not in share_request  # any GPU that holds it: the allocator keeps it off smaller ones
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
+    # A node with no slice free still takes the pod (through the share): no required free-slices term,
+    # where the plain MIG request has one.
+    _, plain_patched = mutate(pod(annotations={**share, "gpuslice.io/isolation": "mig"}))
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    assert required in plain_patched["spec"]["affinity"]["nodeAffinity"]
+    assert required not in patched["spec"]["affinity"]["nodeAffinity"]
     # The decision is the MIG one (the first choice; a MIG slice promises nothing), plus the share it may become.
     assert outcome.kind == "mig"
     template = outcome.decision["claimTemplate"]
@@ -533,10 +545,11 @@ def test_one_device_is_a_plain_share():
 
 def test_a_fraction_of_n_gpus_is_taken_of_a_class_with_a_node_of_n_gpus():
     # The demo node has two H100s, the other node eight H200s: four GPUs in one pod only fit the H200s.
-    outcome, _ = mutate(pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "4"}))
+    outcome, patched = mutate(pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "4"}))
     (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
-    assert request["exactly"]["selectors"][0]["cel"]["expression"].endswith("memoryMiB in [143771]")
-    assert outcome.decision["classMemoryMiB"] == 143771
+    assert "selectors" not in request["exactly"] and outcome.decision["classMemoryMiB"] == 143771
+    required = patched["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["143771"]
     # More GPUs than any node has is still admitted: the pod waits, as it would for GPUs in use.
     nine, _ = mutate(pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "9"}))
     assert nine.allowed and nine.objects[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 9
