@@ -450,7 +450,10 @@ def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_
     manager and our plugin prepare both GPUs for the container."""
     pair = {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}
     busy = f"{namespace}-busy"
-    core.create_node(k8skit.node_object(busy))
+    # Labelled as its plugin labels it before the whole GPU is prepared (labels that lag the allocation):
+    # the pod's required terms let it through, and the allocator, not a label, keeps it off.
+    free = labels.node_labels(nodefile.load(DEMO_NODE), CONTRACT)
+    core.create_node(k8skit.node_object(busy, labels=free))
     nodes.append(busy)
     publish(admin, busy)
     whole = dra_claims.Need(kind="whole-gpus", containers=(dra_claims.ContainerNeed("containers", 0, gpus=1),))
