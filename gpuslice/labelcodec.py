@@ -33,7 +33,6 @@ __all__ = [
 
 MAX_COUNT_DIGITS = 12  # no count gpuslice publishes comes near: 10**12 MiB is an exbibyte
 _COUNT_RE = re.compile(rf"[0-9]{{1,{MAX_COUNT_DIGITS}}}", re.ASCII)
-# A message quotes at most this much of a value: it goes to logs and metrics' reasons.
 
 
 class Malformed(ValueError):

@@ -39,7 +39,6 @@ __all__ = [
 
 MIB = 2**20
 FORMS = 'a Kubernetes quantity such as "4", "500m", "16Gi", "2G" or "2e3"'
-# A message quotes at most this much of a bad value.
 
 _DIGITS = "[0-9]"  # not \d: that matches every Unicode digit
 _NUMBER = rf"(?:{_DIGITS}+(?:\.{_DIGITS}*)?|\.{_DIGITS}+)"

@@ -7,7 +7,7 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                capacity.requests.memory = the share (whole units) and no
                                selector: a GPU class chosen is the pod's required node affinity
                                on the class label, as in device-plugin mode (webhook/patches.py,
-                               dra_affinity), so the allocator never evaluates the nodes of
+                               affinity_ops), so the allocator never evaluates the nodes of
                                other classes (where DRA mode's scheduling time goes: docs/dra.md,
                                "Scheduling cost");
   whole GPUs (nvidia.com/gpu: N with convertWholeGpus) -> one request of N devices of class
@@ -126,13 +126,15 @@ def need_from_conversion(
     class first, then the other `classes` (GPU memory of the classes known whose largest node has
     enough GPUs), smallest first. A share's pin stays on the pod (its required node affinity)."""
     decision = dict(conversion.decision)
-    allowed: list[int] = []
-    for expression in conversion.required or ():
-        if expression.get("key") == contract.label_gpu_memory_mib and expression.get("operator") == "In":
-            allowed.extend(int(v) for v in expression.get("values") or ())
     memories: tuple[int, ...] = ()
     if conversion.kind == conversions.KIND_WHOLE_GPUS:
-        memories = tuple(dict.fromkeys([*allowed, *sorted(classes)]))  # preference order, no repeats
+        pinned = [
+            int(v)
+            for expression in conversion.required or ()
+            if expression.get("key") == contract.label_gpu_memory_mib and expression.get("operator") == "In"
+            for v in expression.get("values") or ()
+        ]
+        memories = tuple(dict.fromkeys([*pinned, *sorted(classes)]))  # preference order, no repeats
     spec = pod.get("spec") or {}
     needs = []
     for (field, index), units in conversion.container_units.items():

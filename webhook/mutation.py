@@ -122,7 +122,7 @@ def _mutate(pod: Mapping[str, Any], *, settings: config.Config, inputs: answerin
             classes = [c.memory_mib for c in inputs.classes() if c.max_gpus_per_node >= gpus]
         need = dra_claims.need_from_conversion(conversion, settings.contract, pod, classes)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
-        patch = claims.patch + toleration_ops + patches.dra_affinity(pod, conversion, settings)
+        patch = claims.patch + toleration_ops + patches.affinity_ops(pod.get("spec") or {}, conversion, settings)
         return Outcome(
             True,
             patch,

@@ -35,7 +35,6 @@ __all__ = [
     "request_quantity",
 ]
 
-# A denial quotes at most this much of a value: the message goes back to the user and into events.
 # No valid value is longer: the longest useful quantity is some 20 characters.
 _MAX_VALUE_CHARS = 64
 # Larger amounts of GPU memory are refused before any arithmetic (1 EiB in MiB).

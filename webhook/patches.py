@@ -1,7 +1,7 @@
 """Building the JSON patch of a converted pod (device-plugin mode): each converted container's
 requests and limits, the scheduler name, the node affinity (the class pin ANDed into the pod's
-own required terms, the steering terms added), the pacer's scheduling gate when pacing is on and a pacer is alive, and
-the decision annotation. Pure.
+own required terms, the steering terms added; `affinity_ops`, which DRA mode uses too), the
+pacer's scheduling gate when pacing is on and a pacer is alive, and the decision annotation. Pure.
 
 May import gpuslice.{config,contract} and the webhook's conversions, decision and steering modules.
 """
@@ -21,7 +21,7 @@ __all__ = [
     "DEFAULT_SCHEDULER",
     "KAI_SCHEDULER",
     "build",
-    "dra_affinity",
+    "affinity_ops",
     "gate_ops",
     "json_pointer",
     "merge_node_affinity",
@@ -57,10 +57,7 @@ def build(
     patch += scheduler_patch
     warnings += scheduler_warnings
 
-    steer_required, preferred = _steering_terms(conversion, settings)
-    affinity = merge_node_affinity(spec.get("affinity"), [*conversion.required, *steer_required], preferred)
-    if affinity is not None:
-        patch.append({"op": "add", "path": "/spec/affinity", "value": affinity})
+    patch += affinity_ops(spec, conversion, settings)
 
     gate = gate_ops(spec, settings, pacer_absent=pacer_absent)
     if gate:
@@ -107,23 +104,29 @@ def scheduler_ops(
     return [{"op": "add", "path": "/spec/schedulerName", "value": scheduler}], warnings
 
 
-def dra_affinity(
-    pod: Mapping[str, Any], conversion: conversions.Conversion, settings: config.Config
+def affinity_ops(
+    spec: Mapping[str, Any], conversion: conversions.Conversion, settings: config.Config
 ) -> list[dict[str, Any]]:
-    """DRA mode: the allocator keeps every share on one GPU by itself but scores no node by what is
-    left on it, so the steering's preferred terms are what makes the stock scheduler pack. Its
-    required terms (room on the node's labels) and a share's GPU-class pin are required as in
-    device-plugin mode, for the scheduler's sake rather than kubelet's: the NodeAffinity filter
-    then keeps the pod off the nodes that cannot take it before the DRA allocator evaluates each
+    """The pod's node affinity: the GPU-class pin and the steering's required expressions ANDed
+    into its own required terms, the steering's preferred terms added; no op when nothing changes.
+
+    The same in DRA mode, where the allocator keeps every share on one GPU by itself but scores no
+    node by what is left on it: the preferred terms are what makes the stock scheduler pack, and
+    the required ones are there for the scheduler's sake rather than kubelet's: the NodeAffinity
+    filter keeps the pod off the nodes that cannot take it before the DRA allocator evaluates each
     of their devices, which it would do for every pod at every retry (docs/dra.md, "Scheduling
     cost"). Labels that lag allocations are optimistic (the allocator still decides); labels that
-    lag a release keep a pod waiting until the plugin relabels its node, which requeues it."""
+    lag a release keep a pod waiting until the plugin relabels its node, which requeues it. Two
+    exceptions there: whole GPUs carry their class as their claim's first alternative, not a pin;
+    a MIG slice-else-share keeps no required term (a node with no slice free takes the share)."""
     required, preferred = _steering_terms(conversion, settings)
-    if conversion.decision.get("orShareMiB"):
-        required = []  # a MIG slice, else a share: a node with no slice free still takes it
-    elif conversion.kind not in (conversions.KIND_WHOLE_GPUS, conversions.KIND_MIG):
-        required = [*conversion.required, *required]
-    affinity = merge_node_affinity((pod.get("spec") or {}).get("affinity"), required, preferred)
+    pin: Sequence[Mapping[str, Any]] = conversion.required
+    if settings.dra.enabled:
+        if conversion.decision.get("orShareMiB"):
+            pin, required = (), []
+        elif conversion.kind == conversions.KIND_WHOLE_GPUS:
+            pin = ()
+    affinity = merge_node_affinity(spec.get("affinity"), [*pin, *required], preferred)
     return [] if affinity is None else [{"op": "add", "path": "/spec/affinity", "value": affinity}]
 
 

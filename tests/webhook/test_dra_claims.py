@@ -58,11 +58,10 @@ def apply(original: dict[str, Any], need: dra_claims.Need, settings: config.Conf
     return claims, patched
 
 
-def share(memory_mib: int, allowed: tuple[int, ...] = ()) -> dra_claims.Need:
+def share(memory_mib: int) -> dra_claims.Need:
     return dra_claims.Need(
         kind="gpu-memory",
         containers=(dra_claims.ContainerNeed("containers", 0, memory_mib=memory_mib),),
-        gpu_memory_mib=allowed,
         decision={"container": "main", "annotation": "gpu-memory", "resource": "gpuslice.io/gpu-memory", "units": 8},
     )
 
