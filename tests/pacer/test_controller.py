@@ -97,7 +97,9 @@ def test_a_pod_beside_one_its_node_s_labels_do_not_count_goes_only_where_both_fi
     assert "h100-a" in paced.ledger.lagging and not paced._has_room(share, h100, now)
     assert paced._has_room(share, h200, now)  # another class's node is not in the way
     # A node that lags longer than lagTimeoutSeconds (its kubelet admits nothing) holds no one back.
-    assert paced._has_room(share, h100, now + SETTINGS.pacing.lag_timeout_seconds)
+    # (counted from when it lags as the ledger now records it: the update above may have moved it on)
+    since = paced.ledger.lagging["h100-a"]
+    assert paced._has_room(share, h100, since + SETTINGS.pacing.lag_timeout_seconds)
     paced.nodes.apply("MODIFIED", node("h100-a", free=636 - 191, free_gpus=1))  # the labels count it now
     assert not paced.ledger.lagging and paced.ledger.unlabelled("h100-a") == []
     assert paced._has_room(share, h100, now)
