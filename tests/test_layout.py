@@ -48,3 +48,108 @@ def test_the_tests_mirror_the_code() -> None:
         stem = path.stem.removeprefix("test_")  # the module, or the module and an aspect: config_docs
         module = stem if (REPO / "gpuslice" / f"{stem}.py").exists() else stem.split("_")[0]
         assert (REPO / "gpuslice" / f"{module}.py").exists(), path
+
+
+# Modules with no test file named after them, each with where it is tested instead. One table per
+# code folder, so the folders' owners never edit the same lines.
+UNTESTED_CORE: dict[str, str] = {}
+
+
+UNTESTED_WEBHOOK: dict[str, str] = {}
+
+
+UNTESTED_DEVICEPLUGIN: dict[str, str] = {}
+
+
+UNTESTED_NODE: dict[str, str] = {}
+
+
+UNTESTED_DRA: dict[str, str] = {}
+
+
+UNTESTED_MPS: dict[str, str] = {}
+
+
+UNTESTED_CONTROLLER: dict[str, str] = {}
+
+
+UNTESTED_PACER: dict[str, str] = {}
+
+
+UNTESTED_SIM: dict[str, str] = {}
+
+
+UNTESTED_DEMO: dict[str, str] = {}
+
+
+UNTESTED_PROTO: dict[str, str] = {}
+
+
+UNTESTED = {
+    "gpuslice": UNTESTED_CORE,
+    "webhook": UNTESTED_WEBHOOK,
+    "deviceplugin": UNTESTED_DEVICEPLUGIN,
+    "node": UNTESTED_NODE,
+    "dra": UNTESTED_DRA,
+    "mps": UNTESTED_MPS,
+    "controller": UNTESTED_CONTROLLER,
+    "pacer": UNTESTED_PACER,
+    "sim": UNTESTED_SIM,
+    "demo": UNTESTED_DEMO,
+    "proto": UNTESTED_PROTO,
+}
+
+
+def _code_folders() -> list[tuple[pathlib.Path, pathlib.Path, dict[str, str]]]:
+    """(code folder, its tests folder, its table) for each folder and sub-package of code."""
+    pairs = []
+    for top, table in UNTESTED.items():
+        code = REPO / top
+        for package in [code, *sorted(p for p in code.iterdir() if (p / "__init__.py").is_file())]:
+            if top == "gpuslice" and package != code:
+                continue  # gpuslice/<folder> are the links to the folders themselves
+            if top == "proto" and package != code:
+                continue  # generated stubs and their pinned .proto files
+            tests = REPO / "tests" / ("core" if top == "gpuslice" else top) / package.relative_to(code)
+            pairs.append((package, tests, table))
+    return pairs
+
+
+def _id(value: object) -> str:
+    return str(pathlib.Path(str(value)).relative_to(REPO)) if isinstance(value, pathlib.Path) else "table"
+
+
+def _modules(package: pathlib.Path) -> set[str]:
+    return {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+
+
+@pytest.mark.parametrize("code,tests,table", _code_folders(), ids=_id)
+def test_each_test_file_is_named_after_a_module_of_its_folder(
+    code: pathlib.Path, tests: pathlib.Path, table: dict[str, str]
+) -> None:
+    """tests/<folder>/test_<module>.py, or test_<module>_<aspect>.py for one aspect of a module."""
+    modules = _modules(code)
+    for path in tests.glob("test_*.py"):
+        stem = path.stem.removeprefix("test_")
+        parts = stem.split("_")
+        assert any("_".join(parts[:n]) in modules for n in range(len(parts), 0, -1)), (
+            f"{path.relative_to(REPO)} names no module of {code.relative_to(REPO)}/"
+        )
+
+
+@pytest.mark.parametrize("code,tests,table", _code_folders(), ids=_id)
+def test_each_module_has_a_test_file_or_says_where_it_is_tested(
+    code: pathlib.Path, tests: pathlib.Path, table: dict[str, str]
+) -> None:
+    """Keys of the tables are modules as paths from the repository's root: "webhook/steering/exprs"."""
+    named = {m for m in _modules(code) if (tests / f"test_{m}.py").exists() or any(tests.glob(f"test_{m}_*.py"))}
+    folder = code.relative_to(REPO)
+    untested = {f"{folder}/{m}" for m in _modules(code) - named}
+    exempt = {key for key in table if pathlib.PurePath(key).parent == folder}
+    assert untested <= exempt, (
+        f"no test file named after, and no word on where it is tested: {sorted(untested - exempt)}"
+    )
+    assert exempt <= untested, (
+        f"said to be tested elsewhere, yet with a test file or no module: {sorted(exempt - untested)}"
+    )
+    assert all(reason.strip() for reason in table.values())
