@@ -15,8 +15,10 @@ A process's main builds its runnables in order and hands them to a `Supervisor`,
   bounded grace (one that overruns is logged and left), the health app last.
 
 Leader election is a wrapper: `LeaderElection` campaigns (once the views it waits for are
-current) through an `Election` such as controller/leader.py's, and `WhileLeading` runs another
-runnable only while the Lease is held. The Lease protocol itself is gpuslice/lease.py's.
+current) through an `Election` such as controller/leader.py's. What acts only while leading asks
+the election (`leading`, `watch`) rather than being started and stopped with the Lease, so a
+standby's watches stay current and a takeover acts at once. The Lease protocol itself is
+gpuslice/lease.py's.
 
 May import aiohttp, prometheus_client and the standard library; no other gpuslice module.
 """
@@ -41,7 +43,6 @@ __all__ = [
     "Runnable",
     "RunnableFailed",
     "Supervisor",
-    "WhileLeading",
     "health_app",
 ]
 
@@ -262,9 +263,9 @@ class Supervisor:
 
 
 class Election(Protocol):
-    """What the wrappers need of an election (controller/leader.py's Leadership): it campaigns in
-    `run()` until cancelled (giving the Lease up then), says whether it `leading`, and calls the
-    callbacks given to `watch` at each change."""
+    """An election (controller/leader.py's Leadership): it campaigns in `run()` until cancelled
+    (giving the Lease up then); the runnables that act only while leading read `leading` and are
+    called back through `watch` at each change."""
 
     @property
     def leading(self) -> bool: ...
@@ -293,35 +294,3 @@ class LeaderElection(Component):
         if self.announce:
             log.info("%s", self.announce)
         await self.election.run()
-
-
-class WhileLeading(Component):
-    """Runs `inner.run()` only while `election` leads: started when it takes the Lease, cancelled
-    when it loses it. `inner` starts and stops with the process like any runnable."""
-
-    def __init__(self, inner: Runnable, election: Election) -> None:
-        super().__init__(inner.name, start=inner.start, run=self._follow, stop=inner.stop, ready=inner.ready)
-        self.inner = inner
-        self.election = election
-        self._changed = asyncio.Event()
-        election.watch(lambda _: self._changed.set())
-
-    async def _follow(self) -> None:
-        while True:
-            await self._until(leading=True)
-            task = asyncio.create_task(self.inner.run(), name=f"{self.inner.name}-leading")
-            lost = asyncio.create_task(self._until(leading=False), name=f"{self.inner.name}-until-lost")
-            try:
-                done, _ = await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for each in (task, lost):
-                    each.cancel()
-                await asyncio.gather(task, lost, return_exceptions=True)
-            if task in done:
-                task.result()  # its failure is this runnable's
-                await self._until(leading=False)  # it ended: run it again at the next term only
-
-    async def _until(self, *, leading: bool) -> None:
-        while self.election.leading != leading:
-            self._changed.clear()
-            await self._changed.wait()

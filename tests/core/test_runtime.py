@@ -241,11 +241,6 @@ class FakeElection:
     def watch(self, callback: Callable[[bool], None]) -> None:
         self.callbacks.append(callback)
 
-    def set(self, leading: bool) -> None:
-        self.leading = leading
-        for callback in self.callbacks:
-            callback(leading)
-
     async def run(self) -> None:
         self.campaigning.set()
         try:
@@ -270,40 +265,3 @@ async def test_the_campaign_begins_once_the_views_are_current_and_gives_up_on_st
     supervisor.stop.set()
     await task
     assert election.gave_up
-
-
-async def test_a_runnable_wrapped_in_while_leading_runs_only_while_the_lease_is_held() -> None:
-    parts, election = Recorder(), FakeElection()
-    wrapped = runtime.WhileLeading(parts.part("pacer"), election)
-    supervisor = runtime.Supervisor([wrapped])
-    task = asyncio.create_task(supervisor.run())
-
-    async def settle() -> None:
-        for _ in range(20):
-            await asyncio.sleep(0)
-
-    await settle()
-    assert parts.events == ["start pacer"]  # started with the process, not run
-    election.set(True)
-    await settle()
-    assert parts.events[-1] == "run pacer"
-    election.set(False)
-    await settle()
-    assert parts.events[-1] == "cancel pacer"
-    election.set(True)
-    await settle()
-    assert parts.events[-1] == "run pacer"
-    supervisor.stop.set()
-    await task
-    assert parts.events[-2:] == ["cancel pacer", "stop pacer"]
-    assert wrapped.name == "pacer"
-
-
-async def test_a_failure_while_leading_stops_the_process() -> None:
-    parts, election = Recorder(), FakeElection()
-    supervisor = runtime.Supervisor([runtime.WhileLeading(parts.part("pacer", fail_run=KeyError("x")), election)])
-    task = asyncio.create_task(supervisor.run())
-    await asyncio.sleep(0.01)
-    election.set(True)
-    with pytest.raises(runtime.RunnableFailed, match="pacer failed: KeyError"):
-        await asyncio.wait_for(task, 2)
