@@ -76,10 +76,25 @@ UNTESTED_CONTROLLER: dict[str, str] = {}
 UNTESTED_PACER: dict[str, str] = {}
 
 
-UNTESTED_SIM: dict[str, str] = {}
+UNTESTED_SIM: dict[str, str] = {
+    "sim/controlplane": "tests/e2e/test_real_control_plane.py starts it (loopback only, the pinned version);"
+    " every other tests/e2e test runs on it",
+    "sim/kube_api": "the replay's API client: every tests/e2e/test_real_replay.py replay goes through it",
+    "sim/kube_nodes": "its admission and grants in tests/sim/test_kube_outcomes.py (the placements test drives"
+    " Fleet); its Node objects, watch and labellers in every tests/e2e/test_real_replay.py replay",
+    "sim/kubelet": "tests/test_kubelet_emulator.py, kept flat beside its kit tests/kubelet_emulator.py (through"
+    " which the node and device plugin tests run against it)",
+    "sim/node": "through the model replay: tests/sim/test_replay.py (kubelet's admission failures, the units"
+    " granted and credited per GPU)",
+    "sim/profiling": "tests/e2e/test_real_control_plane.py (the scheduler's CPU profile written by the replay's"
+    " profiler)",
+}
 
 
-UNTESTED_DEMO: dict[str, str] = {}
+UNTESTED_DEMO: dict[str, str] = {
+    "demo/tls": "the demo's webhook serves HTTPS with its certificates in tests/demo/test_main.py (run_demo and"
+    " the command)",
+}
 
 
 UNTESTED_PROTO: dict[str, str] = {}

@@ -1,4 +1,5 @@
-"""The `gpuslice-sim` command line: JSON fields, errors, the paper's figures, the plot."""
+"""The `gpuslice-sim` command line: JSON fields, errors (--plot refused with --scheduler kube among
+them), the paper's figures, the plot."""
 
 from __future__ import annotations
 
@@ -365,3 +366,9 @@ def test_an_install_without_the_sim_extra_is_told_how_to_get_it(package: str, mi
     assert result.returncode == 1
     assert f"needs the simulator's extra, which this install lacks ({missing})" in result.stderr
     assert "pip install 'gpuslice[sim]'" in result.stderr
+
+
+def test_a_plot_is_refused_with_the_kube_replay(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim_main.main(["--scheduler", "kube", "--plot", str(tmp_path / "out.png")]) == 2
+    assert "--plot: only with --scheduler model" in capsys.readouterr().err
+    assert not (tmp_path / "out.png").exists()

@@ -1,0 +1,58 @@
+"""`gpuslice-sim --scheduler kube`'s command line (sim/kube_cli.py): node sampling, the resource modes,
+and the errors said before any replay. The replays themselves run in tests/e2e/test_real_replay.py."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import pytest
+
+from gpuslice.sim import controlplane, kube_cli, main, trace
+
+
+def test_node_sample_keeps_the_ends_and_the_order() -> None:
+    nodes = [trace.TraceNode(f"n{i}", 1000, 1024, 1, "T4") for i in range(10)]
+    assert [n.name for n in kube_cli.sample_nodes(nodes, 3)] == ["n0", "n4", "n9"]
+    assert kube_cli.sample_nodes(nodes, None) == nodes
+    assert kube_cli.sample_nodes(nodes, 50) == nodes
+    with pytest.raises(ValueError, match="node-sample"):
+        kube_cli.sample_nodes(nodes, 0)
+
+
+def test_without_the_components_the_command_says_what_is_missing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GPUSLICE_K8S_BIN", raising=False)
+    code = main.main(["--scheduler", "kube", "--kube-bin", str(tmp_path), "--trace-dir", str(tmp_path)])
+    assert code == 2
+    assert "--scheduler kube needs the built Kubernetes components" in capsys.readouterr().err
+
+
+def test_a_bad_arrival_mode_on_the_command_line_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.main(["--scheduler", "kube", "--arrival", "later"]) == 2
+    assert "--arrival must be sequential, burst or compressed:<factor>" in capsys.readouterr().err
+
+
+def test_a_placements_file_that_cannot_be_written_is_said_before_the_replay(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1024,1,500\n")
+    for binary in controlplane.BINARIES:  # present, never run: the check comes first
+        (tmp_path / binary).write_text("")
+        (tmp_path / binary).chmod(0o755)
+    argv = ["--scheduler", "kube", "--kube-bin", str(tmp_path), "--nodes", str(nodes), "--pods", str(pods)]
+    target = tmp_path / "missing" / "out.jsonl"
+    assert main.main([*argv, "--placements", str(target)]) == 2
+    assert f"gpuslice-sim: --placements {target}: No such file or directory" in capsys.readouterr().err
+
+
+def test_modes_are_device_plugin_dra_or_both_each_once() -> None:
+    assert kube_cli.parse_modes("dra") == ("dra",)
+    assert kube_cli.parse_modes("device-plugin, dra") == ("device-plugin", "dra")
+    for bad in ("", "dra,dra", "dra,x", "both"):
+        with pytest.raises(argparse.ArgumentTypeError, match="give device-plugin, dra, or device-plugin,dra"):
+            kube_cli.parse_modes(bad)

@@ -1,0 +1,99 @@
+"""What became of each pod of a replay on the real control plane (sim/kube_outcomes.py), and the
+figures and placements a run reports from it, with the node side (sim/kube_nodes.py) deciding
+what kubelet granted. A whole replay: tests/e2e/test_real_replay.py."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from gpuslice import config
+from gpuslice import contract as contract_
+from gpuslice.sim import kube_nodes, kube_outcomes, placements, replay, trace
+
+
+def _bound(name: str, units: int, contract: contract_.Contract) -> dict[str, object]:
+    """A converted pod as the bound-pods watch shows it."""
+    resources = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {contract.gpu_memory_resource: str(units)}}
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"nodeName": "t4", "containers": [{"name": "main", "resources": resources}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def test_the_kube_runs_placements_hold_what_kubelet_granted_and_recompute_its_figure() -> None:
+    # One node of two T4s (60 units of 256 MiB each). a and b: 36 units, one per GPU; c: 36 more
+    # units span the two GPUs' 24 free each, refused by Allocate; d: unschedulable; e: denied by
+    # the webhook; f: nothing seen.
+    settings = config.Config()
+    contract = settings.contract
+    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
+    fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default")  # type: ignore[arg-type]
+    outcomes = kube_outcomes.Outcomes(fleet)
+    arrivals = [trace.TracePod(n, 1000, 1024, 1, 600) for n in "abcdef"]
+    for name in "abc":
+        pod = _bound(name, 36, contract)
+        fleet._decide(f"default/{name}", "t4", pod, fleet._admit(f"default/{name}", "t4", fleet.sims["t4"], pod))
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
+    outcomes.on_event(
+        "ADDED", {"metadata": {"namespace": "default", "name": "d"}, "status": {"conditions": [unschedulable]}}
+    )
+    outcomes.deny("default/e", 'admission webhook "pods.gpuslice.io" denied the request: no GPU class')
+    capacity = replay.gpu_capacity_milli([node])
+    result, unaccounted, lost = kube_outcomes.figures(
+        "gpuslice-default", arrivals, outcomes, fleet, capacity, 1.0, 1.0, placements=True
+    )
+    assert unaccounted == ["default/f"] and lost == 1
+    records = result.placements
+    assert records is not None
+    assert [r["outcome"] for r in records] == ["placed", "placed", "refused", "unschedulable", "denied", "unaccounted"]
+    a, b, c, d, e, _ = records
+    assert a["node"] == "t4" and len(a["gpus"]) == 1 and a["gpus"][0]["uuid"] != b["gpus"][0]["uuid"]
+    assert a["gpus"][0] | {"uuid": ""} == {
+        "uuid": "",
+        "units": 36,
+        "total_units": 60,
+        "unit_mib": 256,
+        "gpu_memory_mib": 15360,
+    }
+    assert a["granted_gpus"] == pytest.approx(0.6)
+    assert c["node"] == "t4" and c["gpus"] == [] and c["message"].startswith("kubelet: ") and "span" in c["message"]
+    assert d["message"] == "0/1 nodes" and d["node"] is None
+    assert "denied the request: no GPU class" in e["message"]
+    out = io.StringIO()
+    placements.write(out, [(result.name, 42, "pods.csv", result)])
+    [figures] = placements.recompute(out.getvalue().splitlines())
+    assert figures.matches and figures.placed == 2 and figures.pods == 6
+    assert figures.gpu_allocation_ratio == pytest.approx(0.6) == pytest.approx(result.gpu_allocation_ratio)
+
+
+def test_a_gated_pod_is_no_outcome_and_an_unschedulable_one_counts_against_the_classes_it_requires() -> None:
+    settings = config.Config()
+    memory_label = settings.contract.label_gpu_memory_mib
+    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
+    fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default")  # type: ignore[arg-type]
+    outcomes = kube_outcomes.Outcomes(fleet)
+    gated = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}
+    outcomes.on_event("ADDED", {"metadata": {"namespace": "default", "name": "a"}, "status": {"conditions": [gated]}})
+    assert not outcomes.seen("default/a")  # waiting for the pacer, not turned away
+    required = {"key": memory_label, "operator": "In", "values": ["16384", "8192"]}
+    affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [required]}]}
+    }
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
+    outcomes.on_event(
+        "MODIFIED",
+        {
+            "metadata": {"namespace": "default", "name": "a"},
+            "spec": {"affinity": {"nodeAffinity": affinity}},
+            "status": {"conditions": [unschedulable]},
+        },
+    )
+    assert outcomes.seen("default/a") and outcomes.unschedulable == {"default/a": "0/1 nodes"}
+    # Classes in numeric order, not text order; the node's two T4s held nothing.
+    assert kube_outcomes.diagnosis(outcomes, fleet) == {
+        "unschedulable_by_class": {"8192,16384": 1},
+        "idle_gpus_by_class": {"15360": 2},
+    }
