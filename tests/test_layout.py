@@ -41,7 +41,6 @@ def test_the_tests_mirror_the_code() -> None:
         "test_layout.py",
         "test_suite_timeout.py",
         "test_examples.py",
-        "test_kubelet_emulator.py",
         "test_nvml_mock.py",
     }
     for path in (tests / "core").glob("test_*.py"):  # each names a module of the shared core
@@ -82,8 +81,6 @@ UNTESTED_SIM: dict[str, str] = {
     "sim/kube_api": "the replay's API client: every tests/e2e/test_real_replay.py replay goes through it",
     "sim/kube_nodes": "its admission and grants in tests/sim/test_kube_outcomes.py (the placements test drives"
     " Fleet); its Node objects, watch and labellers in every tests/e2e/test_real_replay.py replay",
-    "sim/kubelet": "tests/test_kubelet_emulator.py, kept flat beside its kit tests/kubelet_emulator.py (through"
-    " which the node and device plugin tests run against it)",
     "sim/node": "through the model replay: tests/sim/test_replay.py (kubelet's admission failures, the units"
     " granted and credited per GPU)",
     "sim/profiling": "tests/e2e/test_real_control_plane.py (the scheduler's CPU profile written by the replay's"
