@@ -10,7 +10,7 @@ replicas of one template among them so that answers are given from memory, by by
 
     .venv/bin/python tests/answercorpus.py     # records tests/data/webhook_answers.json.gz
 
-Recorded once, from the code before the steering became objects; tests/webhook/test_answer_corpus.py
+Recorded once, from the code before the steering became objects; tests/webhook/test_repeats_corpus.py
 replays it. The node labels are stored, not rebuilt, so the corpus does not move with the label code.
 """
 

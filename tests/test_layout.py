@@ -54,7 +54,13 @@ def test_the_tests_mirror_the_code() -> None:
 UNTESTED_CORE: dict[str, str] = {}
 
 
-UNTESTED_WEBHOOK: dict[str, str] = {}
+UNTESTED_WEBHOOK: dict[str, str] = {
+    "webhook/annotations": "through mutation.mutate: tests/webhook/test_mutation.py (DENIALS), test_dra_claims.py",
+    "webhook/shape": "through admission.review: tests/webhook/test_admission.py (MALFORMED), test_decoding.py",
+    "webhook/shares": "through mutation.mutate: tests/webhook/test_mutation.py (gpu-memory, gpu-fraction, MIG)",
+    "webhook/tolerations": "through mutation.mutate: tests/webhook/test_mutation.py (tolerations, issue 14)",
+    "webhook/wholegpus": "through mutation.mutate: tests/webhook/test_mutation.py (whole GPUs), test_foreign.py",
+}
 
 
 UNTESTED_DEVICEPLUGIN: dict[str, str] = {}

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 import pytest
-import test_fuzz as fuzz
+import test_admission_fuzz as fuzz
 import test_mutation as kit
 from hypothesis import given
 from hypothesis import strategies as st
@@ -182,28 +182,6 @@ def test_the_answer_key_leaves_out_what_no_answer_reads() -> None:
     first = key("u-1", "a", {"app": "x", "read": "off"})
     assert first is not None and first == key("u-2", "b", {"app": "y", "read": "off"})
     assert first != key("u-3", "a", {"app": "x"}) and first != key("u-4", "a", {"app": "x", "read": "on"})
-
-
-def test_the_key_leaves_out_amounts_only_for_a_pod_that_asks_for_no_device() -> None:
-    rules = cpupods.key_rules(config.Config().contract)
-
-    def key(annotations: dict[str, str], **amounts: Any) -> bytes | None:
-        containers = [kit.container(requests=amounts, limits={"memory": "1Gi"}), kit.container(name="log")]
-        pod = kit.deployment_pod(annotations, containers=containers)
-        body = json.dumps(fuzz.review_of(pod, uid="u-1")).encode()
-        decoded = decoding.fields(body, rules=rules)
-        assert decoded is not None and decoded.key is not None
-        kept = decoded.document()[0]["request"]["object"]["spec"]["containers"][0]["resources"]
-        assert kept == {"requests": amounts, "limits": {"memory": "1Gi"}}  # the document keeps them
-        return decoded.key
-
-    cpu = key({}, cpu="2", memory="4Gi")
-    assert cpu == key({}, cpu="3500m", memory="1Ti")  # amounts left out
-    assert cpu != key({}, cpu=2, memory="4Gi")  # ... their JSON type kept
-    assert cpu != key({}, cpu="2")  # ... and the names
-    assert cpu != key({}, cpu="2", memory="4Gi", **{"example.com/fpga": "1"})
-    gpu = key({"gpu-fraction": "0.5"}, cpu="2", memory="4Gi")
-    assert gpu != key({"gpu-fraction": "0.5"}, cpu="3", memory="4Gi")  # a GPU pod's patch carries its amounts
 
 
 def test_what_the_scheduler_counts_is_read_and_keyed_sidecars_pod_level_requests_and_overhead() -> None:

@@ -6,7 +6,6 @@ within its memory."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from typing import Any
@@ -293,7 +292,7 @@ def test_every_share_the_webhook_asks_is_a_valid_value_of_the_request_policy(dem
     assert (memory_mib - _mi(policy["min"])) % _mi(policy["step"]) == 0
 
 
-# --- the template is created once, before the webhook answers ----------------------------------------
+# --- the API the templates are created through (test_claim_templates.py uses it too) -----------------
 
 
 class FakeTemplateApi:
@@ -311,49 +310,6 @@ class FakeTemplateApi:
             return False
         self.created[key] = template
         return True
-
-
-async def test_a_template_is_created_once_per_namespace_and_then_remembered():
-    api = FakeTemplateApi()
-    templates = claim_templates.ClaimTemplates(api)
-    template = dra_claims.build(pod(), share(2048), SETTINGS).template
-    await asyncio.gather(*(templates.ensure("team-a", template) for _ in range(5)))
-    await templates.ensure("team-b", template)
-    assert api.calls == 2 and set(api.created) == {
-        ("team-a", template["metadata"]["name"]),
-        ("team-b", template["metadata"]["name"]),
-    }
-    assert api.created[("team-b", template["metadata"]["name"])]["metadata"]["namespace"] == "team-b"
-
-
-async def test_a_template_someone_else_created_counts_as_created():
-    api = FakeTemplateApi()
-    template = dra_claims.build(pod(), share(2048), SETTINGS).template
-    await api.create("team-a", template)
-    await claim_templates.ClaimTemplates(api).ensure("team-a", template)
-    assert api.calls == 2
-
-
-async def test_a_failed_creation_denies_the_pod_with_the_reason():
-    templates = claim_templates.ClaimTemplates(FakeTemplateApi(fail="HTTP 403 forbidden"))
-    template = dra_claims.build(pod(), share(2048), SETTINGS).template
-    with pytest.raises(claim_templates.TemplateError, match="403"):
-        await templates.ensure("team-a", template)
-    response = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": {"uid": "u1", "allowed": True, "patch": "x"},
-    }
-    denied = claim_templates.denial(response, "HTTP 403 forbidden")
-    assert denied["response"] == {
-        "uid": "u1",
-        "allowed": False,
-        "status": {
-            "code": 503,
-            "reason": "ServiceUnavailable",
-            "message": "gpuslice DRA mode: HTTP 403 forbidden; retry",
-        },
-    }
 
 
 # --- through the mutation: same parsing, same denials, a claim instead of extended resources ---------------

@@ -18,8 +18,7 @@ import yaml
 from gpuslice import config
 from gpuslice.node import labels as node_labels
 from gpuslice.node import nodefile
-from gpuslice.webhook import cluster, conversions, cpudemand, mutation, patches, pods, steering
-from gpuslice.webhook import decision as decision_
+from gpuslice.webhook import cluster, conversions, cpudemand, mutation, pods, steering
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "gpuslice" / "examples"
@@ -275,12 +274,6 @@ def test_a_fraction_is_rounded_down_to_whole_units_of_one_gpu(fraction: str, uni
     # 143771 // 256 = 561 units per GPU; never more than a GPU has, at least one unit.
     _, pod = convert(deployment_pod({"gpu-fraction": fraction}))
     assert units_of(pod)["limits"] == {GPU_MEMORY: str(units)}
-
-
-def test_fractions_that_add_up_to_one_gpu_fit_on_it() -> None:
-    per_gpu = 81559 // 256  # 318: 0.2 x 318 = 63.6
-    for shares in ([0.2] * 5, [0.8, 0.2], [0.5, 0.5], [0.3, 0.3, 0.4], [0.46, 0.54]):
-        assert sum(conversions.fraction_units(f, per_gpu) for f in shares) <= per_gpu, shares
 
 
 def test_without_a_cluster_view_a_fraction_uses_default_gpu_memory_and_pins_nothing() -> None:
@@ -665,18 +658,6 @@ def test_reinvocation_on_a_steered_cpu_pod_adds_nothing() -> None:
     assert mutation.mutate(once, settings=SETTINGS, cluster=make_view()) == mutation.Outcome(allowed=True)
 
 
-def test_merging_an_affinity_twice_adds_each_expression_once() -> None:
-    expression = pin(H100_MIB)
-    once = patches.merge_node_affinity(None, [expression], [])
-    assert patches.merge_node_affinity(once, [expression], []) is None
-
-
-def test_json_pointers_escape_slashes_and_tildes() -> None:
-    assert patches.json_pointer("metadata", "annotations", "gpuslice.io/de~cision") == (
-        "/metadata/annotations/gpuslice.io~1de~0cision"
-    )
-
-
 # --- tolerations of converted pods (issue 14) ------------------------------------------------
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -920,14 +901,6 @@ def test_the_decision_annotation_never_pushes_a_pod_past_the_annotation_limit(fi
     assert annotation_bytes(pod) <= ANNOTATION_LIMIT
     if CONTRACT.decision_annotation not in pod["metadata"]["annotations"]:
         assert any("near the 256 KiB limit" in w for w in outcome.warnings)
-
-
-def test_a_long_decision_is_cut_to_its_essentials() -> None:
-    long = {"resource": GPU_MEMORY, "units": 320, "containers": {f"worker-{i}": 1 for i in range(400)}}
-    ops, warnings = decision_.patch_ops({"annotations": {"a": "b"}}, CONTRACT.decision_annotation, long)
-    text = ops[0]["value"]
-    assert len(text) <= decision_.MAX_BYTES and not warnings
-    assert json.loads(text) == {"resource": GPU_MEMORY, "units": 320, "truncated": True}
 
 
 def test_a_whole_gpu_count_next_to_a_share_is_denied() -> None:

@@ -1,5 +1,6 @@
 """The webhook over real HTTPS: certificates verified as kube-apiserver does (a CA bundle and the
-Service DNS name), malformed reviews, metrics, probes, and certificate rotation in place."""
+Service DNS name), malformed reviews, metrics and probes. (Certificate rotation in place:
+tests/webhook/test_certs.py.)"""
 
 from __future__ import annotations
 
@@ -259,7 +260,7 @@ async def test_metrics_say_what_share_of_the_cpu_cpu_only_pods_ask(
     assert float(share.split()[1]) == pytest.approx(0.75, abs=1e-3)
 
 
-# --- certificate rotation ------------------------------------------------------------------
+# --- one raw connection (test_certs.py and test_connections.py use it too) -----------------
 
 
 class Connection:
@@ -288,88 +289,6 @@ class Connection:
     async def close(self) -> None:
         self.writer.close()
         await self.writer.wait_closed()
-
-
-def der(leaf: trustme.LeafCert) -> bytes:
-    return ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
-
-
-async def test_a_rotated_certificate_is_served_on_new_connections_and_old_ones_stay_open(
-    tmp_path: pathlib.Path,
-) -> None:
-    old_ca, new_ca = trustme.CA(), trustme.CA()
-    tls = Tls(tmp_path)
-    old_leaf = tls.issue(old_ca)
-    webhook = await _start(tls)
-    context = client_context(old_ca, new_ca)
-    old_connection = await Connection.open(webhook.port, context)
-    try:
-        assert await old_connection.get("/healthz") == 200
-        new_leaf = tls.issue(new_ca)
-        assert webhook.reloader.check() is True
-        new_connection = await Connection.open(webhook.port, context)
-        try:
-            assert new_connection.peer_certificate() == der(new_leaf)
-            assert await new_connection.get("/healthz") == 200
-        finally:
-            await new_connection.close()
-        assert old_connection.peer_certificate() == der(old_leaf)
-        assert await old_connection.get("/healthz") == 200  # not dropped
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context(old_ca))) as client:
-            with pytest.raises(aiohttp.ClientConnectorCertificateError):
-                await client.get(webhook.url("/healthz"), server_hostname=SERVICE_DNS)
-    finally:
-        await old_connection.close()
-        await webhook.runner.cleanup()
-
-
-async def test_a_half_written_certificate_pair_is_skipped_and_the_old_one_keeps_serving(tmp_path: pathlib.Path) -> None:
-    old_ca, new_ca = trustme.CA(), trustme.CA()
-    tls = Tls(tmp_path)
-    old_leaf = tls.issue(old_ca)
-    webhook = await _start(tls)
-    try:
-        key = tls.key_file.read_bytes()
-        leaf = new_ca.issue_cert(SERVICE_DNS)
-        tls.cert_file.write_bytes(leaf.cert_chain_pems[0].bytes())  # new certificate, old key: not a pair yet
-        assert webhook.reloader.check() is False
-        connection = await Connection.open(webhook.port, client_context(old_ca, new_ca))
-        try:
-            assert connection.peer_certificate() == der(old_leaf)
-        finally:
-            await connection.close()
-        tls.key_file.write_bytes(leaf.private_key_pem.bytes())
-        assert key != tls.key_file.read_bytes() and webhook.reloader.check() is True
-    finally:
-        await webhook.runner.cleanup()
-
-
-async def test_the_background_task_picks_up_a_rotation_by_itself(tmp_path: pathlib.Path) -> None:
-    tls = Tls(tmp_path)
-    tls.issue(trustme.CA())
-    webhook = await _start(tls, reload_interval=0.02)
-    try:
-        new_ca = trustme.CA()
-        new_leaf = tls.issue(new_ca)
-        async with asyncio.timeout(10):
-            while webhook.reloader.reloads == 0:
-                await asyncio.sleep(0.02)
-        connection = await Connection.open(webhook.port, client_context(new_ca))
-        try:
-            assert connection.peer_certificate() == der(new_leaf)
-        finally:
-            await connection.close()
-    finally:
-        await webhook.runner.cleanup()
-
-
-def test_unreadable_or_mismatched_certificate_files_raise_a_clear_error(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(certs.CertificateError, match="no such file"):
-        certs.server_context(str(tmp_path / "missing.crt"), str(tmp_path / "missing.key"))
-    (tmp_path / "bad.crt").write_text("not a certificate")
-    (tmp_path / "bad.key").write_text("not a key")
-    with pytest.raises(certs.CertificateError, match="cannot load TLS certificate"):
-        certs.server_context(str(tmp_path / "bad.crt"), str(tmp_path / "bad.key"))
 
 
 class Unlisted(listwatch.ListWatch):

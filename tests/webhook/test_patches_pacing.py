@@ -1,6 +1,7 @@
-"""With `pacing.enabled` the webhook gates the pods it changes while a pacer is alive, for the pacer
-to release in arrival order; the device plugin's labeller writes every allocation at once (pacer/,
-docs/steering.md). Whether a pacer is alive is read from its Lease: tests/webhook/test_pacerlease.py."""
+"""With `pacing.enabled` the webhook gates the pods it changes while a pacer is alive (the gate and
+the decision's `notGated`: webhook/patches.py, `gate_ops`), for the pacer to release in arrival
+order; the device plugin's labeller writes every allocation at once (pacer/, docs/steering.md).
+Whether a pacer is alive is read from its Lease: tests/webhook/test_pacerlease.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The generated stubs carry kubelet's exact wire contract (package, services, field numbers)."""
+"""The stubs proto/generate.py generates (`make proto`) carry kubelet's exact wire contract
+(package, services, field numbers)."""
 
 import pytest
 
