@@ -1,7 +1,7 @@
 """The steering families: each a small object that says which request fields it reads (`reads`),
 which weights of the table its terms carry (`band`, rows of webhook/steering/weights.py) and
 which terms it writes for a request (`required`, `preferred`). webhook/steering/__init__.py
-composes them per kind of request; each has its own test (tests/webhook/test_steering_families.py).
+composes them per kind of request; each has its own test (tests/webhook/steering/test_families.py).
 
 Families read nothing but their arguments: no cluster state reaches them except as an argument
 their caller read through the answer seam (webhook/answerinputs.py), as the CPU-pod band is.
