@@ -1,46 +1,21 @@
-"""migStrategy in DRA mode: the DRA plugin publishes and prepares the node as the device plugin
-serves it (none leaves GPUs in MIG mode out, single shares each MIG device by memory, mixed
-publishes MIG devices whole), and refuses a layout `single` cannot serve in one line."""
+"""migStrategy in DRA mode, through `gpuslice-dra-plugin --print-resource-slices` (dra/main.py):
+the DRA plugin publishes the node as the device plugin serves it (none leaves GPUs in MIG mode out,
+single shares each MIG device by memory, mixed publishes MIG devices whole), and refuses a layout
+`single` cannot serve in one line. A failed GPU's taints under single: tests/dra/test_slices.py; a
+share prepared on its MIG device: tests/dra/test_preparer.py."""
 
 from __future__ import annotations
 
-import json
-
 import chartkit
-import dra_kit
 import pytest
 import yaml
-from dra_kit import claim, dirs_fixture, ref, result, uid  # noqa: F401 - fixture
+from dra_kit import PROFILE_MIB, a100_node_file
 
-from gpuslice import config, contract
-from gpuslice.dra import checkpoint, main, preparer, slices
-from gpuslice.node import nodefile, startup
+from gpuslice.dra import main, slices
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
 DEMO = chartkit.REPO / "gpuslice" / "examples" / "demo-node.yaml"
-PROFILE_MIB = 40192
-
-
-def a100_node_file(tmp_path, profiles_per_gpu=(("3g.40gb", "3g.40gb"), ("3g.40gb", "3g.40gb"))):
-    """Two A100s in MIG mode, each with the MIG devices named (uniform by default)."""
-    memory = {"3g.40gb": PROFILE_MIB, "1g.10gb": 9728}
-    gpus = [
-        {
-            "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
-            "model": "NVIDIA A100-SXM4-80GB",
-            "memoryMiB": 81920,
-            "index": index,
-            "mig": [
-                {"uuid": f"MIG-{index:04d}{j:04d}-0000-0000-0000-000000000000", "profile": p, "memoryMiB": memory[p]}
-                for j, p in enumerate(profiles)
-            ],
-        }
-        for index, profiles in enumerate(profiles_per_gpu)
-    ]
-    path = tmp_path / "node.yaml"
-    path.write_text(yaml.safe_dump({"gpus": gpus}))
-    return path
 
 
 def printed(capsys, node_file, strategy: str) -> dict[str, dict]:
@@ -77,14 +52,6 @@ def test_single_shares_each_mig_device_by_memory_with_its_gpu_as_parent(tmp_path
     }
 
 
-def test_under_single_a_failed_gpu_taints_every_mig_device_shared_on_it(tmp_path):
-    settings = config.Config(mig_strategy="single")
-    served = startup.served_node(nodefile.load(a100_node_file(tmp_path)), settings)
-    taints = {"GPU-00000000-0000-0000-0000-000000000000": slices.Taint("xid-79", "2026-11-25T10:00:00Z")}
-    devices = {d["name"]: d for d in slices.devices(served, settings.contract, taints)}
-    assert [name for name, d in sorted(devices.items()) if "taints" in d] == ["gpu-0", "gpu-1"]
-
-
 @pytest.mark.parametrize(
     ("profiles", "named"),
     [
@@ -105,26 +72,3 @@ def test_single_with_mps_is_refused_as_the_device_plugin_refuses_it(tmp_path, ca
     argv = ["--node-file", str(a100_node_file(tmp_path)), "--print-resource-slices", "--mig-strategy", "single"]
     assert main.main([*argv, "--mps-enabled", "true"]) == 2
     assert "mps.enabled cannot be used with migStrategy single" in capsys.readouterr().err
-
-
-async def test_under_single_a_share_is_prepared_on_its_mig_device(tmp_path, dirs):
-    settings = config.Config(mig_strategy="single")
-    served = startup.served_node(nodefile.load(a100_node_file(tmp_path)), settings)
-    api = dra_kit.FakeApi()
-    share = claim(uid(1), [result("gpu", "gpu-3", "10Gi", share_id="11111111-2222-4333-8444-555555555555")])
-    api.add_claim(share)
-    plugin = preparer.Preparer(
-        node=served,
-        settings=settings,
-        pool="node-a",
-        api=api,
-        state=checkpoint.Checkpoint(dirs["state"] / "checkpoint.json", contract.Contract().dra_driver),
-        cdi_dir=dirs["cdi"],
-    )
-    plugin.recover()
-    assert (await plugin.prepare([ref(share)]))[uid(1)].error == ""
-    spec = json.loads((dirs["cdi"] / f"k8s.gpu.gpuslice.io-claim_{uid(1)}.json").read_text())
-    env = dict(entry.split("=", 1) for entry in spec["devices"][0]["containerEdits"]["env"])
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "MIG-00010001-0000-0000-0000-000000000000"
-    assert env["GPUSLICE_MEMORY_LIMIT_MIB"] == "10240"
-    assert env["GPUSLICE_GPU_FRACTION"] == "0.2547"  # 40 of the MIG device's 157 units
