@@ -5,6 +5,8 @@ FakeApi stands in for kube.KubernetesApi with the same coroutine methods; it kee
 and ResourceClaims as JSON dicts and counts every call, so tests can assert what was read and
 written. `register_like_kubelet` follows kubelet's plugin watcher: GetInfo on the registration
 socket, checks of the answer, a dial of the DRA endpoint, NotifyRegistrationStatus.
+`a100_node_file` writes a node of two A100s in MIG mode (migStrategy's tests); `by_name` indexes
+the devices of ResourceSlices by name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from gpuslice.dra import kube, preparer, server
 from gpuslice.proto.dra.v1 import api_pb2 as v1
@@ -211,3 +214,31 @@ async def unprepare(endpoint: pathlib.Path, claims: Iterable[dict[str, Any]], ve
     )
     async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
         return await stubs.DRAPluginStub(channel).NodeUnprepareResources(request, timeout=5)
+
+
+PROFILE_MIB = 40192
+
+
+def a100_node_file(tmp_path, profiles_per_gpu=(("3g.40gb", "3g.40gb"), ("3g.40gb", "3g.40gb"))):
+    """Two A100s in MIG mode, each with the MIG devices named (uniform by default)."""
+    memory = {"3g.40gb": PROFILE_MIB, "1g.10gb": 9728}
+    gpus = [
+        {
+            "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
+            "model": "NVIDIA A100-SXM4-80GB",
+            "memoryMiB": 81920,
+            "index": index,
+            "mig": [
+                {"uuid": f"MIG-{index:04d}{j:04d}-0000-0000-0000-000000000000", "profile": p, "memoryMiB": memory[p]}
+                for j, p in enumerate(profiles)
+            ],
+        }
+        for index, profiles in enumerate(profiles_per_gpu)
+    ]
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"gpus": gpus}))
+    return path
+
+
+def by_name(objs):
+    return {d["name"]: d for s in objs for d in s["spec"]["devices"]}

@@ -1,6 +1,7 @@
 """A fake API server for the steering labeller (node/labeller.py): the node it patches, and the
-node's pods, served as kube-apiserver serves them (merge patches, list + watch JSON). The labeller's
-tests and the device plugin's shutdown test use it."""
+node's pods, served as kube-apiserver serves them (merge patches, list + watch JSON); and `pod`, a
+pod with its requests and phase. The labeller's and the node pod watch's tests and the device
+plugin's shutdown test use it."""
 
 from __future__ import annotations
 
@@ -82,3 +83,10 @@ class FakeApiServer:
             "metadata": {"name": NODE, "labels": self.labels},
         }
         return web.json_response(node)
+
+
+def pod(phase: str, cpu: str, memory: str, *, init_cpu: str | None = None) -> dict:
+    spec: dict = {"containers": [{"name": "a", "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}
+    if init_cpu is not None:
+        spec["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": init_cpu}}}]
+    return {"spec": spec, "status": {"phase": phase}}

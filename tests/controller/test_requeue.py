@@ -5,48 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import datetime
 from typing import Any
 
-import kubernetes
-import prometheus_client
 import pytest
+from requeuekit import CONTRACT, ENTRY, _Api, _requeuer, refused_pod
 
 from gpuslice import config
 from gpuslice.controller import requeue
-
-CONTRACT = config.Config().contract
-
-
-def refused_pod(**metadata: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "train",
-            "namespace": "team-a",
-            "uid": "6f1c2b7e-0000-4000-8000-000000000001",
-            "resourceVersion": "4711",
-            "creationTimestamp": "2026-11-23T19:00:00Z",
-            "labels": {"app": "train"},
-            "annotations": {"gpu-fraction": "0.6", CONTRACT.decision_annotation: "{}"},
-            "managedFields": [{"manager": "kubectl"}],
-            **metadata,
-        },
-        "spec": {
-            "nodeName": "gpu-7",
-            "schedulerName": "default-scheduler",
-            "containers": [
-                {"name": "main", "image": "train:1", "resources": {"limits": {"gpuslice.io/gpu-memory": "191"}}}
-            ],
-        },
-        "status": {
-            "phase": "Failed",
-            "reason": "UnexpectedAdmissionError",
-            "message": "no single GPU had 191 units",
-        },
-    }
 
 
 def test_a_refused_converted_bare_pod_is_requeueable() -> None:
@@ -102,94 +68,6 @@ def test_a_replacement_is_gated_for_the_pacer_only_while_pacing() -> None:
     assert again["spec"]["schedulingGates"] == [{"name": CONTRACT.pacing_gate}]  # never twice
 
 
-class _Api:
-    """kube-apiserver's side of what the requeuer calls, in memory: pods and ConfigMaps by name
-    (a create of a taken name is 409, a delete of a missing one 404, a delete whose UID
-    precondition fails 409), every call recorded in order. Against the real API server:
-    tests/e2e/test_real_burst.py."""
-
-    def __init__(self, pods: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
-        self.pods: dict[tuple[str, str], Any] = {}
-        for pod in pods:
-            self._put_pod(pod["metadata"]["namespace"], pod)
-        self.config_maps: dict[tuple[str, str], Any] = {}
-        self.calls: list[str] = []
-        self.created: list[dict[str, Any]] = []
-        self.refuse_creates: int | None = None  # an HTTP status every pod create answers
-        self.events: list[Any] = []
-
-    def _put_pod(self, namespace: str, body: dict[str, Any]) -> Any:
-        metadata = body["metadata"]
-        uid = metadata.get("uid") or f"uid-{len(self.calls)}"
-        self.pods[(namespace, metadata["name"])] = kubernetes.client.V1Pod(
-            metadata=kubernetes.client.V1ObjectMeta(
-                name=metadata["name"],
-                namespace=namespace,
-                uid=uid,
-                deletion_timestamp=metadata.get("deletionTimestamp"),
-            )
-        )
-        return self.pods[(namespace, metadata["name"])]
-
-    def delete_namespaced_pod(self, name: str, namespace: str, body: Any) -> None:
-        self.calls.append(f"delete pod {name}")
-        pod = self.pods.get((namespace, name))
-        if pod is None:
-            raise kubernetes.client.ApiException(status=404)
-        if body.preconditions.uid != pod.metadata.uid:
-            raise kubernetes.client.ApiException(status=409)
-        del self.pods[(namespace, name)]
-
-    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> Any:
-        self.calls.append(f"create pod {body['metadata']['name']}")
-        if self.refuse_creates is not None:
-            raise kubernetes.client.ApiException(status=self.refuse_creates)
-        if (namespace, body["metadata"]["name"]) in self.pods:
-            raise kubernetes.client.ApiException(status=409)
-        self.created.append(body)
-        return self._put_pod(namespace, copy.deepcopy(body))
-
-    def read_namespaced_pod(self, name: str, namespace: str) -> Any:
-        pod = self.pods.get((namespace, name))
-        if pod is None:
-            raise kubernetes.client.ApiException(status=404)
-        return pod
-
-    def create_namespaced_event(self, namespace: str, body: Any) -> None:
-        self.events.append(body)
-
-    def create_namespaced_config_map(self, namespace: str, body: Any) -> None:
-        self.calls.append(f"create configmap {body.metadata.name}")
-        key = (namespace, body.metadata.name)
-        if key in self.config_maps:
-            raise kubernetes.client.ApiException(status=409)
-        body.metadata.creation_timestamp = datetime.datetime.now(datetime.UTC)
-        self.config_maps[key] = body
-
-    def delete_namespaced_config_map(self, name: str, namespace: str) -> None:
-        self.calls.append(f"delete configmap {name}")
-        if self.config_maps.pop((namespace, name), None) is None:
-            raise kubernetes.client.ApiException(status=404)
-
-    def list_namespaced_config_map(self, namespace: str, label_selector: str) -> Any:
-        items = [
-            c for (ns, _), c in self.config_maps.items() if ns == namespace and label_selector in c.metadata.labels
-        ]
-        return kubernetes.client.V1ConfigMapList(items=items)
-
-
-def _requeuer(api: _Api, **options: Any) -> requeue.Requeuer:
-    settings = config.Config()
-    settings = dataclasses.replace(settings, requeue=dataclasses.replace(settings.requeue, backoff_seconds=0.0))
-    return requeue.Requeuer(
-        api,  # type: ignore[arg-type]
-        settings,
-        registry=prometheus_client.CollectorRegistry(),
-        namespace="gpuslice-system",
-        **options,
-    )
-
-
 @pytest.mark.parametrize("alive", [True, False])
 def test_the_requeuer_gates_its_replacement_while_a_pacer_is_alive(alive: bool) -> None:
     api = _Api([refused_pod()])
@@ -197,9 +75,6 @@ def test_the_requeuer_gates_its_replacement_while_a_pacer_is_alive(alive: bool) 
     asyncio.run(requeuer._requeue(refused_pod()))
     (created,) = api.created
     assert ("schedulingGates" in created["spec"]) is alive
-
-
-ENTRY = f"gpuslice-requeue-{refused_pod()['metadata']['uid']}"
 
 
 def _count(requeuer: requeue.Requeuer, result: str) -> float:
@@ -265,58 +140,6 @@ def test_a_requeue_whose_create_fails_is_finished_from_the_journal_by_a_later_pa
     (event,) = api.events
     assert event.reason == "Requeued" and "requeue journal" in event.message
     assert event.involved_object.uid == api.pods[("team-a", "train")].metadata.uid
-
-
-@pytest.mark.parametrize(
-    ("present", "outcome"),
-    [
-        ({"uid": "someone-elses"}, "forgotten"),  # the replacement exists, or the user made one
-        ({"deletionTimestamp": "2026-11-23T19:01:00Z"}, "waiting"),  # still terminating
-    ],
-    ids=["other-pod", "terminating"],
-)
-def test_an_entry_whose_pod_name_is_taken_is_never_created_again(present: dict[str, Any], outcome: str) -> None:
-    api = _Api([refused_pod(**present)])
-    requeuer = _requeuer(api)
-    asyncio.run(requeuer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT)))
-    done = asyncio.run(requeuer.journal.recover(requeuer._create, grace_seconds=0))
-    assert api.created == []
-    assert (done.forgotten, done.waiting) == ((1, 0) if outcome == "forgotten" else (0, 1))
-    assert bool(api.config_maps) is (outcome == "waiting")
-
-
-def test_an_entry_of_a_requeue_in_progress_here_is_left_to_it() -> None:
-    api = _Api()
-    requeuer = _requeuer(api)
-    uid = refused_pod()["metadata"]["uid"]
-    asyncio.run(requeuer.journal.write(uid, requeue.replacement(refused_pod(), CONTRACT)))
-    done = asyncio.run(requeuer.journal.recover(requeuer._create, busy={uid}, grace_seconds=0))
-    assert done.waiting == 1 and api.created == []
-
-
-def test_an_unreadable_entry_is_left_alone_and_the_others_are_finished() -> None:
-    api = _Api()
-    requeuer = _requeuer(api)
-    asyncio.run(requeuer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT)))
-    asyncio.run(requeuer.journal.write("other", {"metadata": {"name": "x", "namespace": "y"}}))
-    api.config_maps[("gpuslice-system", "gpuslice-requeue-other")].data["pod.json"] = "{not json"
-    done = asyncio.run(requeuer.journal.recover(requeuer._create, grace_seconds=0))
-    assert done.created == ["team-a/train"] and list(api.config_maps) == [("gpuslice-system", "gpuslice-requeue-other")]
-
-
-def test_an_entry_whose_requeuer_died_before_the_delete_is_finished_delete_and_create() -> None:
-    # The entry was written, then the process died: the refused pod is still there, Failed. Its
-    # entry now also keeps a restarted requeuer from starting over (the write is the lock), so
-    # the pass finishes it: the refused pod deleted by its UID, the replacement created.
-    api = _Api([refused_pod()])
-    requeuer = _requeuer(api)
-    asyncio.run(requeuer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT)))
-    asyncio.run(requeuer._requeue(refused_pod()))  # a restarted requeuer finds the entry: leaves it
-    assert "delete pod train" not in api.calls
-    done = asyncio.run(requeuer.journal.recover(requeuer._create, grace_seconds=0))
-    assert done.created == ["team-a/train"] and api.config_maps == {}
-    assert api.calls[-3:] == ["delete pod train", "create pod train", f"delete configmap {ENTRY}"]
-    assert api.pods[("team-a", "train")].metadata.uid != refused_pod()["metadata"]["uid"]
 
 
 async def test_a_standby_requeues_nothing_and_takes_over_with_the_failed_pods_it_listed() -> None:

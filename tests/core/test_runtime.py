@@ -1,6 +1,6 @@
 """The runtime every process runs under (gpuslice/runtime.py): ordered start and shutdown, a failing
 runnable stopping the process, readiness and metrics over real HTTP, signals, and leader election
-as a wrapper. The processes over it: tests/deviceplugin/test_lifecycle.py, tests/dra/test_server.py,
+as a wrapper. The processes over it: tests/deviceplugin/test_main.py, tests/dra/test_main.py,
 tests/webhook/test_main.py."""
 
 from __future__ import annotations

@@ -11,22 +11,19 @@ import asyncio
 import dataclasses
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 
 import grpc
-import kubernetes
 import prometheus_client
 import pytest
-from aiohttp import web
+from devicepluginkit import NODE, FakeApiServer, api_server_fixture, pod_json, victim_fixture  # noqa: F401 - fixtures
 from fake_nvml import FakeNvml
-from fake_proc import CLOCK_TICKS, FakeProc
+from fake_proc import FakeProc
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice import config, contract
-from gpuslice.deviceplugin import cgroups, killer, monitor, overuse, podapi
+from gpuslice.deviceplugin import monitor, overuse, podapi
 from gpuslice.node import podresources
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
@@ -34,7 +31,6 @@ H100_A = "GPU-21302f2a-76fb-5940-b684-dae50f92c162"
 H100_B = "GPU-eeca949e-f642-56d1-9ca3-6efaa80acfb1"
 MIG_1G = "MIG-1ccf2998-6a5b-590c-8152-c9dc5eb13434"
 NAMES = contract.Contract()
-NODE = "gpu-node-1"
 UID_A = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
 UID_B = "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb"
 CID_A, CID_B = "1" * 64, "2" * 64
@@ -83,67 +79,6 @@ async def kubelet() -> AsyncIterator[Kubelet]:
     finally:
         await server.stop(0)
         shutil.rmtree(directory, ignore_errors=True)
-
-
-# --- the API server -----------------------------------------------------------------------
-
-
-def pod_json(uid: str, name: str, containers: dict[str, str], namespace: str = "team") -> dict:
-    return {
-        "metadata": {"uid": uid, "namespace": namespace, "name": name},
-        "spec": {"nodeName": NODE},
-        "status": {
-            "containerStatuses": [{"name": n, "containerID": f"containerd://{cid}"} for n, cid in containers.items()]
-        },
-    }
-
-
-@dataclasses.dataclass
-class FakeApiServer:
-    pods: list[dict] = dataclasses.field(default_factory=list)
-    events: list[dict] = dataclasses.field(default_factory=list)
-    evictions: list[tuple[str, str, dict]] = dataclasses.field(default_factory=list)
-    pod_list_selectors: list[str] = dataclasses.field(default_factory=list)
-    eviction_status: int = 201  # 429: a PodDisruptionBudget refuses
-    event_status: int = 201
-
-    async def list_pods(self, request: web.Request) -> web.Response:
-        self.pod_list_selectors.append(request.query.get("fieldSelector", ""))
-        return web.json_response({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self.pods})
-
-    async def create_event(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        if self.event_status != 201:
-            return web.json_response({"kind": "Status", "code": self.event_status}, status=self.event_status)
-        assert body["metadata"]["namespace"] == request.match_info["namespace"]
-        self.events.append(body)
-        return web.json_response(body, status=201)
-
-    async def evict(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.evictions.append((request.match_info["namespace"], request.match_info["name"], body))
-        if self.eviction_status != 201:
-            message = "Cannot evict pod as it would violate the pod's disruption budget."
-            return web.json_response(
-                {"kind": "Status", "code": self.eviction_status, "reason": "TooManyRequests", "message": message},
-                status=self.eviction_status,
-            )
-        return web.json_response({"kind": "Status", "code": 201, "status": "Success"}, status=201)
-
-
-@pytest.fixture(name="api_server")
-async def api_server_fixture(aiohttp_server) -> AsyncIterator[tuple[FakeApiServer, podapi.KubernetesPodApi]]:
-    fake = FakeApiServer()
-    app = web.Application()
-    app.router.add_get("/api/v1/pods", fake.list_pods)
-    app.router.add_post("/api/v1/namespaces/{namespace}/events", fake.create_event)
-    app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", fake.evict)
-    server = await aiohttp_server(app, host="127.0.0.1")
-    configuration = kubernetes.client.Configuration()
-    configuration.host = f"http://127.0.0.1:{server.port}"
-    api_client = kubernetes.client.ApiClient(configuration)
-    yield fake, podapi.KubernetesPodApi(api_client, timeout_seconds=2)
-    api_client.close()
 
 
 # --- the node -----------------------------------------------------------------------------
@@ -346,18 +281,6 @@ async def test_an_eviction_a_disruption_budget_refuses_is_said_once_and_retried(
     assert len(node.api.evictions) == 3 and "being evicted" in node.api.events[-1]["message"]
 
 
-@pytest.fixture
-async def victim() -> AsyncIterator[asyncio.subprocess.Process]:
-    """A real process the kill policy may kill."""
-    process = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
-
-
 async def test_kill_kills_the_largest_process_of_the_container_and_says_which(node, victim):
     node.proc.link_self()  # the monitor sees the PID namespace it lives in (hostPID)
     node.proc.add_container_process(victim.pid, UID_A, CID_A)
@@ -382,27 +305,6 @@ async def test_kill_falls_back_to_warn_outside_the_hosts_pid_namespace(node):
     await round_(node, usage_monitor, after=30)
     (event,) = node.api.events
     assert "policy warn" in event["message"]
-
-
-async def test_a_pid_taken_by_another_process_since_it_was_measured_is_not_killed(tmp_path, victim):
-    proc = FakeProc(tmp_path / "proc")
-    ticks = proc.add_container_process(victim.pid, UID_A, CID_A)
-    measured = cgroups.read(victim.pid, proc.path)
-    proc.add_container_process(victim.pid, UID_B, CID_B)  # same PID, now another pod's process
-    assert killer.kill_if_same(measured, proc.path) is killer.KillResult.CHANGED
-    proc.add(victim.pid, proc.root.joinpath(str(victim.pid), "cgroup").read_text(), started=ticks / CLOCK_TICKS + 5)
-    assert killer.kill_if_same(measured, proc.path) is killer.KillResult.CHANGED
-    assert victim.returncode is None
-    proc.add_container_process(victim.pid, UID_A, CID_A, started=ticks / CLOCK_TICKS)
-    assert killer.kill_if_same(dataclasses.replace(measured, start_ticks=ticks), proc.path) is killer.KillResult.KILLED
-    assert await asyncio.wait_for(victim.wait(), 10) == -signal.SIGKILL
-
-
-def test_a_process_that_already_exited_is_reported_gone(tmp_path):
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    pid = int(finished.stdout)
-    identity = cgroups.Identity(pid, 1, cgroups.ContainerRef(UID_A, CID_A))
-    assert killer.kill_if_same(identity, str(tmp_path)) in (killer.KillResult.GONE, killer.KillResult.CHANGED)
 
 
 # --- what cannot be attributed or read ----------------------------------------------------

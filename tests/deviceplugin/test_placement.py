@@ -1,5 +1,6 @@
 """The memory-aware placement score (deviceplugin/placement.py): formula, smoothing, hysteresis,
-capacity weighting and per-GPU read errors, driven by a settable reader and a settable clock."""
+capacity weighting, per-GPU read errors and memory pressure, driven by a settable reader and a
+settable clock."""
 
 from __future__ import annotations
 
@@ -138,3 +139,19 @@ def test_no_readable_gpu_means_no_score():
 def test_bad_smoothing_settings_are_refused(tau, step):
     with pytest.raises(ValueError, match="tau_seconds"):
         placement.PlacementScore(node=node(80000), read=Readings(), tau_seconds=tau, step=step)
+
+
+def test_a_gpu_under_memory_pressure_scores_zero_and_lowers_the_node_score():
+    gpus = tuple(inventory.Gpu(uuid=f"G{i}", model="GPU", memory_mib=80000, index=i) for i in range(2))
+    pressured: set[str] = set()
+    score = placement.PlacementScore(
+        node=inventory.NodeInventory(gpus=gpus),
+        read=lambda uuid: (0, 80000, 0),  # both GPUs free and idle
+        pressured=lambda: pressured,
+    )
+    assert score() == 100
+    pressured.add("G1")
+    fresh = placement.PlacementScore(
+        node=inventory.NodeInventory(gpus=gpus), read=lambda uuid: (0, 80000, 0), pressured=lambda: pressured
+    )
+    assert fresh() == 50  # G1 counts as full: (1 + 0) / 2

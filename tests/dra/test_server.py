@@ -1,20 +1,17 @@
-"""The DRA plugin over real unix sockets with grpc.aio: kubelet's plugin registration
-(GetInfo, NotifyRegistrationStatus as the plugin watcher calls them), NodePrepareResources and
-NodeUnprepareResources through both service versions, and the whole `gpuslice-dra-plugin` run
-loop (sockets, slices, HTTP, SIGTERM-like stop) against an in-memory API server."""
+"""The DRA plugin's gRPC side (dra/server.py) over real unix sockets with grpc.aio: kubelet's
+plugin registration (GetInfo, NotifyRegistrationStatus as the plugin watcher calls them),
+NodePrepareResources and NodeUnprepareResources through both service versions. The whole
+`gpuslice-dra-plugin` run loop: tests/dra/test_main.py."""
 
 from __future__ import annotations
 
-import asyncio
-
-import aiohttp
 import dra_kit
 import grpc
 import pytest
 from dra_kit import claim, dirs_fixture, ref, result, uid  # noqa: F401 - fixture
 
 from gpuslice import config
-from gpuslice.dra import checkpoint, main, preparer, server
+from gpuslice.dra import checkpoint, preparer, server
 from gpuslice.proto.dra.v1 import api_pb2 as v1
 from gpuslice.proto.dra.v1beta1 import api_pb2 as v1beta1
 from gpuslice.proto.pluginregistration.v1 import api_pb2 as registration
@@ -154,119 +151,3 @@ async def test_a_call_on_a_stopped_plugin_fails_as_unavailable(demo_node, dirs):
     with pytest.raises(grpc.aio.AioRpcError) as failed:
         await dra_kit.prepare(socket, [claim(uid(4), None)])
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
-
-
-# --- the whole plugin ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def plugin_options(dirs, http_port: int) -> main.Options:  # type: ignore[no-untyped-def]
-    return main.Options(
-        node_name="node-a",
-        plugins_dir=str(dirs["plugins"]),
-        registry_dir=str(dirs["registry"]),
-        cdi_dir=str(dirs["cdi"]),
-        state_dir=str(dirs["state"]),
-        http_port=http_port,
-    )
-
-
-async def test_the_plugin_serves_publishes_prepares_and_stops_cleanly(demo_node, dirs):
-    api = dra_kit.FakeApi()
-    share = claim(uid(5), [result("gpu", "gpu-0", "2Gi", share_id=SHARE_ID)])
-    api.add_claim(share)
-    port = free_port()
-    options = plugin_options(dirs, port)
-    settings = config.load(overrides={"dra.sliceMinIntervalSeconds": 0.05}, environ={})
-    stop = asyncio.Event()
-    task = asyncio.create_task(main.run(settings, options, demo_node, stop=stop, api=api), name="dra-plugin-under-test")
-    socket = dirs["plugins"] / "gpu.gpuslice.io" / "dra.sock"
-    try:
-        for _ in range(200):
-            if (dirs["registry"] / "gpu.gpuslice.io-reg.sock").exists() and api.slices:
-                break
-            await asyncio.sleep(0.02)
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
-                assert response.status == 503 and "kubelet registration" in await response.text()
-            await dra_kit.register_like_kubelet(dirs["registry"])
-            async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
-                assert response.status == 200, await response.text()
-            assert [s["spec"]["pool"]["generation"] for s in api.slices.values()] == [1]
-            answer = await dra_kit.prepare(socket, [share])
-            assert answer.claims[uid(5)].devices[0].share_id == SHARE_ID
-            async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
-                text = await response.text()
-            assert 'gpuslice_dra_calls_total{call="prepare",result="ok"} 1.0' in text
-            assert "gpuslice_dra_prepared_claims 1.0" in text
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
-    assert not socket.exists() and not (dirs["registry"] / "gpu.gpuslice.io-reg.sock").exists()
-    assert (dirs["state"] / "checkpoint.json").exists()
-
-
-async def test_the_plugin_refuses_to_start_on_a_damaged_checkpoint(demo_node, dirs):
-    dirs["state"].mkdir(parents=True)
-    (dirs["state"] / "checkpoint.json").write_text("{damaged")
-    options = plugin_options(dirs, 0)
-    assert await main.run(config.Config(), options, demo_node, stop=asyncio.Event(), api=dra_kit.FakeApi()) == 2
-    assert not (dirs["registry"]).exists() or list(dirs["registry"].iterdir()) == []
-
-
-class RecordingNodeApi:
-    """The steering labeller's NodeApi: the merged labels of node-a as the API server would hold them."""
-
-    def __init__(self) -> None:
-        self.labels: dict[str, str] = {}
-        self.changed = asyncio.Event()
-
-    async def patch_labels(self, node_name: str, labels: dict[str, str | None]) -> None:
-        assert node_name == "node-a"
-        for key, value in labels.items():
-            if value is None:
-                self.labels.pop(key, None)
-            else:
-                self.labels[key] = value
-        self.changed.set()
-
-    async def until(self, check) -> None:  # type: ignore[no-untyped-def]
-        while not check(self.labels):
-            self.changed.clear()
-            await asyncio.wait_for(self.changed.wait(), 5)
-
-
-async def test_the_plugin_publishes_steering_labels_from_the_claims_it_prepared_and_withdraws_them(demo_node, dirs):
-    contract = config.Config().contract
-    api = dra_kit.FakeApi()
-    share = claim(uid(6), [result("gpu", "gpu-0", "2Gi", share_id=SHARE_ID)])
-    api.add_claim(share)
-    node_api = RecordingNodeApi()
-    options = plugin_options(dirs, 0)
-    settings = config.load(overrides={"steering.labelMinIntervalSeconds": 0.01}, environ={})
-    stop = asyncio.Event()
-    task = asyncio.create_task(main.run(settings, options, demo_node, stop=stop, api=api, node_api=node_api))
-    socket = dirs["plugins"] / "gpu.gpuslice.io" / "dra.sock"
-    try:
-        await node_api.until(lambda labels: contract.label_free_units in labels)
-        free_before = int(node_api.labels[contract.label_free_units])
-        whole_gpus = int(node_api.labels[contract.label_free_gpus])
-        for _ in range(200):
-            if socket.exists():
-                break
-            await asyncio.sleep(0.02)
-        await dra_kit.prepare(socket, [share])
-        # 2 GiB of gpu-0 at 256 MiB units: 8 units fewer, and gpu-0 is no longer whole.
-        await node_api.until(lambda labels: int(labels[contract.label_free_units]) == free_before - 8)
-        assert int(node_api.labels[contract.label_free_gpus]) == whole_gpus - 1
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
-    assert node_api.labels == {}, node_api.labels  # withdrawn at exit

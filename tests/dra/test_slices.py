@@ -1,28 +1,23 @@
-"""The ResourceSlices of DRA mode: structure (the 1.37 OpenAPI schema, strict), the API's limits,
-the memory capacity and its request policy, MIG devices, NVLink and NUMA attributes, taints, and
-`gpuslice-dra-plugin --print-resource-slices`."""
+"""The ResourceSlices of DRA mode (dra/slices.py): structure (the 1.37 OpenAPI schema, strict), the
+API's limits, the memory capacity and its request policy, MIG devices (shared by memory under
+migStrategy single), NVLink and NUMA attributes, and taints. `gpuslice-dra-plugin
+--print-resource-slices`: tests/dra/test_main.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import celpy
 import chartkit
 import pytest
-import yaml
+from dra_kit import a100_node_file, by_name
 
 from gpuslice import config, contract
-from gpuslice.dra import main, slices
-from gpuslice.node import inventory, nodefile
+from gpuslice.dra import slices
+from gpuslice.node import inventory, nodefile, startup
 
 KUBE = "1.37.0"
 CONTRACT = contract.Contract()
-
-
-def by_name(objs):
-    return {d["name"]: d for s in objs for d in s["spec"]["devices"]}
 
 
 @pytest.mark.parametrize("kube", ["1.34.0", "1.35.0", "1.36.0", "1.37.0"])
@@ -280,61 +275,15 @@ def test_device_attributes_answer_the_selectors_dra_mode_writes(demo_node):
     assert sorted(n for n, d in devices.items() if cel_select(sized, d)) == ["gpu-0", "gpu-1"]
 
 
-# --- the command line --------------------------------------------------------------------------------
-
-
-def test_print_resource_slices_prints_valid_yaml_without_a_cluster(tmp_path, capsys):
-    node_file = tmp_path / "node.yaml"
-    node_file.write_text(nodefile.dump(nodefile.load(chartkit.REPO / "gpuslice" / "examples" / "demo-node.yaml")))
-    assert main.main(["--node-file", str(node_file), "--print-resource-slices", "--node-name", "gpu-7"]) == 0
-    objs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [o["metadata"]["name"] for o in objs] == ["gpu-7-gpu.gpuslice.io-0"]
-    assert all(chartkit.schema_errors(o, KUBE) == [] for o in objs)
-    assert len(objs[0]["spec"]["devices"]) == 6
-
-
-def test_print_resource_slices_runs_as_the_console_script():
-    node = chartkit.REPO / "gpuslice" / "examples" / "h200x8-node.yaml"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuslice.dra.main",
-            "--node-file",
-            str(node),
-            "--print-resource-slices",
-            "--memory-unit-mib",
-            "1024",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    devices = by_name(yaml.safe_load_all(done.stdout))
-    assert len(devices) == 8
-    assert devices["gpu-3"]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "1024Mi"
-
-
-def test_a_prefix_too_long_for_a_driver_name_is_a_configuration_error(capsys):
-    long_prefix = "a-very-long-prefix-that-goes-on-and-on-and-on-forever.example.com"
-    with pytest.raises(SystemExit) as stopped:
-        main.parse_args(["--print-resource-slices", "--resource-prefix", long_prefix])
-    assert stopped.value.code == 2
-    assert "allows 63 (shorten resourcePrefix)" in capsys.readouterr().err
-
-
-def test_without_a_node_name_only_printing_is_allowed(capsys, monkeypatch):
-    monkeypatch.delenv("NODE_NAME", raising=False)
-    with pytest.raises(SystemExit):
-        main.parse_args([])
-    assert "--node-name" in capsys.readouterr().err
-    settings, options, _ = main.parse_args(["--print-resource-slices"])
-    assert options.print_resource_slices and settings == config.Config()
-
-
 def test_device_names_stay_dns_labels_for_any_index():
     gpu = inventory.Gpu(uuid="GPU-x", model="m", memory_mib=1024, index=15)
     assert slices.device_name(gpu) == "gpu-15"
     assert slices.mig_device_name(dataclasses.replace(gpu, index=7), 6) == "gpu-7-mig-6"
+
+
+def test_under_single_a_failed_gpu_taints_every_mig_device_shared_on_it(tmp_path):
+    settings = config.Config(mig_strategy="single")
+    served = startup.served_node(nodefile.load(a100_node_file(tmp_path)), settings)
+    taints = {"GPU-00000000-0000-0000-0000-000000000000": slices.Taint("xid-79", "2026-11-25T10:00:00Z")}
+    devices = {d["name"]: d for d in slices.devices(served, settings.contract, taints)}
+    assert [name for name, d in sorted(devices.items()) if "taints" in d] == ["gpu-0", "gpu-1"]

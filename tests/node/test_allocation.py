@@ -7,7 +7,7 @@ import pytest
 from kubelet_emulator import AdmissionError, kubelet_fixture, plugins, socket_dir_fixture  # noqa: F401 - fixtures
 
 from gpuslice import config, contract
-from gpuslice.node import allocation, nodefile, response
+from gpuslice.node import allocation, nodefile
 from gpuslice.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
@@ -159,67 +159,6 @@ async def test_preferred_allocation_honours_must_include(socket_dir, kubelet, de
 
 # --- what the container gets ---------------------------------------------------------------
 
-SHARE = allocation.MemoryGrant(gpu_uuids=(H100_A,), units=159, memory_mib=159 * 256, fraction=0.5)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "envs", "cdi", "mounts"),
-    [
-        (
-            {},
-            {
-                "NVIDIA_VISIBLE_DEVICES": H100_A,
-                "GPUSLICE_MEMORY_LIMIT_MIB": "40704",
-                "GPUSLICE_GPU_FRACTION": "0.5",
-                "GPUSLICE_GPU_COUNT": "1",
-                "GPU_PORTION": "0.5",
-            },
-            [],
-            [],
-        ),
-        (
-            {"deviceListStrategy": "cdi-cri"},
-            {
-                "GPUSLICE_MEMORY_LIMIT_MIB": "40704",
-                "GPUSLICE_GPU_FRACTION": "0.5",
-                "GPUSLICE_GPU_COUNT": "1",
-                "GPU_PORTION": "0.5",
-            },
-            [f"nvidia.com/gpu={H100_A}"],
-            [],
-        ),
-        (
-            {"mps.enabled": True, "mps.pipeDirectory": "/run/gpuslice/mps", "mps.containerPipeDirectory": "/mps"},
-            {
-                "NVIDIA_VISIBLE_DEVICES": H100_A,
-                "GPUSLICE_MEMORY_LIMIT_MIB": "40704",
-                "GPUSLICE_GPU_FRACTION": "0.5",
-                "GPUSLICE_GPU_COUNT": "1",
-                "GPU_PORTION": "0.5",
-                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40704M",
-                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
-                "CUDA_MPS_PIPE_DIRECTORY": "/mps",
-            },
-            [],
-            [("/mps", "/run/gpuslice/mps", False), ("/dev/shm", "/run/nvidia/mps/shm", False)],
-        ),
-    ],
-    ids=["envvar", "cdi-cri", "mps"],
-)
-def test_the_container_environment_follows_the_strategy(overrides, envs, cdi, mounts):
-    settings = config.load(environ={}, overrides=overrides)
-    answer = response.memory_response(SHARE, settings)
-    assert dict(answer.envs) == envs
-    assert [d.name for d in answer.cdi_devices] == cdi
-    assert [(m.container_path, m.host_path, m.read_only) for m in answer.mounts] == mounts
-
-
-@pytest.mark.parametrize(
-    ("fraction", "text"), [(0.5, "0.5"), (1.0, "1"), (1 / 3, "0.3333"), (0.99999, "0.9999"), (0.00001, "0")]
-)
-def test_fractions_are_short_and_never_more_than_granted(fraction, text):
-    assert response.format_fraction(fraction) == text
-
 
 async def test_mps_limits_reach_the_container_through_allocate(kubelet, socket_dir, demo_node):
     settings = config.load(environ={}, overrides={"mps.enabled": True, "deviceListStrategy": "cdi-cri"})
@@ -234,23 +173,6 @@ async def test_mps_limits_reach_the_container_through_allocate(kubelet, socket_d
         kubelet.release("ns/mps/c")
         whole = (await kubelet.allocate(MEMORY, 2 * 318, "ns/mps/whole")).container_responses[0]
         assert whole.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={318 * 256}M,1={318 * 256}M"
-
-
-async def test_every_allocate_and_every_refusal_is_announced_to_listeners(kubelet, socket_dir, demo_node):
-    heard = []
-    async with plugins(demo_node, socket_dir) as plugin_manager:
-        plugin_manager.add_allocation_listener(heard.append)
-        await kubelet.wait_for_resource(MEMORY)
-        await kubelet.wait_for_resource("gpuslice.io/mig-3g.40gb")
-        await kubelet.allocate(MEMORY, 2, "ns/a/c")
-        await kubelet.allocate("gpuslice.io/mig-3g.40gb", 1, "ns/b/c")
-        with pytest.raises(AdmissionError):  # kubelet itself refuses: more than the node has
-            await kubelet.allocate(MEMORY, 700, "ns/c/c")
-        assert heard == [MEMORY, "gpuslice.io/mig-3g.40gb"]
-        # The plugin refuses (the units would span GPUs): labels over-promised, so refresh them.
-        with pytest.raises(AdmissionError):
-            await kubelet.allocate(MEMORY, 400, "ns/d/c")
-    assert heard == [MEMORY, "gpuslice.io/mig-3g.40gb", MEMORY]
 
 
 # --- the policy itself, on the plain functions the simulator calls too ------------------------

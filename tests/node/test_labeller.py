@@ -18,10 +18,10 @@ import kubernetes
 import prometheus_client
 import pytest
 from aiohttp import web
-from labellerkit import NODE, OPERATOR_LABEL, FakeApiServer
+from labellerkit import NODE, OPERATOR_LABEL, FakeApiServer, pod
 
 from gpuslice import config, contract
-from gpuslice.node import allocation, health, labeller, labels, migstrategy, nodefile, nodepods
+from gpuslice.node import allocation, health, labeller, labels, migstrategy, nodefile
 from gpuslice.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 CONTRACT = contract.Contract()
@@ -255,21 +255,6 @@ async def test_every_allocation_in_a_burst_is_written_at_once(demo_node, kubelet
                 lambda left=left: fake.labels.get(CONTRACT.label_free_partial_block_units) == left, f"share {i}"
             )
     assert len(fake.patches) == 6
-
-
-def test_what_is_taken_over_promises_and_what_is_given_back_does_not():
-    written = {
-        CONTRACT.label_free_units: "636",
-        CONTRACT.label_free_partial_block_units: "100",
-        CONTRACT.label_free_cpu_milli: "26000",
-        CONTRACT.label_free_memory_mib: "1000",
-        CONTRACT.label_placement_score: "50",
-    }
-    for key in (CONTRACT.label_free_partial_block_units, CONTRACT.label_free_cpu_milli, CONTRACT.label_free_memory_mib):
-        assert labels.over_promises(written, {key: "10"}, CONTRACT), key
-        assert not labels.over_promises(written, {key: "99999"}, CONTRACT), key
-    assert labels.over_promises(written, {CONTRACT.label_free_units: None}, CONTRACT)  # removed: read as free
-    assert not labels.over_promises(written, {CONTRACT.label_placement_score: "10"}, CONTRACT)
 
 
 async def test_labels_that_over_promise_are_corrected_at_once_and_releases_wait_for_the_rate_limit(
@@ -540,13 +525,6 @@ async def test_notify_from_another_thread_wakes_the_labeller(demo_node, kubelet_
         await eventually(lambda: fake.labels.get(CONTRACT.label_free_gpus) == "1", "woken from a thread")
 
 
-def pod(phase: str, cpu: str, memory: str, *, init_cpu: str | None = None) -> dict:
-    spec: dict = {"containers": [{"name": "a", "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}
-    if init_cpu is not None:
-        spec["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": init_cpu}}}]
-    return {"spec": spec, "status": {"phase": phase}}
-
-
 def test_headroom_counts_requests_as_the_scheduler_does():
     pods = [
         pod("Running", "1500m", "2Gi"),
@@ -614,59 +592,6 @@ async def test_a_pod_without_devices_is_published_at_once_by_the_pod_watch(demo_
         await fake.pod_events.put({"type": "MODIFIED", "object": running})  # a status write: nothing to do
         await asyncio.sleep(0.2)
         assert len(fake.patches) == writes
-
-
-def test_the_node_pod_watch_calls_back_only_when_pods_start_or_end():
-    calls = []
-    pods = nodepods.NodePods(lambda: None, NODE, on_change=lambda: calls.append(1))
-    a = {**pod("Pending", "1", "1Gi"), "metadata": {"uid": "a"}}
-    pods.replace([a])
-    assert len(calls) == 1
-    pods.replace([a])  # a relist with the same pods
-    pods.apply("MODIFIED", {**a, "status": {"phase": "Running"}})
-    assert len(calls) == 1
-    pods.apply("MODIFIED", {**a, "status": {"phase": "Succeeded"}})  # ended: its requests are free again
-    assert len(calls) == 2
-    pods.apply("DELETED", {**a, "status": {"phase": "Succeeded"}})  # already counted as ended
-    assert len(calls) == 2
-    pods.apply("ADDED", {**pod("Running", "1", "1Gi"), "metadata": {"uid": "b"}})
-    pods.apply("DELETED", {**pod("Running", "1", "1Gi"), "metadata": {"uid": "b"}})
-    assert len(calls) == 4
-
-
-def test_the_pod_watch_calls_back_when_a_running_pod_is_resized_in_place():
-    calls: list[int] = []
-    pods = nodepods.NodePods(lambda: None, NODE, on_change=lambda: calls.append(1))
-    running = {**pod("Running", "2", "1Gi"), "metadata": {"uid": "a"}}
-    pods.replace([running])
-    assert len(calls) == 1
-    # Asked down to 1 CPU: kubelet still runs it at 2, so the scheduler still counts 2: no change.
-    smaller = {
-        "metadata": {"uid": "a"},
-        "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]},
-        "status": {
-            "phase": "Running",
-            "containerStatuses": [{"name": "a", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}],
-        },
-    }
-    pods.apply("MODIFIED", smaller)
-    assert len(calls) == 1
-    carried_out = {
-        **smaller,
-        "status": {
-            "phase": "Running",
-            "containerStatuses": [
-                {
-                    "name": "a",
-                    "allocatedResources": {"cpu": "1", "memory": "1Gi"},
-                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-                }
-            ],
-        },
-    }
-    pods.apply("MODIFIED", carried_out)  # kubelet resized it: 1 CPU given back
-    assert len(calls) == 2
-    assert labeller.headroom_from({"cpu": "4", "memory": "8Gi"}, pods.pods()) == (3000, 7168)
 
 
 async def test_without_a_readable_headroom_no_headroom_labels_are_published(demo_node, kubelet_socket, api_server):

@@ -5,15 +5,6 @@ import pytest
 from gpuslice.node import nodefile
 
 
-def test_demo_node_has_two_shared_gpus_and_one_mig_gpu(demo_node):
-    assert [g.model for g in demo_node.memory_gpus] == ["NVIDIA H100 80GB HBM3"] * 2
-    a100 = demo_node.gpus[2]
-    assert a100.mig_enabled and [m.profile for m in a100.mig] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
-    assert demo_node.mig_profiles() == ("1g.10gb", "2g.20gb", "3g.40gb")
-    h0, h1 = demo_node.memory_gpus
-    assert demo_node.nvlinks(h0.uuid, h1.uuid) == 18
-
-
 def test_dump_and_parse_round_trip(demo_node):
     again = nodefile.parse(__import__("yaml").safe_load(nodefile.dump(demo_node)))
     assert again.gpus == demo_node.gpus

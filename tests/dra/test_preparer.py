@@ -1,22 +1,23 @@
-"""NodePrepareResources / NodeUnprepareResources logic of the DRA plugin, without gRPC: what a
-claim's containers get (the CDI spec), idempotency, the GPU-capacity check, and crash-safety:
-a stop between any two durable steps, then a restart, never loses nor doubles a prepared claim."""
+"""NodePrepareResources / NodeUnprepareResources logic of the DRA plugin (dra/preparer.py), without
+gRPC: what a claim's containers get (the CDI spec; under migStrategy single, the MIG device),
+idempotency, the GPU-capacity check, and crash-safety: a stop between any two durable steps, then a
+restart, never loses nor doubles a prepared claim."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import pathlib
 import subprocess
 import sys
 
 import dra_kit
 import pytest
-from dra_kit import H100, H100_B, MIG_3G, claim, dirs_fixture, ref, result, uid  # noqa: F401 - fixture
+from dra_kit import H100, H100_B, MIG_3G, a100_node_file, claim, dirs_fixture, ref, result, uid  # noqa: F401 - fixture
 
-from gpuslice import config
-from gpuslice.dra import cdi, checkpoint, preparer
+from gpuslice import config, contract
+from gpuslice.dra import checkpoint, preparer
+from gpuslice.node import nodefile, startup
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
@@ -407,20 +408,6 @@ async def test_a_checkpoint_that_cannot_be_trusted_stops_the_plugin_with_a_reaso
         make(demo_node, dirs, dra_kit.FakeApi())
 
 
-def test_the_checkpoint_is_replaced_whole_never_written_in_place(demo_node, dirs):
-    state = checkpoint.Checkpoint(dirs["state"] / "checkpoint.json", "gpu.gpuslice.io")
-    state.save()
-    before = os.stat(state.path).st_ino
-    state.put(
-        checkpoint.PreparedClaim(
-            uid(26), "ns", "n", checkpoint.STARTED, (), (), cdi.spec_file_name(config.Config().contract, uid(26))
-        )
-    )
-    assert os.stat(state.path).st_ino != before
-    assert [p.name for p in dirs["state"].iterdir()] == ["checkpoint.json"]
-    assert checkpoint.Checkpoint(state.path, "gpu.gpuslice.io").load()[uid(26)].state == checkpoint.STARTED
-
-
 # --- a real process killed between steps --------------------------------------------------------------
 
 CRASHER = r"""
@@ -466,3 +453,29 @@ async def test_a_plugin_process_killed_mid_prepare_loses_and_doubles_nothing(dem
     assert (await restarted.prepare([ref(obj)]))[uid(30)].error == ""
     assert len(list(dirs["cdi"].glob("*.json"))) == 1
     assert [s.memory_mib for s in restarted.prepared_shares()] == [4096]
+
+
+# --- migStrategy single -------------------------------------------------------------------------------
+
+
+async def test_under_single_a_share_is_prepared_on_its_mig_device(tmp_path, dirs):
+    settings = config.Config(mig_strategy="single")
+    served = startup.served_node(nodefile.load(a100_node_file(tmp_path)), settings)
+    api = dra_kit.FakeApi()
+    share = claim(uid(1), [result("gpu", "gpu-3", "10Gi", share_id="11111111-2222-4333-8444-555555555555")])
+    api.add_claim(share)
+    plugin = preparer.Preparer(
+        node=served,
+        settings=settings,
+        pool="node-a",
+        api=api,
+        state=checkpoint.Checkpoint(dirs["state"] / "checkpoint.json", contract.Contract().dra_driver),
+        cdi_dir=dirs["cdi"],
+    )
+    plugin.recover()
+    assert (await plugin.prepare([ref(share)]))[uid(1)].error == ""
+    spec = json.loads((dirs["cdi"] / f"k8s.gpu.gpuslice.io-claim_{uid(1)}.json").read_text())
+    env = dict(entry.split("=", 1) for entry in spec["devices"][0]["containerEdits"]["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "MIG-00010001-0000-0000-0000-000000000000"
+    assert env["GPUSLICE_MEMORY_LIMIT_MIB"] == "10240"
+    assert env["GPUSLICE_GPU_FRACTION"] == "0.2547"  # 40 of the MIG device's 157 units

@@ -1,10 +1,11 @@
-"""NVML's per-process view (the fake NVML) joined with pods: which container uses what, what no
-grant covers and why, NVML errors, a GPU that falls off the bus, and memory pressure."""
+"""NVML's per-process view (the fake NVML) joined with pods (deviceplugin/attribution.py): which
+container uses what, what no grant covers and why, NVML errors, a GPU that falls off the bus, and
+memory pressure."""
 
 from __future__ import annotations
 
 import pytest
-from fake_nvml import FakeNvml, NVMLError_NotSupported
+from fake_nvml import FakeNvml
 
 from gpuslice import contract
 from gpuslice.deviceplugin import attribution, cgroups, gpu_usage, podapi
@@ -188,27 +189,6 @@ def test_a_gpu_that_falls_off_the_bus_is_down_and_its_mig_devices_too(nvml, demo
     assert snapshot.pressured(0) == frozenset()
     nvml.recover_gpu(A100)
     assert use_of(snapshot_of(nvml, demo_node, {}), "pod-c", MIG_1G).used_mib == 0
-
-
-class DriverWithoutMpsQueries(FakeNvml):
-    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle):
-        raise NVMLError_NotSupported()
-
-
-def test_optional_process_queries_that_are_not_supported_are_skipped(demo_node):
-    nvml = DriverWithoutMpsQueries(demo_node)
-    nvml.nvmlInit()
-    nvml.add_process(H100_A, 101, 1234)
-    reader = gpu_usage.UsageReader(nvml, ((H100_A, H100_A),))
-    (sample,) = reader.read()
-    assert sample.ok and sample.processes == (gpu_usage.GpuProcess(101, 1234),)
-
-
-def test_mps_clients_are_listed_with_their_own_memory(nvml, demo_node):
-    nvml.add_process(H100_A, 900, 300)  # the MPS server
-    nvml.add_process(H100_A, 101, 2048, kind="mps")
-    (sample,) = gpu_usage.UsageReader(nvml, ((H100_A, H100_A),)).read()
-    assert sample.processes == (gpu_usage.GpuProcess(101, 2048), gpu_usage.GpuProcess(900, 300))
 
 
 def test_over_use_beyond_grants_puts_a_gpu_under_pressure_only_past_the_tolerance(nvml, demo_node):

@@ -1,6 +1,7 @@
 """The usage monitor inside the real plugin (`main.run`): a pod allocated through the kubelet
 emulator's real Allocate, its process in the fake NVML and /proc, /metrics over HTTP, an over-use
-Event through a local fake API server; and memory pressure lowering the placement score."""
+Event through a local fake API server; and no monitor without NVML or with it turned off. Memory
+pressure lowering the placement score: tests/deviceplugin/test_placement.py."""
 
 from __future__ import annotations
 
@@ -8,16 +9,14 @@ import asyncio
 
 import aiohttp
 import pytest
+from devicepluginkit import api_server_fixture, free_port, pod_json  # noqa: F401 - fixture
 from fake_nvml import FakeNvml
 from fake_proc import FakeProc
 from kubelet_emulator import kubelet_fixture, socket_dir_fixture  # noqa: F401 - fixtures
 from prometheus_client.parser import text_string_to_metric_families
-from test_lifecycle import free_port
-from test_monitor import api_server_fixture, pod_json  # noqa: F401 - fixture
 
 from gpuslice import config
-from gpuslice.deviceplugin import main, placement
-from gpuslice.node import inventory
+from gpuslice.deviceplugin import main
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
@@ -92,19 +91,3 @@ async def test_without_nvml_or_with_the_monitor_off_no_monitor_runs(kubelet, soc
         assert "deviceplugin-usage-monitor" not in {t.get_name() for t in asyncio.all_tasks()}
         stop.set()
         assert await task == 0
-
-
-def test_a_gpu_under_memory_pressure_scores_zero_and_lowers_the_node_score():
-    gpus = tuple(inventory.Gpu(uuid=f"G{i}", model="GPU", memory_mib=80000, index=i) for i in range(2))
-    pressured: set[str] = set()
-    score = placement.PlacementScore(
-        node=inventory.NodeInventory(gpus=gpus),
-        read=lambda uuid: (0, 80000, 0),  # both GPUs free and idle
-        pressured=lambda: pressured,
-    )
-    assert score() == 100
-    pressured.add("G1")
-    fresh = placement.PlacementScore(
-        node=inventory.NodeInventory(gpus=gpus), read=lambda uuid: (0, 80000, 0), pressured=lambda: pressured
-    )
-    assert fresh() == 50  # G1 counts as full: (1 + 0) / 2
