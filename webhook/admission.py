@@ -140,7 +140,7 @@ def review_document(
 
 def promise(result: Result, cluster: cluster_.ClusterView, *, pod_cpu_milli: int | None = None) -> None:
     """A pod converted (not a dry run) and pinned to one class takes its units there before any
-    label shows it: the next pods of a burst choose their class knowing it (cluster.py, promises).
+    label shows it: the next pods of a burst choose their class knowing it (webhook/promises.py).
     Every pod mutated counts its CPU (`pod_cpu_milli`, else the outcome's) in the CPU demand."""
     outcome = result.outcome
     if result.result == RESULT_MUTATED and not result.dry_run and outcome is not None and outcome.kind:

@@ -128,7 +128,7 @@ class Metrics:
         self._repeats.source = count
 
     def track_promises_returned(self, counts: Callable[[], Mapping[str, int]]) -> None:
-        """Export the promises given back, by reason (webhook/waiting.py, cluster.py), read at each scrape."""
+        """Export the promises given back, by reason (webhook/waiting.py, webhook/promises.py), read at each scrape."""
         self._promises.source = counts
 
     def track_shared_promises(self, listed: Callable[[], bool], from_others: Callable[[], int]) -> None:

@@ -3,7 +3,7 @@ unbound, says which converted pods were stored, so that the promise of one never
 too, and promises here the pods other webhook replicas converted (the shared ledger).
 
 Each conversion pinned to a GPU class is promised against that class until the class's labels show
-it (webhook/cluster.py, promises), so that the pods of a burst choose their class knowing what the
+it (webhook/promises.py, kept by webhook/cluster.py), so that the pods of a burst choose their class knowing what the
 ones before them took. A pod the scheduler marks unschedulable takes nothing, but its promise
 would hold the class's capacity for PROMISE_SECONDS: one pod at a time, the classes then look
 fuller than they are and later pods go to worse ones (0.36 points of the default trace, measured
