@@ -51,6 +51,16 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 3600:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 3600")
+    return seconds
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("replay on the real control plane (--scheduler kube)")
     group.add_argument(
@@ -98,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="kube: write kube-scheduler's CPU profiles (pprof, 20 s each, the whole run) to "
         "DIR/<configuration>-<seed>/; read them with `go tool pprof -top DIR/<run>/*.pb.gz`",
+    )
+    group.add_argument(
+        "--kubelet-prepare-seconds",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="kube, DRA mode: kubelet prepares a bound pod's claims S seconds after the bind (its pod sync; "
+        "default 0), and the node's steering labels, which count prepared claims, count them only then",
     )
     group.add_argument("--kube-bin", metavar="DIR", help=f"the built Kubernetes components [{controlplane.BIN_ENV}]")
     group.add_argument("--kube-workdir", metavar="DIR", help="keep the components' logs here (default: a temp dir)")
@@ -173,6 +191,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                         profile_dir=(
                             pathlib.Path(args.profile_scheduler) / f"{name}-{seed}" if args.profile_scheduler else None
                         ),
+                        prepare_seconds=args.kubelet_prepare_seconds,
                     )
             finally:
                 if not args.kube_workdir:

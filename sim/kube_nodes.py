@@ -104,12 +104,16 @@ class Fleet:
         gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
         status_writers: int = 16,
         dra: bool = False,
+        prepare_seconds: float = 0.0,
     ) -> None:
         self.api = api
         self.settings = settings
         self.contract = settings.contract
         self.sharing = sharing
         self.dra = dra and sharing
+        # DRA mode: how long after a pod is bound kubelet prepares its claims (its pod sync), and
+        # the node's plugin, whose labels count prepared claims, first counts them.
+        self.prepare_seconds = prepare_seconds
         self.steering = settings.steering.enabled and sharing
         self.namespace = namespace
         self.trace_nodes = {n.name: n for n in nodes}
@@ -320,6 +324,8 @@ class Fleet:
 
     async def _admit_dra(self, key: str, node: str, pod: dict[str, Any]) -> None:
         """Kubelet's side in DRA mode: the pod runs; its grant is what its claims were allocated."""
+        if self.prepare_seconds:
+            await asyncio.sleep(self.prepare_seconds)
         granted = 0.0
         shares: list[node_.GpuShare] = []
         statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or ()

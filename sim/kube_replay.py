@@ -151,6 +151,7 @@ async def _drive(
     placements: bool = False,
     webhook_replicas: int | None = None,
     monkey: chaos_.Monkey | None = None,
+    prepare_seconds: float = 0.0,
 ) -> tuple[
     replay.Result,
     float,
@@ -174,6 +175,7 @@ async def _drive(
             namespace=kube_outcomes.NAMESPACE,
             gpu_memory_mib=gpu_memory_mib,
             dra=settings.dra.enabled,
+            prepare_seconds=prepare_seconds,
         )
         await fleet.create_nodes()
         if configuration.sharing:
@@ -285,13 +287,15 @@ def replay_on_kube(
     webhook_replicas: int | None = None,
     chaos: Sequence[chaos_.Event] = (),
     profile_dir: pathlib.Path | None = None,
+    prepare_seconds: float = 0.0,
 ) -> kube_outcomes.KubeResult:
     """Replay `arrivals` on `nodes` through a fresh control plane in `workdir`, and through the model.
     `progress(n)`: n of the pods have an outcome on the control plane (called while they settle).
     `placements`: the kube run's Result also holds every pod's --placements line.
     `webhook_replicas`: that many webhook processes behind a round-robin proxy (None: one, direct).
     `chaos`: processes to kill partway through the arrivals (sim/chaos.py; chaos.check first).
-    `profile_dir`: kube-scheduler's CPU profiles, from its start to the end of the run (sim/profiling.py)."""
+    `profile_dir`: kube-scheduler's CPU profiles, from its start to the end of the run (sim/profiling.py).
+    `prepare_seconds`: in DRA mode, how long after a bind kubelet prepares the pod's claims."""
     # The model knows device-plugin mode only: in DRA mode it gives the device-plugin figure beside it.
     modelled = configuration
     if configuration.settings.dra.enabled:
@@ -333,6 +337,7 @@ def replay_on_kube(
                 placements,
                 webhook_replicas,
                 monkey,
+                prepare_seconds,
             )
         )
     finally:

@@ -56,3 +56,19 @@ def test_modes_are_device_plugin_dra_or_both_each_once() -> None:
     for bad in ("", "dra,dra", "dra,x", "both"):
         with pytest.raises(argparse.ArgumentTypeError, match="give device-plugin, dra, or device-plugin,dra"):
             kube_cli.parse_modes(bad)
+
+
+@pytest.mark.parametrize("text", ["-1", "nan", "3601", "soon"])
+def test_a_kubelet_prepare_delay_that_is_no_number_of_seconds_is_an_error(
+    text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main.main(["--scheduler", "kube", "--kubelet-prepare-seconds", text])
+    assert f"{text!r} is not a number of seconds from 0 to 3600" in capsys.readouterr().err
+
+
+def test_a_kubelet_prepare_delay_is_read_in_seconds() -> None:
+    parser = argparse.ArgumentParser()
+    kube_cli.add_arguments(parser)
+    assert parser.parse_args(["--kubelet-prepare-seconds", "1.5"]).kubelet_prepare_seconds == 1.5
+    assert parser.parse_args([]).kubelet_prepare_seconds == 0.0

@@ -4,7 +4,9 @@ what kubelet granted. A whole replay: tests/e2e/test_real_replay.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import time
 
 import pytest
 
@@ -97,3 +99,33 @@ def test_a_gated_pod_is_no_outcome_and_an_unschedulable_one_counts_against_the_c
         "unschedulable_by_class": {"8192,16384": 1},
         "idle_gpus_by_class": {"15360": 2},
     }
+
+
+async def test_in_dra_mode_kubelet_reads_a_bound_pods_claims_only_after_its_prepare_delay() -> None:
+    # --kubelet-prepare-seconds: the claim is read (and the node's labeller told) that long after
+    # the bind is seen, as kubelet's pod sync prepares claims after the pod reaches the node.
+    settings = config.Config()
+    settings = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, enabled=True))
+    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
+    asked: list[float] = []
+
+    class Api:
+        async def request(self, method: str, path: str) -> dict[str, object]:
+            asked.append(time.monotonic())
+            return {"status": {"allocation": {"devices": {"results": []}}}}
+
+    fleet = kube_nodes.Fleet(
+        Api(),  # type: ignore[arg-type]
+        [node],
+        settings,
+        sharing=True,
+        namespace="default",
+        dra=True,
+        prepare_seconds=0.2,
+    )
+    pod = _bound("a", 36, settings.contract)
+    pod["status"] = {"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "a-gpu"}]}
+    bound_seen = time.monotonic()
+    await fleet._admit_dra("default/a", "t4", pod)
+    assert asked and asked[0] - bound_seen >= 0.2
+    assert fleet.decisions["default/a"].admitted
