@@ -132,6 +132,15 @@ def _nearly_full(value: Any) -> str | None:
 MAX_NEARLY_FULL_MIB = 2**30  # 1 PiB
 
 
+def _shutdown_delay(value: Any) -> str | None:
+    # Spent in the server's stop, which the runtime bounds (gpuslice/runtime.py, GRACE_SECONDS) with
+    # the connections' own drain (up to 10 s) after it.
+    return None if 0 <= value <= MAX_SHUTDOWN_DELAY_SECONDS else f"must be 0 to {MAX_SHUTDOWN_DELAY_SECONDS:g}"
+
+
+MAX_SHUTDOWN_DELAY_SECONDS = 10.0
+
+
 def _percent(value: Any) -> str | None:
     return None if 0 <= value <= 100 else "must be 0 to 100"
 
@@ -514,6 +523,15 @@ class WebhookConfig:
         1000,
         "webhook: connections served at once (one more closes the one idle the longest; 503 when none is idle)",
         check=_positive,
+    )
+    # Upstream's endpoints lag a deleted pod by a moment: a replica that stopped listening at once
+    # would have the API server's admissions in that moment refused (failurePolicy: Fail).
+    shutdown_delay_seconds: float = key(
+        5.0,
+        "webhook: seconds it keeps serving after SIGTERM, answering /readyz with 503, before it stops "
+        "accepting connections: the API server stops sending admissions to a deleted replica only once its "
+        "endpoint is gone (within the pod's termination grace)",
+        check=_shutdown_delay,
     )
 
 

@@ -119,13 +119,18 @@ def _runnables(
     # Everything built so far (the Kubernetes client's many modules included) lives as long as the
     # process: keep it out of the garbage collector's full scans, which each admission's JSON triggers.
     gc.freeze()
-    return [*loops, _server(app, context, host=args.host, port=args.port)]
+    delay = settings.webhook.shutdown_delay_seconds
+    return [*loops, _server(app, context, host=args.host, port=args.port, shutdown_delay=delay)]
 
 
-def _server(app: web.Application, context: ssl.SSLContext, *, host: str, port: int) -> runtime.Component:
+def _server(
+    app: web.Application, context: ssl.SSLContext, *, host: str, port: int, shutdown_delay: float
+) -> runtime.Component:
     """The HTTPS server: /mutate, and the probes' /healthz and /readyz and /metrics on the same port
     (webhook/server.py), so the runtime serves no app of its own here. Stopped first: the loops
-    above keep the view current while connections drain."""
+    above keep the view current while connections drain. Stopping, it first serves on for
+    `shutdown_delay` seconds with /readyz failing: the API server keeps sending admissions to a
+    deleted pod until the pod's endpoint is removed, and one sent to a closed port is refused."""
     runner: web.AppRunner | None = None
 
     async def start() -> None:
@@ -135,6 +140,10 @@ def _server(app: web.Application, context: ssl.SSLContext, *, host: str, port: i
 
     async def stop() -> None:
         if runner is not None:
+            app[server.STOPPING].set()
+            if shutdown_delay:
+                log.info("stopping: serving %g s more while the endpoint is removed", shutdown_delay)
+                await asyncio.sleep(shutdown_delay)
             await runner.cleanup()
 
     return runtime.Component("gpuslice-webhook-server", start=start, stop=stop)

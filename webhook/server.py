@@ -2,7 +2,8 @@
 
 POST /mutate   AdmissionReview v1 -> AdmissionReview v1 (400 with a message when malformed)
 GET  /healthz  the process answers
-GET  /readyz   every watch has listed: nodes, pending and refused pods (or there is no cluster to watch)
+GET  /readyz   every watch has listed: nodes, pending and refused pods (or there is no cluster to watch);
+               503 once the process is stopping
 GET  /metrics  Prometheus text
 
 The handler only reads the body, calls `admission.review` and writes the answer; the app's own
@@ -44,6 +45,7 @@ TEMPLATES = web.AppKey("templates", claim_templates.ClaimTemplates)  # DRA mode
 LISTED = web.AppKey("listed", tuple)  # more watches (listwatch.ListWatch) that must list before /readyz is ok
 BOOK = web.AppKey("book", connections.Book)
 REPEATS = web.AppKey("repeats", repeats.RepeatAnswers)
+STOPPING = web.AppKey("stopping", asyncio.Event)  # set on SIGTERM: /readyz fails while the server drains
 
 # A pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it once for CREATE.
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -123,6 +125,8 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
+    if request.app[STOPPING].is_set():
+        return web.Response(status=503, text="stopping\n")
     watcher = request.app[WATCHER]
     if isinstance(watcher, nodewatch.NodeWatcher) and not watcher.synced.is_set():
         return web.Response(status=503, text="node list not synced yet\n")
@@ -182,6 +186,7 @@ def make_app(
     app[LISTED] = tuple(listed)
     app[BOOK] = connections.Book()
     app[REPEATS] = repeats.RepeatAnswers()
+    app[STOPPING] = asyncio.Event()
     app[METRICS].track_repeats(lambda: app[REPEATS].repeats)
     app.router.add_post("/mutate", _mutate)
     app.router.add_get("/healthz", _healthz)

@@ -58,6 +58,7 @@ FLAGS = {
         "--webhook-tls-handshake-timeout-seconds",
         "--webhook-max-connection-age-seconds",
         "--webhook-max-connections",
+        "--webhook-shutdown-delay-seconds",
     ],
     "device-plugin": [*NODE_PLUGIN, "--pacing-enabled"],
     "dra-plugin": [*NODE_PLUGIN, "--dra-slice-min-interval-seconds", "--dra-slice-resync-seconds", "--pacing-enabled"],
@@ -124,6 +125,7 @@ EVERY_FLAG = [
     "--webhook-tls-handshake-timeout-seconds",
     "--webhook-max-connection-age-seconds",
     "--webhook-max-connections",
+    "--webhook-shutdown-delay-seconds",
 ]
 
 
@@ -221,6 +223,7 @@ NOT_PER_NODE = {
     "webhook.tlsHandshakeTimeoutSeconds": WEBHOOK_ONLY,
     "webhook.maxConnectionAgeSeconds": WEBHOOK_ONLY,
     "webhook.maxConnections": WEBHOOK_ONLY,
+    "webhook.shutdownDelaySeconds": WEBHOOK_ONLY,
 }
 
 

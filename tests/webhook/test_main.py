@@ -12,6 +12,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -83,6 +84,7 @@ def test_the_command_serves_https_without_a_cluster_and_stops_on_sigterm(
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
     env["HOME"] = str(tmp_path)  # no ~/.kube/config: no node watch, defaults used
     env["GPUSLICE_DEFAULT_GPU_MEMORY_MIB"] = "40960"
+    env["GPUSLICE_WEBHOOK_SHUTDOWN_DELAY_SECONDS"] = "3"
     command = [
         sys.executable,
         "-m",
@@ -135,6 +137,23 @@ def test_the_command_serves_https_without_a_cluster_and_stops_on_sigterm(
         patch = json.loads(base64.b64decode(answer["response"]["patch"]))
         resources = next(op["value"] for op in patch if op["path"] == "/spec/containers/0/resources")
         assert resources["limits"] == {"gpuslice.io/gpu-memory": "80"}  # 0.5 x 40960 MiB from the environment
+        # SIGTERM: for webhook.shutdownDelaySeconds it is not ready but still answers admissions
+        # (the API server sends them until the pod's endpoint is removed), then it exits.
+        stopped_at = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        while True:
+            try:
+                urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=context, timeout=2).close()
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 503 and exc.read() == b"stopping\n"
+                break
+            assert time.monotonic() - stopped_at < 2, "/readyz still ready after SIGTERM"
+            time.sleep(0.05)
+        with urllib.request.urlopen(request, context=context, timeout=5) as r:
+            assert json.load(r)["response"]["allowed"] is True
+        assert process.poll() is None
+        assert process.wait(timeout=20) == 0
+        assert time.monotonic() - stopped_at >= 3
     finally:
         process.send_signal(signal.SIGTERM)
         try:
