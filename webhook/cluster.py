@@ -102,10 +102,12 @@ class ClusterView:
         # numpy per admission instead of a Python loop.
         self._table = nodetable.NodeTable()
         # Pods converted, not yet in any node's labels, on `clock` (the simulator passes its own).
-        self._ledger = promises.Ledger(clock)
+        # Its switches and counters (appearances tracked, promises given back, other replicas'
+        # promises) are read and set on it: webhook/waiting.py, the metrics.
+        self.ledger = promises.Ledger(clock)
         # The ledger's call on the admission path (every converted pod), bound once: a method here
         # forwarding to it would cost a call per admission. (`FreeUnits` reads the ledger itself.)
-        self.promise_conversion = self._ledger.promise_conversion
+        self.promise_conversion = self.ledger.promise_conversion
         # Owner (controller UID) -> the GPU class its converted pods went to, most recent last.
         self._owner_classes: collections.OrderedDict[str, int] = collections.OrderedDict()
         # Pacing: "" while a pacer renews its Lease (webhook/pacerlease.py), else why none is alive,
@@ -137,7 +139,7 @@ class ClusterView:
         if old == gpus:
             return
         if old is not None and gpus is not None and old.memory_mib == gpus.memory_mib and old.memory_mib is not None:
-            self._ledger.seen(old.memory_mib, old.free_units - gpus.free_units)
+            self.ledger.seen(old.memory_mib, old.free_units - gpus.free_units)
         if old is not None:
             self._apply(old, -1)
             del self._nodes[name]
@@ -163,7 +165,7 @@ class ClusterView:
         self._mig_cache = None
         self._changed()
         self._table.clear()
-        self._ledger.clear()
+        self.ledger.clear()
 
     def owner_class(self, owner: str) -> int | None:
         """The GPU class (memory MiB) the converted pods of controller `owner` went to, if known."""
@@ -186,78 +188,31 @@ class ClusterView:
         """A pod was just converted to `units` on a GPU of class `memory_mib`, asking `cpu_milli`
         beside them: count both as taken until the class's labels show the units (or
         PROMISE_SECONDS pass)."""
-        self._ledger.promise(memory_mib, units, cpu_milli=cpu_milli, now=now)
+        self.ledger.promise(memory_mib, units, cpu_milli=cpu_milli, now=now)
 
     def promises(self) -> tuple[Mapping[int, int], Mapping[int, float]]:
         """(units, CPU millicores) promised per class and not yet seen in labels, expired promises
         dropped: the ledger's own mappings, not to be changed (`promises.Ledger.outstanding`)."""
-        return self._ledger.outstanding()
+        return self.ledger.outstanding()
 
     def appeared(self, decision: Mapping[str, Any] | None) -> bool:
         """A converted pod was stored: one of this replica's conversions of its class and size is no
         longer waiting to appear. False when none was (`promises.Ledger.appeared`)."""
-        return self._ledger.appeared(decision)
+        return self.ledger.appeared(decision)
 
     def promise_seen(self, decision: Mapping[str, Any] | None, cpu_milli: int = 0) -> None:
         """Another replica's conversion, seen pending and not yet bound: promised here as well
         (`promises.Ledger.promise_seen`)."""
-        self._ledger.promise_seen(decision, cpu_milli)
+        self.ledger.promise_seen(decision, cpu_milli)
 
     def release_conversion(self, decision: Mapping[str, Any] | None) -> None:
         """The pod of this conversion will not take its units soon: give back what
         `promise_conversion` counted (`promises.Ledger.release_conversion`)."""
-        self._ledger.release_conversion(decision)
+        self.ledger.release_conversion(decision)
 
     def promised_units(self, memory_mib: int, *, now: float | None = None) -> int:
         """Units of class `memory_mib` promised to converted pods and not yet seen in labels."""
-        return self._ledger.promised_units(memory_mib, now=now)
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The promises' clock (the simulator passes its own; tests set one)."""
-        return self._ledger.clock
-
-    @clock.setter
-    def clock(self, clock: Callable[[], float]) -> None:
-        self._ledger.clock = clock
-
-    @property
-    def record_appearance(self) -> bool:
-        """Own conversions are remembered until the pending-pod watch sees them (set by
-        webhook/waiting.py when it is built)."""
-        return self._ledger.record_appearance
-
-    @record_appearance.setter
-    def record_appearance(self, value: bool) -> None:
-        self._ledger.record_appearance = value
-
-    @property
-    def track_appearance(self) -> bool:
-        """The pending-pod watch has listed: a conversion whose pod does not appear within
-        APPEAR_SECONDS gives its promise back."""
-        return self._ledger.track_appearance
-
-    @track_appearance.setter
-    def track_appearance(self, value: bool) -> None:
-        self._ledger.track_appearance = value
-
-    @property
-    def not_created(self) -> int:
-        """Promises given back because the pod never appeared."""
-        return self._ledger.not_created
-
-    @not_created.setter
-    def not_created(self, value: int) -> None:
-        self._ledger.not_created = value
-
-    @property
-    def promised_from_others(self) -> int:
-        """Other replicas' conversions promised here (`promise_seen`)."""
-        return self._ledger.promised_from_others
-
-    @promised_from_others.setter
-    def promised_from_others(self, value: int) -> None:
-        self._ledger.promised_from_others = value
+        return self.ledger.promised_units(memory_mib, now=now)
 
     # --- pacing ------------------------------------------------------------------------------
     @property
@@ -337,7 +292,7 @@ class ClusterView:
         memory_request_mib: int = 0,
     ) -> FreeUnits:
         """`usable_free_units` for one demand, kept to be asked again (`FreeUnits.now`)."""
-        return FreeUnits(self, self._ledger, (tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib))
+        return FreeUnits(self, self.ledger, (tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib))
 
     def node_query(self) -> nodetable.Query:
         """The node table of this version, as `FreeUnits` reads it (`nodetable.Version`)."""

@@ -97,10 +97,14 @@ def _runnables(
 
         def promises_returned() -> dict[str, int]:
             view.promises()  # gives back what is overdue: the scrape's figure is current without admissions
-            return {"unschedulable": watched.released, "not-created": view.not_created, "refused": watched.refused}
+            return {
+                "unschedulable": watched.released,
+                "not-created": view.ledger.not_created,
+                "refused": watched.refused,
+            }
 
         metrics.track_promises_returned(promises_returned)
-        metrics.track_shared_promises(lambda: view.track_appearance, lambda: view.promised_from_others)
+        metrics.track_shared_promises(lambda: view.ledger.track_appearance, lambda: view.ledger.promised_from_others)
     # DRA mode: claim templates are created with the same credentials as the node watch (--kubeconfig).
     templates = (
         claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(api.api_client))

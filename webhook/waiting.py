@@ -81,7 +81,7 @@ class WaitingPods(listwatch.PodWatch):
             lambda: api, "pending pods", "status.phase=Pending", compact=True, stream_lists=True, **options
         )
         self.cluster = cluster
-        cluster.record_appearance = True  # from now: conversions admitted before the first list count too
+        cluster.ledger.record_appearance = True  # from now: conversions admitted before the first list count too
         self._held: set[str] = set()  # UIDs of converted pods whose promise this replica holds
         self._seen: set[str] = set()  # UIDs of converted pending pods seen (until the pod goes or binds)
         # UIDs bound while their promise was held here -> when: kubelet may still refuse them
@@ -115,7 +115,7 @@ class WaitingPods(listwatch.PodWatch):
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         self.listed(items)  # empty when the list came in pages (`listed` took them)
         if self.lists == 0:
-            self.cluster.track_appearance = True
+            self.cluster.ledger.track_appearance = True
             return
         self._held &= self._listed
         self._seen &= self._listed
@@ -165,7 +165,7 @@ class WaitingPods(listwatch.PodWatch):
             self.released += 1
 
     def _remember_bound(self, uid: str) -> None:
-        now = self.cluster.clock()
+        now = self.cluster.ledger.clock()
         self._bound[uid] = now
         while self._bound and next(iter(self._bound.values())) < now - REFUSAL_WINDOW_SECONDS:
             self._bound.popitem(last=False)

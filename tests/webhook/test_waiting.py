@@ -51,7 +51,7 @@ def test_own_pods_only_pending_or_bound_and_pods_not_converted_keep_the_promises
         pods.apply("MODIFIED", own)
     pods.apply("MODIFIED", pod("c", node="gpu-1", reason="Unschedulable"))  # bound: its units go to the labels
     assert pods.cluster.promised_units(81559) == 2 * 159 and pods.released == 0
-    assert pods.cluster.promised_from_others == 0
+    assert pods.cluster.ledger.promised_from_others == 0
 
 
 def test_another_replicas_pending_pod_is_promised_here_until_bound_marked_or_deleted() -> None:
@@ -61,7 +61,7 @@ def test_another_replicas_pending_pod_is_promised_here_until_bound_marked_or_del
     pods.apply("ADDED", pod("mine", reason=""))
     for uid in ("bound-later", "unschedulable-later", "deleted-later"):  # converted by another replica
         pods.apply("ADDED", pod(uid, reason=""))
-    assert view.promised_units(81559) == 4 * 159 and view.promised_from_others == 3
+    assert view.promised_units(81559) == 4 * 159 and view.ledger.promised_from_others == 3
     pods.apply("MODIFIED", pod("bound-later", node="gpu-1", reason=""))  # left to the labels
     assert view.promised_units(81559) == 4 * 159
     pods.apply("MODIFIED", pod("unschedulable-later"))
@@ -81,7 +81,7 @@ def test_another_replicas_pod_already_bound_or_unschedulable_is_not_promised_nor
     pods.apply("ADDED", pod("waiting"))  # marked before this replica saw it
     pods.apply("MODIFIED", pod("waiting"))
     pods.apply("DELETED", pod("waiting"))
-    assert view.promised_units(81559) == 159 and view.promised_from_others == 0 and pods.released == 0
+    assert view.promised_units(81559) == 159 and view.ledger.promised_from_others == 0 and pods.released == 0
 
 
 def test_the_first_list_promises_the_pending_pods_of_other_replicas() -> None:
@@ -90,7 +90,7 @@ def test_the_first_list_promises_the_pending_pods_of_other_replicas() -> None:
     view.promise_conversion(DECISION)  # admitted before the first list; stored since
     pods.replace([pod("own", reason=""), pod("other", reason=""), pod("marked"), pod("bound", node="gpu-1")])
     pods.lists = 1
-    assert view.track_appearance and view.promised_from_others == 1  # "other" only
+    assert view.ledger.track_appearance and view.ledger.promised_from_others == 1  # "other" only
     assert view.promised_units(81559) == 2 * 159
     pods.apply("MODIFIED", pod("other"))  # then marked unschedulable: given back here
     pods.apply("MODIFIED", pod("own"))
@@ -128,21 +128,21 @@ class Clock:
 def watching_with_clock() -> tuple[waiting.WaitingPods, Clock]:
     pods = watching()
     clock = Clock()
-    pods.cluster.clock = clock
+    pods.cluster.ledger.clock = clock
     return pods, clock
 
 
 def test_a_conversion_whose_pod_is_never_stored_gives_its_promise_back_after_appear_seconds() -> None:
     pods, clock = watching_with_clock()
     view = pods.cluster
-    assert view.track_appearance  # the first list is in: appearances can be told
+    assert view.ledger.track_appearance  # the first list is in: appearances can be told
     view.promise_conversion(DECISION)  # admitted; a quota then refused the pod
     view.promise_conversion(DECISION)  # admitted and stored:
     pods.apply("ADDED", pod("stored", reason=""))
     clock.now += cluster.APPEAR_SECONDS - 1
     assert view.promises()[0][81559] == 2 * 159  # both still promised within the window
     clock.now += 2
-    assert view.promises()[0][81559] == 159 and view.not_created == 1  # only the stored pod's is left
+    assert view.promises()[0][81559] == 159 and view.ledger.not_created == 1  # only the stored pod's is left
 
 
 def test_a_pod_seen_again_or_after_a_relist_counts_as_appeared_once() -> None:
@@ -154,16 +154,16 @@ def test_a_pod_seen_again_or_after_a_relist_counts_as_appeared_once() -> None:
     pods.apply("MODIFIED", pod("a", reason=""))  # the same pod again: not a second appearance
     pods.replace([pod("a", reason=""), pod("b", reason="")])  # the watch expired; b appeared meanwhile
     clock.now += cluster.APPEAR_SECONDS + 1
-    assert view.promises()[0][81559] == 2 * 159 and view.not_created == 1
+    assert view.promises()[0][81559] == 2 * 159 and view.ledger.not_created == 1
 
 
 def test_without_the_watch_no_promise_is_given_back_for_not_appearing() -> None:
     view = two_class_view()
     clock = Clock()
-    view.clock = clock
+    view.ledger.clock = clock
     view.promise_conversion(DECISION)
     clock.now += cluster.APPEAR_SECONDS * 2
-    assert view.promises()[0][81559] == 159 and view.not_created == 0
+    assert view.promises()[0][81559] == 159 and view.ledger.not_created == 0
 
 
 def refused(uid: str, *, reason: str = "UnexpectedAdmissionError") -> dict[str, Any]:
@@ -219,11 +219,13 @@ def test_a_list_in_pages_is_taken_a_page_at_a_time_and_pruned_once_whole() -> No
     pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
     view = pods.cluster
     pods.listed([pod("a", reason="")])  # another replica's conversion, on the first page
-    assert view.promised_from_others == 1 and not view.track_appearance  # counted before the list is whole
+    assert (
+        view.ledger.promised_from_others == 1 and not view.ledger.track_appearance
+    )  # counted before the list is whole
     pods.listed([pod("b", reason="")])
     pods.replace([])  # the pages were taken one by one: nothing is left for the whole list
     pods.lists = 1
-    assert view.track_appearance and view.promised_units(81559) == 2 * 159
+    assert view.ledger.track_appearance and view.promised_units(81559) == 2 * 159
     # The watch expired, then a list in pages: "a" went meanwhile (its delete was missed) and is
     # forgotten once the list is whole, so its later events release nothing; "b" is still held.
     pods.listed([pod("b", reason="")])
