@@ -330,7 +330,7 @@ def replay(
         if decision.node is None:
             # The webhook gives back the units of a conversion the scheduler found no node for
             # (webhook/waiting.py), so that a waiting pod does not hold them for PROMISE_SECONDS.
-            view.release_conversion(promised)
+            view.ledger.release_conversion(promised)
             failed += 1
             failure_reasons[decision.message] += 1
             if records is not None:
@@ -340,7 +340,7 @@ def replay(
         try:
             grants = target.admit(f"default/{pod.name}", request.container_devices)
         except node_.AdmissionFailure as exc:
-            view.release_conversion(promised)  # kubelet refused it: the same
+            view.ledger.release_conversion(promised)  # kubelet refused it: the same
             admission += 1
             admission_reasons[_reason_kind(str(exc))] += 1
             if records is not None:
@@ -456,7 +456,7 @@ def _pod_for(
     view.cpu_demand.note(outcome.pod_cpu_milli, device=outcome.kind != conversions.KIND_CPU_POD)
     promised = None
     if promise:
-        view.promise_conversion(outcome.decision, outcome.cpu_milli)
+        view.ledger.promise_conversion(outcome.decision, outcome.cpu_milli)
         promised = outcome.decision
     # The manifest is ours and fresh: patch it in place (a deep copy per pod costs more than the rest).
     patched: dict[str, Any] = jsonpatch.apply_patch(manifest, outcome.patch, in_place=True)

@@ -145,7 +145,7 @@ def promise(result: Result, cluster: cluster_.ClusterView, *, pod_cpu_milli: int
     outcome = result.outcome
     if result.result == RESULT_MUTATED and not result.dry_run and outcome is not None and outcome.kind:
         # (a pod whose only change is its scheduler's name has no kind: nothing converted or steered)
-        cluster.promise_conversion(outcome.decision, outcome.cpu_milli)
+        cluster.ledger.promise_conversion(outcome.decision, outcome.cpu_milli)
         owner = cluster.inputs.owner
         if owner:  # its class, for the next pods of its controller (classchoice)
             cluster.note_owner_class(owner, outcome.decision)

@@ -9,14 +9,13 @@ derive from the nodes alone (the table the class choice scans, its answers, per-
 kept per version of the view (`derived`) and rebuilt on the first query after a node changes:
 nodes change at the pace of watch events, admissions far more often.
 
-Pods converted but not yet in any node's labels are promised capacity (`promise`): the view owns
-the promise ledger (webhook/promises.py, which says how promises are made, shared between replicas
-and given back) and tells it when a class's labelled free units drop. The node table the free units
-are counted from, and its queries, are webhook/nodetable.py. Each is a module of its own because it
-has one job the view need not know the inside of (the ledger knows no nodes; the table is how the
-view answers fast, not what it knows). The view is their facade: no caller knows them apart. On
-the admission path nothing forwards: `promise_conversion` is the ledger's own method, bound once,
-and `FreeUnits` reads the ledger itself.
+Pods converted but not yet in any node's labels are promised capacity: the view owns the promise
+ledger (`ledger`, webhook/promises.py, which says how promises are made, shared between replicas
+and given back), on which its callers make, see and give back promises, and tells it when a
+class's labelled free units drop. The node table the free units are counted from, and its
+queries, are webhook/nodetable.py, behind the view's queries. Each is a module of its own because
+it has one job the view need not know the inside of (the ledger knows no nodes; the table is how
+the view answers fast, not what it knows).
 
 Node labels are untrusted input: `nodelabels` reads and checks them, and a node whose labels cannot
 be believed is left out (`untrusted` names it and says why; the node watch logs it and the metrics
@@ -102,12 +101,9 @@ class ClusterView:
         # numpy per admission instead of a Python loop.
         self._table = nodetable.NodeTable()
         # Pods converted, not yet in any node's labels, on `clock` (the simulator passes its own).
-        # Its switches and counters (appearances tracked, promises given back, other replicas'
-        # promises) are read and set on it: webhook/waiting.py, the metrics.
+        # Made, seen, given back and read on it (admission, webhook/waiting.py, the metrics); the
+        # view itself only tells it of drops in a class's labelled free units.
         self.ledger = promises.Ledger(clock)
-        # The ledger's call on the admission path (every converted pod), bound once: a method here
-        # forwarding to it would cost a call per admission. (`FreeUnits` reads the ledger itself.)
-        self.promise_conversion = self.ledger.promise_conversion
         # Owner (controller UID) -> the GPU class its converted pods went to, most recent last.
         self._owner_classes: collections.OrderedDict[str, int] = collections.OrderedDict()
         # Pacing: "" while a pacer renews its Lease (webhook/pacerlease.py), else why none is alive,
@@ -183,37 +179,6 @@ class ClusterView:
         if len(known) > _MAX_OWNERS:
             known.popitem(last=False)
 
-    # --- promises (webhook/promises.py; `promise_conversion` is bound in __init__) --------------
-    def promise(self, memory_mib: int, units: int, *, cpu_milli: int = 0, now: float | None = None) -> None:
-        """A pod was just converted to `units` on a GPU of class `memory_mib`, asking `cpu_milli`
-        beside them: count both as taken until the class's labels show the units (or
-        PROMISE_SECONDS pass)."""
-        self.ledger.promise(memory_mib, units, cpu_milli=cpu_milli, now=now)
-
-    def promises(self) -> tuple[Mapping[int, int], Mapping[int, float]]:
-        """(units, CPU millicores) promised per class and not yet seen in labels, expired promises
-        dropped: the ledger's own mappings, not to be changed (`promises.Ledger.outstanding`)."""
-        return self.ledger.outstanding()
-
-    def appeared(self, decision: Mapping[str, Any] | None) -> bool:
-        """A converted pod was stored: one of this replica's conversions of its class and size is no
-        longer waiting to appear. False when none was (`promises.Ledger.appeared`)."""
-        return self.ledger.appeared(decision)
-
-    def promise_seen(self, decision: Mapping[str, Any] | None, cpu_milli: int = 0) -> None:
-        """Another replica's conversion, seen pending and not yet bound: promised here as well
-        (`promises.Ledger.promise_seen`)."""
-        self.ledger.promise_seen(decision, cpu_milli)
-
-    def release_conversion(self, decision: Mapping[str, Any] | None) -> None:
-        """The pod of this conversion will not take its units soon: give back what
-        `promise_conversion` counted (`promises.Ledger.release_conversion`)."""
-        self.ledger.release_conversion(decision)
-
-    def promised_units(self, memory_mib: int, *, now: float | None = None) -> int:
-        """Units of class `memory_mib` promised to converted pods and not yet seen in labels."""
-        return self.ledger.promised_units(memory_mib, now=now)
-
     # --- pacing ------------------------------------------------------------------------------
     @property
     def pacer_alive(self) -> bool:
@@ -273,7 +238,7 @@ class ClusterView:
         headroom, the pod's requests fit too. Capacity stranded behind a node's exhausted CPU does
         not count: a class full of such GPUs must not attract more pods. One pass over the table
         for every class: the admission path calls this for every converted pod. Units promised to
-        pods converted since the labels were written (`promise`) are not free, nor is the CPU they
+        pods converted since the labels were written (`ledger`) are not free, nor is the CPU they
         asked for: for a share of one GPU, a class with promised CPU counts at most the units that
         the CPU left on those nodes, once the promised pods have theirs, gives pods like this one
         (where every such node publishes its CPU headroom). A decision drawn from this answer must

@@ -96,7 +96,7 @@ def _runnables(
         watched = waiting_pods
 
         def promises_returned() -> dict[str, int]:
-            view.promises()  # gives back what is overdue: the scrape's figure is current without admissions
+            view.ledger.outstanding()  # gives back what is overdue: the scrape's figure is current without admissions
             return {
                 "unschedulable": watched.released,
                 "not-created": view.ledger.not_created,

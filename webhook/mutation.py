@@ -58,7 +58,7 @@ class Outcome:
     kind: str = ""  # conversion kind for metrics ("" when nothing was converted; conversions.KIND_*)
     # DRA mode: objects the webhook creates before answering (the pod's ResourceClaimTemplate).
     objects: tuple[dict[str, Any], ...] = ()
-    cpu_milli: int = 0  # the CPU the converted pod asks, promised beside its units (cluster.promise_conversion)
+    cpu_milli: int = 0  # the CPU the converted pod asks, promised beside its units (cluster.ledger.promise_conversion)
     # The CPU the pod asks (converted and steered CPU pods): counted in cluster.cpu_demand.
     pod_cpu_milli: int = 0
 

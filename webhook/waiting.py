@@ -13,9 +13,9 @@ the promise.
 Pending pods of the whole cluster are watched (field selector status.phase=Pending; the condition
 itself cannot be selected on); only those carrying the webhook's decision annotation count. A
 converted pod seen for the first time (in the first list, added, or new in a list after the watch
-expired) has appeared (`ClusterView.appeared`) if this replica converted it; if another replica
+expired) has appeared (`promises.Ledger.appeared`) if this replica converted it; if another replica
 did (or a process before this one), it is promised here too while it is unbound and not marked
-unschedulable (`ClusterView.promise_seen`): the promises every replica holds are those of every
+unschedulable (`promises.Ledger.promise_seen`): the promises every replica holds are those of every
 replica. A promise held here is given back when the pod is marked Unschedulable (each UID once) or
 deleted unbound, and left to the labels once the pod is bound, unless kubelet then refuses it
 (`kubelet_refused`, told by `RefusedPods`, a watch of Failed pods: a pod leaving the pending
@@ -130,13 +130,13 @@ class WaitingPods(listwatch.PodWatch):
         uid = str(metadata.get("uid"))
         self._seen.add(uid)
         decision = self._decision_of(pod)
-        mine = self.cluster.appeared(decision)
+        mine = self.cluster.ledger.appeared(decision)
         # the owner's class, whichever replica (or earlier process) converted the pod
         self.cluster.note_owner_class(pods.owner_of(metadata, self.cluster.contract), decision)
         if mine:
             self._held.add(uid)
         elif not (pod.get("spec") or {}).get("nodeName") and unschedulable_decision(pod, self.cluster.contract) is None:
-            self.cluster.promise_seen(decision, pods.cpu_requested(pod.get("spec") or {}))
+            self.cluster.ledger.promise_seen(decision, pods.cpu_requested(pod.get("spec") or {}))
             self._held.add(uid)
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -156,12 +156,12 @@ class WaitingPods(listwatch.PodWatch):
         if kind == "DELETED":  # deleted before it was bound (or failed unbound): it takes nothing
             self._held.discard(uid)
             self._seen.discard(uid)
-            self.cluster.release_conversion(self._decision_of(obj))
+            self.cluster.ledger.release_conversion(self._decision_of(obj))
             return
         decision = unschedulable_decision(obj, self.cluster.contract)
         if decision is not None:
             self._held.discard(uid)
-            self.cluster.release_conversion(decision)
+            self.cluster.ledger.release_conversion(decision)
             self.released += 1
 
     def _remember_bound(self, uid: str) -> None:
@@ -178,7 +178,7 @@ class WaitingPods(listwatch.PodWatch):
         refused = (pod.get("status") or {}).get("reason") == contract_.KUBELET_REFUSED_REASON
         if not refused or self._bound.pop(uid, None) is None:
             return
-        self.cluster.release_conversion(self._decision_of(pod))
+        self.cluster.ledger.release_conversion(self._decision_of(pod))
         self.refused += 1
 
     def _decision_of(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ import pytest
 
 from gpuslice import config
 from gpuslice.sim import replay, trace
-from gpuslice.webhook import cluster as cluster_
+from gpuslice.webhook import promises
 
 TINY = pathlib.Path(__file__).parents[1] / "data" / "trace"
 NODES = trace.load_nodes(TINY / "tiny_nodes.csv")
@@ -219,14 +219,14 @@ def test_a_conversion_the_scheduler_finds_no_node_for_gives_its_promise_back(mon
     # PROMISE_SECONDS. Without it, the paced model of a real run (conversions just ahead of the
     # scheduler) gave gpuspec33 89.49 % where labels at once give 94.51 %.
     released: list[object] = []
-    original = cluster_.ClusterView.release_conversion
+    original = promises.Ledger.release_conversion
 
-    def spy(self: cluster_.ClusterView, decision: object) -> None:
+    def spy(self: promises.Ledger, decision: object) -> None:
         if decision:
             released.append(decision)
         original(self, decision)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cluster_.ClusterView, "release_conversion", spy)
+    monkeypatch.setattr(promises.Ledger, "release_conversion", spy)
     nodes = [_t4_node(), trace.TraceNode("v100-node", 64000, 262144, 2, "V100M32")]
     too_big = [trace.TracePod(f"big-{i}", 100000, 1024, 1, 500) for i in range(3)]  # more CPU than any node
     pods = too_big + [_share(f"share-{i}", 500) for i in range(4)]

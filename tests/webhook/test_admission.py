@@ -233,9 +233,9 @@ def test_a_burst_spreads_over_the_classes_by_what_earlier_conversions_took() -> 
 
 def test_promised_units_leave_when_the_labels_show_them_or_when_they_expire() -> None:
     view_ = two_class_view()
-    view_.promise(81559, 159, now=0.0)
-    view_.promise(81559, 159, now=1.0)
-    assert view_.promised_units(81559, now=2.0) == 318
+    view_.ledger.promise(81559, 159, now=0.0)
+    view_.ledger.promise(81559, 159, now=1.0)
+    assert view_.ledger.promised_units(81559, now=2.0) == 318
     # The plugin's labeller writes the first allocation: 159 fewer free units on the demo node.
     from gpuslice.node import labels as node_labels
     from gpuslice.node import nodefile
@@ -243,8 +243,8 @@ def test_promised_units_leave_when_the_labels_show_them_or_when_they_expire() ->
     examples = pathlib.Path(__file__).resolve().parents[2] / "gpuslice" / "examples"
     demo = nodefile.load(examples / "demo-node.yaml")
     view_.update_node("demo", node_labels.node_labels(demo, SETTINGS.contract, allocated={demo.gpus[0].uuid: 159}))
-    assert view_.promised_units(81559, now=2.0) == 159
-    assert view_.promised_units(81559, now=1.0 + cluster.PROMISE_SECONDS) == 0
+    assert view_.ledger.promised_units(81559, now=2.0) == 159
+    assert view_.ledger.promised_units(81559, now=1.0 + cluster.PROMISE_SECONDS) == 0
 
 
 def cpu_bound_view(h200_cpu_milli: int | None, h100_cpu_milli: int | None = 200_000) -> cluster.ClusterView:
@@ -292,7 +292,7 @@ def test_cpu_given_back_with_a_promise_makes_room_again() -> None:
     assert classes_of_a_burst(full, 7, object=half_gpu_pod("8")) == burst
     assert rule_of_next(full, half_gpu_pod("8")).endswith("(no node has room now)")
     # The scheduler found no node for the last H200 pod (webhook/waiting.py): its units and CPU return.
-    view_.release_conversion({"classMemoryMiB": 143771, "units": 280})
+    view_.ledger.release_conversion({"classMemoryMiB": 143771, "units": 280})
     assert rule_of_next(view_, half_gpu_pod("8")) == "largest free share on nodes where the pod fits now"
 
 

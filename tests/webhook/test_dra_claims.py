@@ -438,8 +438,8 @@ def test_mig_or_share_converts_to_the_mig_request_else_a_share_of_the_profiles_m
     template = outcome.decision["claimTemplate"]
     assert outcome.decision == {**plain.decision, "orShareMiB": profile_mib, "claimTemplate": template}
     view = cluster_view(SETTINGS)
-    view.promise_conversion(outcome.decision, 1000)
-    assert all(view.promised_units(c.memory_mib) == 0 for c in view.classes())
+    view.ledger.promise_conversion(outcome.decision, 1000)
+    assert all(view.ledger.promised_units(c.memory_mib) == 0 for c in view.classes())
 
 
 def test_mig_or_share_rounds_the_share_up_to_whole_units():

@@ -123,7 +123,7 @@ def test_a_demand_kept_to_ask_again_answers_as_a_count_through_changes_promises_
         elif choice < 0.85:
             memory, units = rng.choice([24576, 81920, 143771]), rng.randrange(1, 200)
             cpu = units * rng.choice([0, 10, 25])  # a whole number per unit: the sums stay exact
-            cv.promise(memory, units, cpu_milli=cpu)
+            cv.ledger.promise(memory, units, cpu_milli=cpu)
             promises.append((now[0] + cluster.PROMISE_SECONDS, memory, units, cpu))
         else:
             now[0] += rng.choice([1.0, 60.0, cluster.PROMISE_SECONDS / 2])

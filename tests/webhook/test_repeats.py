@@ -90,7 +90,7 @@ def test_a_burst_of_replicas_gets_the_answers_of_full_reviews_and_the_same_promi
     assert got == expected
     assert {json.loads(g)["response"]["uid"] for g in got} == {f"uid-{i:04d}" for i in range(24)}
     for memory in (H100, H200):
-        assert view.promised_units(memory) == full_view.promised_units(memory) > 0
+        assert view.ledger.promised_units(memory) == full_view.ledger.promised_units(memory) > 0
     assert 12 < repeated < 24  # most answered from memory, not the first of each class choice
 
 
@@ -147,7 +147,7 @@ def test_dry_runs_are_remembered_apart_and_promise_nothing() -> None:
     bodies = [body(f"d-{i}", dryRun=True) for i in range(5)]
     _, view, repeated = remembered(bodies)
     assert repeated == 3  # remembered the second time
-    assert view.promised_units(H100) == view.promised_units(H200) == 0
+    assert view.ledger.promised_units(H100) == view.ledger.promised_units(H200) == 0
 
 
 @pytest.mark.parametrize(
@@ -294,7 +294,7 @@ def test_pods_that_differ_only_in_what_the_webhook_skips_share_answers() -> None
     got, view, repeated = remembered(bodies)
     assert got == expected
     for memory in (H100, H200):
-        assert view.promised_units(memory) == full_view.promised_units(memory) > 0
+        assert view.ledger.promised_units(memory) == full_view.ledger.promised_units(memory) > 0
     assert 12 < repeated < 24  # all but the first of each class choice
 
 
@@ -404,7 +404,7 @@ def test_any_sequence_of_pods_gets_the_answers_and_promises_of_full_reviews(
         assert orjson.loads(encoded) == result.response  # the bytes sent and the answer kept agree
         assert encoded == orjson.dumps(admission.review(raw, settings=SETTINGS, cluster=full_view).response), i
         for memory in (H100, H200):
-            assert view.promised_units(memory) == full_view.promised_units(memory)
+            assert view.ledger.promised_units(memory) == full_view.ledger.promised_units(memory)
         assert view.cpu_demand.asked == full_view.cpu_demand.asked  # each pod's own CPU, remembered or not
 
 
@@ -421,10 +421,12 @@ def test_replicas_of_one_owner_keep_its_class_and_are_answered_from_memory() -> 
             for g in got
         }
         if False
-        else {m for m in (H100, H200) if view.promised_units(m)}
+        else {m for m in (H100, H200) if view.ledger.promised_units(m)}
     )
     assert len(classes) == 1  # all 24 in the first replica's class
-    assert view.promised_units(classes.pop()) == full_view.promised_units(H200) + full_view.promised_units(H100)
+    assert view.ledger.promised_units(classes.pop()) == full_view.ledger.promised_units(
+        H200
+    ) + full_view.ledger.promised_units(H100)
     assert repeated >= 20
 
 

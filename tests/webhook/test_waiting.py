@@ -36,82 +36,82 @@ def watching() -> waiting.WaitingPods:
 
 def test_an_unschedulable_converted_pod_gives_its_units_back_once() -> None:
     pods = watching()
-    pods.cluster.promise_conversion(DECISION)
-    pods.cluster.promise_conversion(DECISION)
+    pods.cluster.ledger.promise_conversion(DECISION)
+    pods.cluster.ledger.promise_conversion(DECISION)
     pods.apply("MODIFIED", pod("a"))
     pods.apply("MODIFIED", pod("a"))  # the same mark again
-    assert pods.cluster.promised_units(81559) == 159 and pods.released == 1
+    assert pods.cluster.ledger.promised_units(81559) == 159 and pods.released == 1
 
 
 def test_own_pods_only_pending_or_bound_and_pods_not_converted_keep_the_promises() -> None:
     pods = watching()
     for _ in range(2):
-        pods.cluster.promise_conversion(DECISION)
+        pods.cluster.ledger.promise_conversion(DECISION)
     for own in (pod("b", reason=""), pod("c", node="gpu-1"), pod("d", decision=None)):
         pods.apply("MODIFIED", own)
     pods.apply("MODIFIED", pod("c", node="gpu-1", reason="Unschedulable"))  # bound: its units go to the labels
-    assert pods.cluster.promised_units(81559) == 2 * 159 and pods.released == 0
+    assert pods.cluster.ledger.promised_units(81559) == 2 * 159 and pods.released == 0
     assert pods.cluster.ledger.promised_from_others == 0
 
 
 def test_another_replicas_pending_pod_is_promised_here_until_bound_marked_or_deleted() -> None:
     pods = watching()
     view = pods.cluster
-    view.promise_conversion(DECISION)  # this replica's own, seen as "mine"
+    view.ledger.promise_conversion(DECISION)  # this replica's own, seen as "mine"
     pods.apply("ADDED", pod("mine", reason=""))
     for uid in ("bound-later", "unschedulable-later", "deleted-later"):  # converted by another replica
         pods.apply("ADDED", pod(uid, reason=""))
-    assert view.promised_units(81559) == 4 * 159 and view.ledger.promised_from_others == 3
+    assert view.ledger.promised_units(81559) == 4 * 159 and view.ledger.promised_from_others == 3
     pods.apply("MODIFIED", pod("bound-later", node="gpu-1", reason=""))  # left to the labels
-    assert view.promised_units(81559) == 4 * 159
+    assert view.ledger.promised_units(81559) == 4 * 159
     pods.apply("MODIFIED", pod("unschedulable-later"))
-    assert view.promised_units(81559) == 3 * 159 and pods.released == 1
+    assert view.ledger.promised_units(81559) == 3 * 159 and pods.released == 1
     pods.apply("DELETED", pod("deleted-later", reason=""))
-    assert view.promised_units(81559) == 2 * 159
+    assert view.ledger.promised_units(81559) == 2 * 159
     pods.apply("DELETED", pod("bound-later", node="gpu-1", reason=""))  # Running now: nothing given back
-    assert view.promised_units(81559) == 2 * 159
+    assert view.ledger.promised_units(81559) == 2 * 159
 
 
 def test_another_replicas_pod_already_bound_or_unschedulable_is_not_promised_nor_released() -> None:
     pods = watching()
     view = pods.cluster
-    view.promise_conversion(DECISION)
+    view.ledger.promise_conversion(DECISION)
     pods.apply("ADDED", pod("own", reason=""))  # this replica's
     pods.apply("ADDED", pod("bound", node="gpu-1", reason=""))
     pods.apply("ADDED", pod("waiting"))  # marked before this replica saw it
     pods.apply("MODIFIED", pod("waiting"))
     pods.apply("DELETED", pod("waiting"))
-    assert view.promised_units(81559) == 159 and view.ledger.promised_from_others == 0 and pods.released == 0
+    assert view.ledger.promised_units(81559) == 159 and view.ledger.promised_from_others == 0 and pods.released == 0
 
 
 def test_the_first_list_promises_the_pending_pods_of_other_replicas() -> None:
     pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
     view = pods.cluster
-    view.promise_conversion(DECISION)  # admitted before the first list; stored since
+    view.ledger.promise_conversion(DECISION)  # admitted before the first list; stored since
     pods.replace([pod("own", reason=""), pod("other", reason=""), pod("marked"), pod("bound", node="gpu-1")])
     pods.lists = 1
     assert view.ledger.track_appearance and view.ledger.promised_from_others == 1  # "other" only
-    assert view.promised_units(81559) == 2 * 159
+    assert view.ledger.promised_units(81559) == 2 * 159
     pods.apply("MODIFIED", pod("other"))  # then marked unschedulable: given back here
     pods.apply("MODIFIED", pod("own"))
-    assert view.promised_units(81559) == 0 and pods.released == 2
+    assert view.ledger.promised_units(81559) == 0 and pods.released == 2
 
 
 def test_the_first_list_releases_nothing_for_pods_marked_before_it() -> None:
     pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
-    pods.cluster.promise(81559, 159, now=0.0)  # not a conversion of a pod in the list
+    pods.cluster.ledger.promise(81559, 159, now=0.0)  # not a conversion of a pod in the list
     pods.replace([pod("old")])
     pods.lists = 1
     pods.apply("MODIFIED", pod("old"))
-    assert pods.cluster.promised_units(81559, now=1.0) == 159
+    assert pods.cluster.ledger.promised_units(81559, now=1.0) == 159
 
 
 def test_mig_and_unreadable_decisions_release_nothing() -> None:
     pods = watching()
-    pods.cluster.promise(81559, 159, now=0.0)
+    pods.cluster.ledger.promise(81559, 159, now=0.0)
     pods.apply("MODIFIED", pod("m", decision={**DECISION, "migProfile": "1g.10gb"}))
     pods.apply("MODIFIED", pod("x", decision="not a decision"))
-    assert pods.cluster.promised_units(81559, now=1.0) == 159
+    assert pods.cluster.ledger.promised_units(81559, now=1.0) == 159
 
 
 # --- conversions whose pod never appears (refused later in admission) -----------------------------
@@ -136,34 +136,34 @@ def test_a_conversion_whose_pod_is_never_stored_gives_its_promise_back_after_app
     pods, clock = watching_with_clock()
     view = pods.cluster
     assert view.ledger.track_appearance  # the first list is in: appearances can be told
-    view.promise_conversion(DECISION)  # admitted; a quota then refused the pod
-    view.promise_conversion(DECISION)  # admitted and stored:
+    view.ledger.promise_conversion(DECISION)  # admitted; a quota then refused the pod
+    view.ledger.promise_conversion(DECISION)  # admitted and stored:
     pods.apply("ADDED", pod("stored", reason=""))
     clock.now += cluster.APPEAR_SECONDS - 1
-    assert view.promises()[0][81559] == 2 * 159  # both still promised within the window
+    assert view.ledger.outstanding()[0][81559] == 2 * 159  # both still promised within the window
     clock.now += 2
-    assert view.promises()[0][81559] == 159 and view.ledger.not_created == 1  # only the stored pod's is left
+    assert view.ledger.outstanding()[0][81559] == 159 and view.ledger.not_created == 1  # only the stored pod's is left
 
 
 def test_a_pod_seen_again_or_after_a_relist_counts_as_appeared_once() -> None:
     pods, clock = watching_with_clock()
     view = pods.cluster
     for _ in range(3):
-        view.promise_conversion(DECISION)
+        view.ledger.promise_conversion(DECISION)
     pods.apply("ADDED", pod("a", reason=""))
     pods.apply("MODIFIED", pod("a", reason=""))  # the same pod again: not a second appearance
     pods.replace([pod("a", reason=""), pod("b", reason="")])  # the watch expired; b appeared meanwhile
     clock.now += cluster.APPEAR_SECONDS + 1
-    assert view.promises()[0][81559] == 2 * 159 and view.ledger.not_created == 1
+    assert view.ledger.outstanding()[0][81559] == 2 * 159 and view.ledger.not_created == 1
 
 
 def test_without_the_watch_no_promise_is_given_back_for_not_appearing() -> None:
     view = two_class_view()
     clock = Clock()
     view.ledger.clock = clock
-    view.promise_conversion(DECISION)
+    view.ledger.promise_conversion(DECISION)
     clock.now += cluster.APPEAR_SECONDS * 2
-    assert view.promises()[0][81559] == 159 and view.ledger.not_created == 0
+    assert view.ledger.outstanding()[0][81559] == 159 and view.ledger.not_created == 0
 
 
 def refused(uid: str, *, reason: str = "UnexpectedAdmissionError") -> dict[str, Any]:
@@ -176,7 +176,7 @@ def test_a_pod_kubelet_refused_after_binding_gives_its_promise_back_once() -> No
     pods = watching()
     view = pods.cluster
     for _ in range(2):
-        view.promise_conversion(DECISION)
+        view.ledger.promise_conversion(DECISION)
     pods.apply("ADDED", pod("a", reason=""))
     pods.apply("MODIFIED", pod("a", node="gpu-1", reason=""))  # bound: left to the labels...
     pods.apply("DELETED", pod("a", node="gpu-1", reason=""))  # ...no longer Pending
@@ -184,18 +184,18 @@ def test_a_pod_kubelet_refused_after_binding_gives_its_promise_back_once() -> No
     watch.apply("MODIFIED", refused("a"))  # ...but kubelet refused it: its units will never show
     watch.replace([refused("a")])  # seen again (a relist): once only
     watch.apply("DELETED", refused("a"))
-    assert view.promised_units(81559) == 159 and pods.refused == 1
+    assert view.ledger.promised_units(81559) == 159 and pods.refused == 1
 
 
 def test_failed_pods_not_refused_at_admission_or_not_held_here_give_nothing_back() -> None:
     pods = watching()
     view = pods.cluster
-    view.promise_conversion(DECISION)
+    view.ledger.promise_conversion(DECISION)
     pods.apply("ADDED", pod("a", reason=""))
     pods.apply("MODIFIED", pod("a", node="gpu-1", reason=""))
     pods.kubelet_refused(refused("a", reason="OOMKilled"))  # ran, then failed: its units were in the labels
     pods.kubelet_refused(refused("never-seen"))  # bound before this replica saw it: it promised nothing
-    assert view.promised_units(81559) == 159 and pods.refused == 0
+    assert view.ledger.promised_units(81559) == 159 and pods.refused == 0
 
 
 def test_the_pod_watches_keep_only_the_pods_they_count() -> None:
@@ -225,12 +225,12 @@ def test_a_list_in_pages_is_taken_a_page_at_a_time_and_pruned_once_whole() -> No
     pods.listed([pod("b", reason="")])
     pods.replace([])  # the pages were taken one by one: nothing is left for the whole list
     pods.lists = 1
-    assert view.ledger.track_appearance and view.promised_units(81559) == 2 * 159
+    assert view.ledger.track_appearance and view.ledger.promised_units(81559) == 2 * 159
     # The watch expired, then a list in pages: "a" went meanwhile (its delete was missed) and is
     # forgotten once the list is whole, so its later events release nothing; "b" is still held.
     pods.listed([pod("b", reason="")])
     pods.replace([])
     pods.apply("DELETED", pod("a", reason=""))
-    assert pods.released == 0 and view.promised_units(81559) == 2 * 159
+    assert pods.released == 0 and view.ledger.promised_units(81559) == 2 * 159
     pods.apply("MODIFIED", pod("b"))  # marked unschedulable: its promise goes back
-    assert pods.released == 1 and view.promised_units(81559) == 159
+    assert pods.released == 1 and view.ledger.promised_units(81559) == 159
