@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import statistics
 import sys
@@ -62,7 +63,7 @@ async def _grow(api: kube_api.Api, settings: config.Config, pods: int) -> None:
     template = bench_scale.converted_pod(settings)
 
     async def create(name: str) -> None:
-        manifest = json.loads(json.dumps(template))
+        manifest = copy.deepcopy(template)
         manifest["metadata"]["name"] = name
         await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", manifest)
 

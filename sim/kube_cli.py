@@ -138,6 +138,8 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             controller=settings.requeue.enabled or settings.pacing.enabled,
             dra="dra" in args.mode,
         )
+        if args.kubelet_prepare_seconds and "dra" not in args.mode:
+            raise ValueError("--kubelet-prepare-seconds is for DRA mode (--mode dra or device-plugin,dra)")
         nodes_file, pods_file = trace.trace_files(args.nodes, args.pods, args.trace_dir, environ, provenance.SOURCE)
         nodes = sample_nodes(trace.load_nodes(nodes_file), args.node_sample)
         pods = trace.load_pods(pods_file)

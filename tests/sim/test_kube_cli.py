@@ -72,3 +72,16 @@ def test_a_kubelet_prepare_delay_is_read_in_seconds() -> None:
     kube_cli.add_arguments(parser)
     assert parser.parse_args(["--kubelet-prepare-seconds", "1.5"]).kubelet_prepare_seconds == 1.5
     assert parser.parse_args([]).kubelet_prepare_seconds == 0.0
+
+
+def test_a_kubelet_prepare_delay_without_dra_mode_is_refused_before_any_replay(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube_bin = tmp_path / "bin"
+    kube_bin.mkdir()
+    for name in controlplane.BINARIES:
+        (kube_bin / name).write_text("#!/bin/sh\n")
+        (kube_bin / name).chmod(0o755)
+    code = main.main(["--scheduler", "kube", "--kube-bin", str(kube_bin), "--kubelet-prepare-seconds", "1"])
+    assert code == 2
+    assert "--kubelet-prepare-seconds is for DRA mode" in capsys.readouterr().err
