@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
-STUBS  := $(addsuffix /api_pb2_grpc.py,proto/deviceplugin/v1beta1 proto/podresources/v1 proto/dra/v1 proto/dra/v1beta1 proto/pluginregistration/v1)
+STUBS  := $(addsuffix /api_pb2_grpc.py,proto/deviceplugin/v1beta1 proto/podresources/v1 proto/dra/v1 proto/dra/v1beta1 proto/pluginregistration/v1 proto/kubeapi/v1)
 PROTOS := $(wildcard proto/*/*/*.proto)
 
 .PHONY: all venv proto helm k8s node test e2e demo check bench clean image image-check lock gpu-check

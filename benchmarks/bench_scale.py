@@ -1,7 +1,7 @@
 """How the webhook and the controller start on a large cluster: memory, readiness and admissions.
 
     GPUSLICE_K8S_BIN=$(cat .k8s-bin) .venv/bin/python benchmarks/bench_scale.py \
-        [--nodes 5000] [--pods 100000] [--pending 60000] [--repeats 3] [--baseline DIR]
+        [--nodes 5000] [--pods 100000] [--pending 60000] [--repeats 3] [--baseline DIR] [--lists-only ROUNDS]
 
 A real kube-apiserver and etcd (e2e/k8s) are grown to `--nodes` GPU nodes and `--pods` pods, as a
 kubelet and our webhook write them:
@@ -23,6 +23,9 @@ run kept), and is sampled every 0.1 s:
   after it is ready: the slowest answer, and any not answered within 10 s;
 - `gpuslice-controller` with the chart's defaults (the requeuer) and with `pacing.enabled` (the
   pacer too): memory and readiness the same way.
+`--lists-only ROUNDS` measures instead what the largest list costs the API server: the pacer's
+(every unfinished pod, as a watch's initial events) read as JSON and as protobuf, alternated: its
+CPU and the wall time to the bookmark that ends the list (the reader only counts bytes).
 `--baseline DIR` runs every measurement a second time with the gpuslice package of another source
 tree (`git archive <commit> | tar -x -C DIR`), in the same sitting: before and after a change.
 
@@ -279,6 +282,55 @@ def memory_kib(pid: int) -> tuple[int, int]:
     return fields["VmRSS"], fields["VmHWM"]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of `pid` so far."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stream_all_pods(plane: controlplane.ControlPlane, accept: str) -> int:
+    """Read the pacer's list (every unfinished pod, as a watch's initial events) as `accept` asks,
+    up to the bookmark that ends it; the bytes read."""
+    query = (
+        "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+        "&timeoutSeconds=300&fieldSelector=status.phase!%3DSucceeded,status.phase!%3DFailed"
+    )
+    request = urllib.request.Request(
+        f"{plane.server}/api/v1/pods?{query}",
+        headers={"Authorization": f"Bearer {plane.admin_token}", "Accept": accept},
+    )
+    end = b"k8s.io/initial-events-end"
+    total, tail = 0, b""
+    with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=plane.ca_file)) as response:
+        while chunk := response.read1(1 << 20):
+            total += len(chunk)
+            if end in tail + chunk:
+                break
+            tail = chunk[-len(end) :]
+    return total
+
+
+def list_costs(plane: controlplane.ControlPlane, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """The API server's CPU and the wall time for the pacer's list as JSON and as protobuf
+    (gpuslice.podwire), alternated `rounds` times; the reader here only counts the bytes."""
+    apiserver = next(p for p in plane.processes if p.name == "kube-apiserver").popen.pid
+    encodings = {"json": "application/json", "protobuf": "application/vnd.kubernetes.protobuf;stream=watch"}
+    costs: dict[str, list[dict[str, float]]] = {name: [] for name in encodings}
+    for _ in range(rounds):
+        for name, accept in encodings.items():
+            cpu, started = cpu_seconds(apiserver), time.monotonic()
+            size = stream_all_pods(plane, accept)
+            costs[name].append(
+                {
+                    "wall_s": round(time.monotonic() - started, 2),
+                    "apiserver_cpu_s": round(cpu_seconds(apiserver) - cpu, 2),
+                    "mb": round(size / 1e6),
+                }
+            )
+            print(f"  list as {name}: {costs[name][-1]}", file=sys.stderr, flush=True)
+    return costs
+
+
 class Prober(threading.Thread):
     """Posts one AdmissionReview every PROBE_SECONDS over one keep-alive HTTPS connection (made
     again when it fails) until `stop`; keeps (seconds since `t0`, latency or None when unanswered)."""
@@ -454,6 +506,12 @@ def main() -> int:
     parser.add_argument("--pending", type=int, default=60000, help="of --pods, pending (the rest bound and Running)")
     parser.add_argument("--baseline", metavar="DIR", help="source tree of an earlier gpuslice to measure beside")
     parser.add_argument("--repeats", type=int, default=3, help="starts of each component (and tree), alternated")
+    parser.add_argument(
+        "--lists-only",
+        type=int,
+        metavar="ROUNDS",
+        help="measure only the API server's cost of the pacer's list, as JSON and as protobuf, ROUNDS times",
+    )
     args = parser.parse_args()
     if not 0 <= args.pending <= args.pods:
         parser.error("--pending must be between 0 and --pods")
@@ -479,6 +537,10 @@ def main() -> int:
             "grow_s": {k: round(v) for k, v in growth.items()},
             "apiserver_rss_mib": round(memory_kib(apiserver.popen.pid)[0] / 1024),
         }
+        if args.lists_only:
+            report["lists"] = list_costs(plane, args.lists_only)
+            print(json.dumps(report, indent=2))
+            return 0
         work = pathlib.Path(tmp)
         trees = [("current", None)] + ([("baseline", os.path.abspath(args.baseline))] if args.baseline else [])
         runs: dict[str, list[dict[str, Any]]] = {tag: [] for tag, _ in trees}

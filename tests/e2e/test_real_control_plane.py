@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pathlib
 import re
+from typing import Any
 
 import k8skit
 import kubernetes
 import pytest
 
+from gpuslice import compact, podwire
 from gpuslice.sim import controlplane, profiling
 
 pytestmark = pytest.mark.e2e
@@ -69,3 +71,110 @@ def test_the_schedulers_cpu_profile_is_read_as_admin_and_written_by_the_replays_
     assert all(path.read_bytes()[:2] == b"\x1f\x8b" for path in profiler.written), profiler.written
     with pytest.raises(KeyError):
         cluster.cpu_profile("no-such-scheduler", 1)
+
+
+def test_pods_read_as_protobuf_are_the_pods_read_as_json(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
+    """What the compact pod watches read (gpuslice.podwire): the real API server's protobuf lists and
+    watch streams give the same pods as its JSON through the typed decode, field for field."""
+    gated = {
+        "metadata": {"name": "gated", "labels": {"app": "a"}, "annotations": {"gpuslice.io/decision": "{}"}},
+        "spec": {
+            "schedulingGates": [{"name": "gpuslice.io/pacing"}],
+            "nodeSelector": {"gpuslice.io/gpu.product": "NVIDIA-H100"},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "gpu.free-units", "operator": "Gt", "values": ["7"]}]}
+                        ]
+                    },
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 5, "preference": {"matchExpressions": [{"key": "a", "operator": "Exists"}]}}
+                    ],
+                }
+            },
+            "initContainers": [{"name": "sidecar", "image": "registry.invalid/e2e:1", "restartPolicy": "Always"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/e2e:1",
+                    "env": [{"name": "A", "value": "x" * 200}],
+                    "resources": {
+                        "limits": {"gpuslice.io/gpu-memory": "8", "memory": "1Gi"},
+                        "claims": [{"name": "gpu"}],
+                    },
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share"}],
+        },
+    }
+    core.create_namespaced_pod(namespace, gated)
+    bound = k8skit.pod_object("bound", limits={"gpuslice.io/gpu-memory": 4}, nodeName="no-such-node")
+    bound["metadata"]["finalizers"] = ["example.com/hold"]  # deleted, it stays with its deletionTimestamp
+    core.create_namespaced_pod(namespace, bound)
+    core.delete_namespaced_pod("bound", namespace)
+    core.create_namespaced_pod(namespace, k8skit.pod_object("refused", limits={"gpuslice.io/gpu-memory": 2}))
+    core.patch_namespaced_pod_status(
+        "refused",
+        namespace,
+        {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}},
+    )
+    try:
+
+        def listed() -> tuple[list[dict[str, Any]], str, list[dict[str, Any]], str] | None:
+            as_protobuf = core.list_namespaced_pod(
+                namespace, _preload_content=False, _headers={"Accept": podwire.ACCEPT_LIST}
+            )
+            assert podwire.is_protobuf(as_protobuf.headers["Content-Type"])
+            pods, _, version = podwire.pod_page(as_protobuf.data)
+            json_pods, _, json_version = compact.pod_page(
+                core.list_namespaced_pod(namespace, _preload_content=False).data
+            )
+            # the scheduler and the pod garbage collector may write between the two reads: read again
+            return (pods, version, json_pods, json_version) if version == json_version else None
+
+        pods, _, json_pods, _ = k8skit.wait_for("two lists of one version", listed, timeout=30, interval=0.5)
+        assert pods == json_pods
+        assert {p["metadata"]["name"] for p in pods} == {"gated", "bound", "refused"}
+        assert any("deletionTimestamp" in p["metadata"] for p in pods)
+
+        def streamed(accept: str | None) -> list[tuple[str, dict[str, Any]]]:
+            headers = {"Accept": accept} if accept else None
+            response = core.list_namespaced_pod(
+                namespace,
+                watch=True,
+                send_initial_events=True,
+                resource_version_match="NotOlderThan",
+                allow_watch_bookmarks=True,
+                timeout_seconds=5,
+                _preload_content=False,
+                _headers=headers,
+            )
+            if podwire.is_protobuf(response.headers["Content-Type"]):
+                decoded = (podwire.pod_event(f) for f in podwire.frames(response.stream(4096)))
+            else:
+                decoded = (compact.pod_event(line) for line in response if line.strip())
+            events: list[tuple[str, dict[str, Any]]] = []
+            try:
+                for kind, obj in decoded:  # the pods in the order sent, then the bookmark that ends them
+                    events.append((kind, obj if kind != "BOOKMARK" else obj["metadata"]))
+                    if kind == "BOOKMARK":
+                        break
+            finally:
+                decoded.close()
+                response.release_conn()
+            return events
+
+        def both() -> tuple[list[Any], list[Any]] | None:
+            from_protobuf, from_json = streamed(podwire.ACCEPT_WATCH), streamed(None)
+            versions = [
+                [obj["metadata"]["resourceVersion"] for _, obj in events[:3]] for events in (from_protobuf, from_json)
+            ]
+            return (from_protobuf, from_json) if versions[0] == versions[1] else None
+
+        from_protobuf, from_json = k8skit.wait_for("two streams of one version", both, timeout=30, interval=0.5)
+        assert [kind for kind, _ in from_protobuf] == ["ADDED"] * 3 + ["BOOKMARK"]
+        assert from_protobuf[:3] == from_json[:3]
+        assert from_protobuf[3][1]["annotations"] == {"k8s.io/initial-events-end": "true"}
+    finally:
+        core.patch_namespaced_pod("bound", namespace, {"metadata": {"finalizers": None}})
