@@ -129,6 +129,11 @@ class ListWatch:
         it needs, and gets an empty list in `replace`."""
         self._listing.extend(page)
 
+    def list_started(self) -> None:
+        """A list begins, the first or again after one that failed part-way: a subclass that takes
+        pages as they come (`listed`) forgets what it gathered of an unfinished list here, or a pod
+        deleted between the two would outlive the list that no longer shows it."""
+
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         raise NotImplementedError
 
@@ -210,6 +215,7 @@ class ListWatch:
         """Read a list as a stream or page by page, each page handed to `listed` before the next
         is asked for; the list's resourceVersion."""
         self._listing = []
+        self.list_started()
         if self.stream_lists:
             try:
                 return await asyncio.to_thread(self._stream_list, asyncio.get_running_loop())
@@ -217,6 +223,7 @@ class ListWatch:
                 log.info("%s: the API server does not stream lists (%s): reading them in pages", self.what, exc)
                 self.stream_lists = False
                 self._listing = []  # a subclass taking pages sees the list start again, as after a failure
+                self.list_started()
         token: str | None = None
         while True:
             page, token, version = await asyncio.to_thread(self._page, token)

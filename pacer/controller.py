@@ -104,6 +104,9 @@ class _Pods(listwatch.PodWatch):
     def listed(self, page: Sequence[Mapping[str, Any]]) -> None:
         self.pacer.listed_pods(page)
 
+    def list_started(self) -> None:
+        self.pacer.list_started()
+
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         self.pacer.replace_pods(items)
 
@@ -187,6 +190,10 @@ class Pacer:
             self._listing.add(_uid(pod))
             self.ledger.update_pod(pod)
             self._track(pod)
+
+    def list_started(self) -> None:
+        """A list of the pods begins (again, if one failed part-way): only its own pods count as listed."""
+        self._listing = set()
 
     def replace_pods(self, items: Sequence[Mapping[str, Any]]) -> None:
         """A list is whole (`items`: its pods, or none when its pages came to `listed_pods`): the

@@ -104,13 +104,17 @@ class WaitingPods(listwatch.PodWatch):
         event loop (and the admissions waiting on it) for long."""
         if self.lists == 0:
             for pod in page:  # pods converted by this replica, by others, or by a process before
-                self._first_sight(pod)
+                if str((pod.get("metadata") or {}).get("uid")) not in self._seen:  # once, if the list is retried
+                    self._first_sight(pod)
             return
         # A list after an expired watch: what changed meanwhile is applied as it comes; pods gone
         # meanwhile are forgotten once the list is whole (`replace`).
         for pod in page:
             self._listed.add(str((pod.get("metadata") or {}).get("uid")))
             self.apply("MODIFIED", pod)
+
+    def list_started(self) -> None:
+        self._listed = set()  # pods of a list that failed part-way do not count as listed
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         self.listed(items)  # empty when the list came in pages (`listed` took them)

@@ -109,6 +109,10 @@ class Recorded(listwatch.PodWatch):
         super().__init__(lambda: api, "pods", "status.phase=Pending", compact=True, **options)
         self.items: list[dict[str, Any]] = []
         self.applied: list[tuple[str, Any]] = []
+        self.starts = 0  # lists begun
+
+    def list_started(self) -> None:
+        self.starts += 1
 
     def replace(self, items: Any) -> None:
         self.items = [dict(i) for i in items]
@@ -212,5 +216,7 @@ async def test_protobuf_the_watch_cannot_read_is_read_as_json_from_then_on(serve
     fake.broken = 1
     watch = await read(fake, api, stream_lists=True)
     assert not watch.protobuf and watch.failures == 1
+    # the failed list and its retry (and the pages after a refused stream): the subclass heard of each
+    assert watch.starts == (2 if stream else 3)
     assert len(watch.items) == 5  # the whole list, read again as JSON
     assert fake.accepts[-1][1] == "application/json"  # the client's own Accept

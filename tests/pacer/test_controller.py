@@ -218,3 +218,19 @@ def test_a_list_in_pages_is_taken_a_page_at_a_time_and_pruned_once_whole() -> No
         names.append(entry.name)
         paced.on_pod("DELETED", pod(entry.name))
     assert names == ["early"]
+
+
+def test_a_list_that_failed_part_way_counts_only_what_its_retry_shows() -> None:
+    paced = pacer()
+    paced.pods.list_started()
+    paced.listed_pods([pod("bound", node_name="h100-a", rv="4"), pod("gated", rv="5")])
+    # The list fails here; both pods are deleted before it starts again, which shows neither.
+    paced.pods.list_started()
+    paced.listed_pods([pod("other", rv="6")])
+    paced.replace_pods([])
+    assert not paced.ledger.unlabelled("h100-a")  # "bound" no longer counts on its node
+    names = []
+    while (entry := paced._next()) is not None:
+        names.append(entry.name)
+        paced.on_pod("DELETED", pod(entry.name))
+    assert names == ["other"]

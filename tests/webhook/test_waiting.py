@@ -97,6 +97,32 @@ def test_the_first_list_promises_the_pending_pods_of_other_replicas() -> None:
     assert view.ledger.promised_units(81559) == 0 and pods.released == 2
 
 
+def test_a_first_list_that_failed_part_way_and_started_again_promises_each_pod_once() -> None:
+    pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
+    view = pods.cluster
+    pods.list_started()
+    pods.listed([pod("other", reason="")])  # then the list fails, and starts again
+    pods.list_started()
+    pods.listed([pod("other", reason=""), pod("another", reason="")])
+    pods.replace([])
+    pods.lists = 1
+    assert view.ledger.promised_from_others == 2 and view.ledger.promised_units(81559) == 2 * 159
+
+
+def test_a_relist_that_failed_part_way_forgets_a_pod_its_retry_does_not_show() -> None:
+    pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
+    view = pods.cluster
+    pods.replace([pod("gone", reason=""), pod("kept", reason="")])
+    pods.lists = 1
+    assert view.ledger.promised_from_others == 2
+    pods.list_started()  # a relist after an expired watch
+    pods.listed([pod("gone", reason=""), pod("kept", reason="")])  # then it fails, and starts again;
+    pods.list_started()  # "gone" is deleted meanwhile (its DELETED event before the new list's version)
+    pods.listed([pod("kept", reason="")])
+    pods.replace([])
+    assert pods._held == {"kept"} and pods._seen == {"kept"}
+
+
 def test_the_first_list_releases_nothing_for_pods_marked_before_it() -> None:
     pods = waiting.WaitingPods(None, two_class_view())  # type: ignore[arg-type]
     pods.cluster.ledger.promise(81559, 159, now=0.0)  # not a conversion of a pod in the list
