@@ -211,19 +211,21 @@ class ListWatch:
                 raise _Gone() from None
             raise
 
+    def _start_list(self) -> None:
+        self._listing = []
+        self.list_started()
+
     async def _list(self) -> str:
         """Read a list as a stream or page by page, each page handed to `listed` before the next
         is asked for; the list's resourceVersion."""
-        self._listing = []
-        self.list_started()
+        self._start_list()
         if self.stream_lists:
             try:
                 return await asyncio.to_thread(self._stream_list, asyncio.get_running_loop())
             except _NotStreamed as exc:
                 log.info("%s: the API server does not stream lists (%s): reading them in pages", self.what, exc)
                 self.stream_lists = False
-                self._listing = []  # a subclass taking pages sees the list start again, as after a failure
-                self.list_started()
+                self._start_list()  # a subclass taking pages sees the list start again, as after a failure
         token: str | None = None
         while True:
             page, token, version = await asyncio.to_thread(self._page, token)

@@ -17,6 +17,8 @@ from podwirekit import encode_pod, envelope, frame
 from gpuslice import compact, config, podwire
 from gpuslice.proto.kubeapi.v1 import api_pb2 as pb
 
+CONTRACT = config.Config().contract
+
 # A pod with every field the decode keeps, and some it skips (env, volumes, preferences).
 POD: dict[str, Any] = {
     "metadata": {
@@ -90,9 +92,8 @@ def test_a_pod_from_protobuf_is_the_typed_json_decode_of_the_same_pod() -> None:
     frames = list(podwire.frames([frame("ADDED", "Pod", encode_pod(POD))]))
     assert podwire.pod_event(frames[0]) == compact.pod_event(as_json_event("ADDED", POD))
     # and so what the watches keep of it too
-    contract = config.Config().contract
     whole = json.loads(as_json_event("ADDED", POD))["object"]
-    assert compact.pod(podwire.pod_event(frames[0])[1], contract) == compact.pod(whole, contract)
+    assert compact.pod(podwire.pod_event(frames[0])[1], CONTRACT) == compact.pod(whole, CONTRACT)
 
 
 @pytest.mark.parametrize(
@@ -117,18 +118,16 @@ def test_fields_left_out_are_left_out_of_both(trim: Any) -> None:
 
 def test_only_a_preferred_affinity_keeps_no_affinity() -> None:
     pod = copy.deepcopy(POD)
-    pod["spec"]["affinity"] = {
-        "nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 1, "preference": {"matchExpressions": [{"key": "a", "operator": "Exists"}]}}
-            ]
-        }
-    }
-    body = copy.deepcopy(pod)
-    del body["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    data = encode_pod(body)
-    (only,) = podwire.frames([frame("ADDED", "Pod", data)])
-    assert "affinity" not in podwire.pod_event(only)[1]["spec"]
+    preferred = [{"weight": 1, "preference": {"matchExpressions": [{"key": "a", "operator": "Exists"}]}}]
+    pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+    # On the wire: NodeAffinity's field 2 (preferred), which proto/kubeapi does not declare.
+    message = pb.Pod.FromString(encode_pod({**pod, "spec": {k: v for k, v in pod["spec"].items() if k != "affinity"}}))
+    message.spec.affinity.nodeAffinity.MergeFromString(b"\x12\x02\x08\x01")  # one term, weight 1
+    (only,) = podwire.frames([frame("ADDED", "Pod", message.SerializeToString())])
+    _, decoded = podwire.pod_event(only)
+    assert "affinity" not in decoded["spec"]
+    whole = json.loads(as_json_event("ADDED", pod))["object"]
+    assert compact.pod(decoded, CONTRACT) == compact.pod(whole, CONTRACT)  # what the watches keep, alike
 
 
 def test_a_page_gives_its_pods_token_and_version() -> None:
