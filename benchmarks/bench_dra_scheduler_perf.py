@@ -18,8 +18,8 @@ k8s.io/kubernetes/test/integration/scheduler_perf/dra, at the version e2e/k8s bu
   performance-config.yaml has them;
 - `GpusliceShares` (benchmarks/dra_scheduler_perf): gpuslice's slices as the DRA plugin publishes
   them (`gpuslice-dra-plugin --print-resource-slices` on gpuslice/examples/h200x8-node.yaml: 8
-  GPUs, every attribute), the chart's DeviceClass, and a share as the webhook writes it (one
-  device, 35,840Mi of memory: 32 pods a node), at 250 nodes, empty, half and full.
+  GPUs, every attribute), the chart's share DeviceClass (no selector), and a share as the webhook
+  writes it (one device, 35,840Mi of memory: 32 pods a node), at 250 nodes, empty, half and full.
 
 All with the allocator kube-scheduler 1.37 picks with its default features ("incubating": the
 binary's BenchmarkPerfScheduling), whatever the upstream test package pins for its own package.

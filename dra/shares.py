@@ -62,8 +62,10 @@ def _devices_by_name(node: inventory.NodeInventory) -> dict[str, tuple[inventory
     return named
 
 
-def _memory_mib(consumed: Mapping[str, Any] | None, full_mib: int, where: str) -> int:
-    value = (consumed or {}).get(contract_.DRA_CAPACITY_MEMORY)
+def _memory_mib(consumed: Mapping[str, Any] | None, full_mib: int, where: str, name: str) -> int:
+    """The share's memory from the allocation's consumedCapacity[`name`]; under plain `memory` for
+    a claim allocated before the capacity was qualified by the driver's domain."""
+    value = (consumed or {}).get(name, (consumed or {}).get(contract_.DRA_CAPACITY_MEMORY))
     if value is None:
         return full_mib  # no consumed capacity recorded: the device is the claim's alone
     try:
@@ -103,7 +105,7 @@ def allocated_shares(
             shares.append(Share(request, name, result.get("shareID"), mig.uuid, gpu.uuid, mig.memory_mib, mig.profile))
             continue
         whole = contract.units_per_gpu(gpu.memory_mib) * contract.unit_mib
-        mib = _memory_mib(result.get("consumedCapacity"), whole, f"{where} device {name}")
+        mib = _memory_mib(result.get("consumedCapacity"), whole, f"{where} device {name}", contract.dra_capacity_memory)
         shares.append(Share(request, name, result.get("shareID"), gpu.uuid, gpu.uuid, mib))
     if not shares:
         raise ShareError(f"{where} has no device of driver {driver} on node pool {pool!r}")

@@ -2,11 +2,13 @@
 Pure: no I/O, no clock (timestamps are passed in).
 
 * One device per GPU not in MIG mode, `allowMultipleAllocations: true`, with one consumable
-  capacity, `memory` (the GPU's memory), whose request policy rounds every request up to whole
-  memory units: validRange{min: unit, max: whole units, step: unit}, default: all whole units.
-  A request without a capacity therefore takes the whole GPU; `capacity.requests.memory: 2000Mi`
-  takes 2048Mi with 256 MiB units. The scheduler sums the shares per GPU, so no GPU is given
-  more than it has and no share spans GPUs.
+  capacity, `<driver>/memory` (the GPU's memory; Contract.dra_capacity_memory), whose request
+  policy rounds every request up to whole memory units: validRange{min: unit, max: whole units,
+  step: unit}, default: all whole units. A request without a capacity therefore takes the whole
+  GPU; `capacity.requests["gpu.gpuslice.io/memory"]: 2000Mi` takes 2048Mi with 256 MiB units.
+  Qualified so that no other device has it (a MIG device's memory is plain `memory`): the share
+  class then needs no CEL selector (Contract.dra_share_device_class). The scheduler sums the
+  shares per GPU, so no GPU is given more than it has and no share spans GPUs.
 * One device per MIG device (static: as the node is partitioned now), allocated whole. Under
   `migStrategy` single each MIG device is shared by memory like a GPU instead (the node comes
   from node/migstrategy.py's view), with its GPU's UUID as parentUUID; under none GPUs in
@@ -172,7 +174,7 @@ def gpu_device(
         "allowMultipleAllocations": True,
         "attributes": attributes,
         "capacity": {
-            contract_.DRA_CAPACITY_MEMORY: {
+            contract.dra_capacity_memory: {
                 "value": quantity.mebibytes(gpu.memory_mib),
                 "requestPolicy": {"default": quantity.mebibytes(whole), "validRange": valid_range},
             }

@@ -93,6 +93,8 @@ DRA_ATTR_NVLINK_DOMAIN = "nvlinkDomain"  # same value on GPUs connected by NVLin
 DRA_ATTR_MIG_PROFILE = "migProfile"
 DRA_ATTR_PARENT_UUID = "parentUUID"
 DRA_ATTR_PARENT_INDEX = "parentIndex"
+# A MIG device's memory: informational, the device is taken whole. A GPU shared by memory
+# publishes it under the driver's own domain instead (Contract.dra_capacity_memory).
 DRA_CAPACITY_MEMORY = "memory"
 DRA_MAX_DRIVER_NAME_LENGTH = 63
 # The most devices one ResourceClaim's allocation holds (resource.k8s.io/v1 AllocationResultsMaxSize):
@@ -349,8 +351,22 @@ class Contract:
 
     @functools.cached_property
     def dra_device_class(self) -> str:
-        """DeviceClass of the GPUs shared by memory (and whole GPUs)."""
+        """DeviceClass of whole GPUs (of the GPUs shared by memory, taken whole)."""
         return f"gpu.{self.prefix}"
+
+    @functools.cached_property
+    def dra_share_device_class(self) -> str:
+        """DeviceClass of shares: no selector, so the allocator evaluates no CEL per device; a
+        share's request asks `dra_capacity_memory`, which no device but a gpuslice GPU shared by
+        memory has, and the allocator skips a device without a capacity asked of it."""
+        return f"gpu-share.{self.prefix}"
+
+    @functools.cached_property
+    def dra_capacity_memory(self) -> str:
+        """The consumable capacity of a GPU shared by memory, qualified by the driver's domain
+        ("gpu.gpuslice.io/memory"): a selector still reads it as device.capacity["<driver>"].memory,
+        but only these devices have it under this name (not a MIG device, not another driver's)."""
+        return f"{self.dra_driver}/{DRA_CAPACITY_MEMORY}"
 
     @functools.cached_property
     def dra_mig_device_class(self) -> str:

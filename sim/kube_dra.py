@@ -1,7 +1,7 @@
 """DRA mode of the replay on the real control plane (`gpuslice-sim --scheduler kube --mode dra`).
 
-What the chart and the DRA plugin put in a DRA-mode cluster, for the trace's nodes: the DeviceClass
-of shared GPUs (as charts/gpuslice/templates/dra-plugin.yaml renders it), every node's
+What the chart and the DRA plugin put in a DRA-mode cluster, for the trace's nodes: the DeviceClasses
+of whole GPUs and of shares (as charts/gpuslice/templates/dra-plugin.yaml renders them), every node's
 ResourceSlices (`dra.slices.build_slices`, what the plugin publishes), and the webhook in DRA mode
 making a ResourceClaimTemplate per distinct share; kube-controller-manager's resource-claim
 controller makes each pod's claim and the real scheduler's DRA allocator places it.
@@ -27,7 +27,7 @@ from gpuslice.dra import slices
 from gpuslice.node import inventory
 from gpuslice.sim import node as node_
 
-__all__ = ["DRA_CONTROLLERS", "DeviceLedger", "device_class", "memory_mib", "node_slices"]
+__all__ = ["DRA_CONTROLLERS", "DeviceLedger", "device_classes", "memory_mib", "node_slices"]
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 DEVICE_CLASSES_PATH = "/apis/resource.k8s.io/v1/deviceclasses"
@@ -35,16 +35,24 @@ DEVICE_CLASSES_PATH = "/apis/resource.k8s.io/v1/deviceclasses"
 DRA_CONTROLLERS = ("resource-claim-controller",)
 
 
-def device_class(contract: contract_.Contract) -> dict[str, Any]:
-    """The chart's DeviceClass of shared GPUs (the trace has no MIG devices)."""
+def device_classes(contract: contract_.Contract) -> list[dict[str, Any]]:
+    """The chart's DeviceClasses of whole GPUs and of shares (the trace has no MIG devices)."""
     attributes = f'device.attributes["{contract.dra_driver}"]'
     expression = f'device.driver == "{contract.dra_driver}" && {attributes}.type == "{contract_.DRA_TYPE_GPU}"'
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": contract.dra_device_class},
-        "spec": {"selectors": [{"cel": {"expression": expression}}]},
-    }
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": contract.dra_device_class},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": contract.dra_share_device_class},
+            "spec": {},
+        },
+    ]
 
 
 def node_slices(node: inventory.NodeInventory, contract: contract_.Contract, node_name: str) -> list[dict[str, Any]]:
@@ -64,6 +72,7 @@ class DeviceLedger:
 
     def __init__(self, contract: contract_.Contract) -> None:
         self.driver = contract.dra_driver
+        self.memory = contract.dra_capacity_memory
         self.capacity: dict[tuple[str, str], float] = {}  # (pool, device) -> MiB
         self.consumed: dict[tuple[str, str], float] = {}
         self.overruns: list[str] = []
@@ -73,7 +82,7 @@ class DeviceLedger:
             spec = obj["spec"]
             pool = spec["pool"]["name"]
             for device in spec.get("devices") or ():
-                memory = (device.get("capacity") or {}).get(contract_.DRA_CAPACITY_MEMORY)
+                memory = (device.get("capacity") or {}).get(self.memory)
                 if memory is not None:
                     self.capacity[(pool, device["name"])] = memory_mib(memory["value"])
 
@@ -96,7 +105,7 @@ class DeviceLedger:
             if capacity is None:
                 self.overruns.append(f"claim allocated an unknown device {key}")
                 continue
-            consumed = (result.get("consumedCapacity") or {}).get(contract_.DRA_CAPACITY_MEMORY)
+            consumed = (result.get("consumedCapacity") or {}).get(self.memory)
             amount = memory_mib(consumed) if consumed is not None else capacity
             before = self.consumed.get(key, 0.0)
             after = before + amount

@@ -182,7 +182,8 @@ class Fleet:
 
         await asyncio.gather(*(create(name) for name in self.trace_nodes))
         if self.dra:
-            await self.api.create(kube_dra.DEVICE_CLASSES_PATH, kube_dra.device_class(self.contract))
+            for device_class in kube_dra.device_classes(self.contract):
+                await self.api.create(kube_dra.DEVICE_CLASSES_PATH, device_class)
             objects = [o for n, sim in self.sims.items() for o in kube_dra.node_slices(sim.node, self.contract, n)]
             self.ledger.add_slices(objects)
 

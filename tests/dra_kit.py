@@ -111,12 +111,18 @@ class FakeApi:
 
 
 def result(
-    request: str, device: str, memory: str | None = None, share_id: str | None = None, **extra: Any
+    request: str,
+    device: str,
+    memory: str | None = None,
+    share_id: str | None = None,
+    capacity: str = f"{DRIVER}/memory",
+    **extra: Any,
 ) -> dict[str, Any]:
-    """One allocation result as the scheduler writes it (our driver, pool "node-a")."""
+    """One allocation result as the scheduler writes it (our driver, pool "node-a"): `memory` consumed
+    of the device's `capacity`."""
     entry: dict[str, Any] = {"request": request, "driver": DRIVER, "pool": "node-a", "device": device, **extra}
     if memory is not None:
-        entry["consumedCapacity"] = {"memory": memory}
+        entry["consumedCapacity"] = {capacity: memory}
     if share_id is not None:
         entry["shareID"] = share_id
     return entry

@@ -3,13 +3,14 @@ of the gpuslice DRA driver instead of extended resources. Pure: no I/O, no clock
 
 The mutation parses and checks the annotations exactly as in device-plugin mode (same denials,
 same class choice, same unit rounding); what it decided reaches this module as a `Need`:
-  gpu-memory / gpu-fraction -> one request of class gpu.<prefix>, count 1, with
-                               capacity.requests.memory = the share (whole units) and no
-                               selector: a GPU class chosen is the pod's required node affinity
-                               on the class label, as in device-plugin mode (webhook/patches.py,
-                               affinity_ops), so the allocator never evaluates the nodes of
-                               other classes (where DRA mode's scheduling time goes: docs/dra.md,
-                               "Scheduling cost");
+  gpu-memory / gpu-fraction -> one request of class gpu-share.<prefix>, count 1, with
+                               capacity.requests["gpu.<prefix>/memory"] = the share (whole
+                               units), and no selector in the request or its class (only our
+                               shared GPUs have that capacity): a GPU class chosen is the pod's
+                               required node affinity on the class label, as in device-plugin
+                               mode (webhook/patches.py, affinity_ops), so the allocator never
+                               evaluates the nodes of other classes (where DRA mode's scheduling
+                               time goes: docs/dra.md, "Scheduling cost");
   whole GPUs (nvidia.com/gpu: N with convertWholeGpus) -> one request of N devices of class
                                gpu.<prefix> without a capacity: each takes its whole GPU
                                (the request policy's default); as a prioritized list over the GPU
@@ -19,11 +20,12 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                free, the N GPUs alike in memory (a matchAttribute constraint);
   <prefix>/isolation: mig   -> one request of class mig.<prefix> selecting the profile; with
                                <prefix>/mig-or-share: "true" a prioritized list instead: that
-                               MIG request (subrequest "mig"), else a share of class gpu.<prefix>
-                               of at least the profile's memory in whole units (subrequest
-                               "share", shaped as every share). Either way one request, so the
-                               container's claim reference and its CDI device do not depend on
-                               which was taken (the plugin names devices by the base request).
+                               MIG request (subrequest "mig"), else a share (class
+                               gpu-share.<prefix>) of at least the profile's memory in whole
+                               units (subrequest "share", shaped as every share). Either way one
+                               request, so the container's claim reference and its CDI device do
+                               not depend on which was taken (the plugin names devices by the
+                               base request).
   gpu-fraction-num-devices: N -> the share's request with count N: the capacity is taken on each
                                device, and a distinctAttribute constraint on the GPU's uuid keeps
                                the N on distinct GPUs (the allocator may place several shares of
@@ -203,10 +205,10 @@ def _constraints(need: Need, contract: contract_.Contract) -> list[dict[str, Any
 def _share(contract: contract_.Contract, memory_mib: int, count: int = 1) -> dict[str, Any]:
     """`memory_mib` of each of `count` GPUs (whole units: the request policy's step)."""
     return {
-        "deviceClassName": contract.dra_device_class,
+        "deviceClassName": contract.dra_share_device_class,
         "allocationMode": "ExactCount",
         "count": count,
-        "capacity": {"requests": {contract_.DRA_CAPACITY_MEMORY: f"{memory_mib}Mi"}},
+        "capacity": {"requests": {contract.dra_capacity_memory: f"{memory_mib}Mi"}},
     }
 
 

@@ -57,7 +57,7 @@ def test_dra_mode_renders_the_driver_instead_of_the_device_plugin(kube):
     assert manifests.all("DaemonSet", "device-plugin") == []
     assert manifests.all("ClusterRole", "device-plugin") == []
     classes = {c["metadata"]["name"]: c for c in manifests.all("DeviceClass")}
-    assert sorted(classes) == ["gpu.gpuslice.io", "mig.gpuslice.io"]
+    assert sorted(classes) == ["gpu-share.gpuslice.io", "gpu.gpuslice.io", "mig.gpuslice.io"]
     for obj in manifests:
         try:
             assert chartkit.schema_errors(obj, kube) == [], obj["kind"]
@@ -193,7 +193,7 @@ def test_dra_mode_is_refused_where_the_cluster_cannot_run_it(values, kube, messa
 def test_with_the_gate_declared_1_34_and_1_35_render_dra_mode():
     for kube in ("1.34.0", "1.35.0"):
         manifests = chartkit.render({**DRA, "dra": {"consumableCapacityGateEnabled": True}}, kube)
-        assert len(manifests.all("DeviceClass")) == 2
+        assert len(manifests.all("DeviceClass")) == 3
 
 
 def test_the_device_classes_select_exactly_the_plugins_devices(demo_node):
@@ -217,11 +217,16 @@ def test_the_device_classes_select_exactly_the_plugins_devices(demo_node):
 
     assert selected(manifests.named("DeviceClass", "gpu.gpuslice.io")) == ["gpu-0", "gpu-1"]
     assert selected(manifests.named("DeviceClass", "mig.gpuslice.io")) == [f"gpu-2-mig-{i}" for i in range(4)]
+    # The share class selects nothing itself: the shares' capacity, which the allocator skips a
+    # device without, is on the shared GPUs alone (not on the MIG devices).
+    assert manifests.named("DeviceClass", "gpu-share.gpuslice.io")["spec"] == {}
+    assert [d["name"] for d in devices if "gpu.gpuslice.io/memory" in d["capacity"]] == ["gpu-0", "gpu-1"]
 
 
 def test_a_custom_prefix_names_the_driver_and_its_classes():
     manifests = chartkit.render({**DRA, "config": {"resourcePrefix": "gpu.example.com"}}, "1.37.0")
     assert sorted(c["metadata"]["name"] for c in manifests.all("DeviceClass")) == [
+        "gpu-share.gpu.example.com",
         "gpu.gpu.example.com",
         "mig.gpu.example.com",
     ]
@@ -286,4 +291,55 @@ def test_the_slice_policy_comes_with_dra_mode_and_the_node_write_policies():
     assert "gpuslice-resource-slices" in named(DRA) and "gpuslice-resource-slices" in named(BOTH)
     assert "gpuslice-resource-slices" not in named({})
     unconfined = {**DRA, "devicePlugin": {"nodePatchPolicy": {"enabled": False, "allowUnconfinedNodeWrites": True}}}
-    assert named(unconfined) == []
+    assert named(unconfined) == ["gpuslice-share-requests"]  # not a write confinement: the share class's guard
+
+
+def _share_request(device_class: str, capacity: dict | None) -> dict:
+    request = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
+    return {**request, "capacity": {"requests": capacity}} if capacity is not None else request
+
+
+SHARE = "gpu-share.gpuslice.io"
+SHARE_CASES = [
+    # (id, the claim's requests, allowed)
+    ("share-with-capacity", [{"name": "a", "exactly": _share_request(SHARE, {"gpu.gpuslice.io/memory": "2Gi"})}], True),
+    ("share-without-capacity", [{"name": "a", "exactly": _share_request(SHARE, None)}], False),
+    ("share-with-another-capacity", [{"name": "a", "exactly": _share_request(SHARE, {"memory": "2Gi"})}], False),
+    ("whole-gpus", [{"name": "a", "exactly": _share_request("gpu.gpuslice.io", None)}], True),
+    (
+        "alternative-without-capacity",
+        [
+            {
+                "name": "a",
+                "firstAvailable": [
+                    {"name": "m", **_share_request("mig.gpuslice.io", None)},
+                    {"name": "s", **_share_request(SHARE, None)},
+                ],
+            }
+        ],
+        False,
+    ),
+    (
+        "second-request-without-capacity",
+        [
+            {"name": "a", "exactly": _share_request(SHARE, {"gpu.gpuslice.io/memory": "2Gi"})},
+            {"name": "b", "exactly": _share_request(SHARE, None)},
+        ],
+        False,
+    ),
+    ("no-requests", None, True),
+]
+
+
+@pytest.mark.parametrize(("case", "requests", "allowed"), SHARE_CASES, ids=[c[0] for c in SHARE_CASES])
+@pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate"])
+def test_the_share_policy_refuses_a_share_request_without_the_shares_capacity(case, requests, allowed, kind):
+    # The real API server enforces it in tests/e2e/test_real_share_policy.py; here its CEL alone.
+    manifests = chartkit.render(DRA, "1.37.0")
+    policy = manifests.named("ValidatingAdmissionPolicy", "gpuslice-share-requests")
+    binding = manifests.named("ValidatingAdmissionPolicyBinding", "gpuslice-share-requests")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    claim_spec = {"devices": {"requests": requests}} if requests is not None else {}
+    spec = {"spec": claim_spec} if kind == "ResourceClaimTemplate" else claim_spec
+    matched, failed = chartkit.evaluate_policy(policy, {"object": {"kind": kind, "spec": spec}})
+    assert matched and (not failed) is allowed, failed

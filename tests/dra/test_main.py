@@ -175,7 +175,7 @@ def test_print_resource_slices_runs_as_the_console_script():
     assert done.returncode == 0, done.stderr
     devices = by_name(yaml.safe_load_all(done.stdout))
     assert len(devices) == 8
-    assert devices["gpu-3"]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "1024Mi"
+    assert devices["gpu-3"]["capacity"]["gpu.gpuslice.io/memory"]["requestPolicy"]["validRange"]["step"] == "1024Mi"
 
 
 def test_a_prefix_too_long_for_a_driver_name_is_a_configuration_error(capsys):

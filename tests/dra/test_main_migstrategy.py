@@ -43,7 +43,7 @@ def test_single_shares_each_mig_device_by_memory_with_its_gpu_as_parent(tmp_path
     assert third["attributes"]["uuid"] == {"string": "MIG-00010000-0000-0000-0000-000000000000"}
     assert third["attributes"]["parentUUID"] == {"string": "GPU-00000001-0000-0000-0000-000000000000"}
     units = PROFILE_MIB // 256
-    assert third["capacity"]["memory"] == {
+    assert third["capacity"]["gpu.gpuslice.io/memory"] == {  # shared by memory: the shares' capacity
         "value": f"{PROFILE_MIB}Mi",
         "requestPolicy": {
             "default": f"{units * 256}Mi",

@@ -78,6 +78,18 @@ async def test_a_memory_share_gets_its_gpu_and_the_share_environment(demo_node, 
     }
 
 
+async def test_a_share_allocated_before_the_capacity_was_qualified_keeps_its_memory(demo_node, dirs):
+    # Allocated by a scheduler when the slice still named the capacity plain `memory`: still a
+    # 2 GiB share, not the whole GPU (the fallback for a claim's result without consumed memory).
+    api = dra_kit.FakeApi()
+    old = result("gpu", "gpu-0", "2Gi", share_id="11111111-2222-4333-8444-555555555555", capacity="memory")
+    share = claim(uid(1), [old])
+    api.add_claim(share)
+    answer = (await make(demo_node, dirs, api).prepare([ref(share)]))[uid(1)]
+    assert answer.error == ""
+    assert env_of(spec_of(dirs, uid(1)))["GPUSLICE_MEMORY_LIMIT_MIB"] == "2048"
+
+
 async def test_with_mps_the_share_gets_its_memory_and_sm_limits_and_the_pipe(demo_node, dirs):
     api = dra_kit.FakeApi()
     half = claim(uid(2), [result("gpu", "gpu-1", "40704Mi", share_id="aaaaaaaa-2222-4333-8444-555555555555")])

@@ -44,9 +44,10 @@ def test_every_gpu_is_one_shared_device_whose_memory_steps_by_the_unit(demo_node
     devices = by_name(slices.build_slices(demo_node, CONTRACT, "node-a"))
     gpu = devices["gpu-0"]
     assert gpu["allowMultipleAllocations"] is True
-    # 81559 MiB hold 318 whole units of 256 MiB: a request without capacity takes all of them.
+    # 81559 MiB hold 318 whole units of 256 MiB: a request without capacity takes all of them. The
+    # capacity is named in the driver's domain: no other device (MIG, another driver's) has it.
     assert gpu["capacity"] == {
-        "memory": {
+        "gpu.gpuslice.io/memory": {
             "value": "81559Mi",
             "requestPolicy": {"default": "81408Mi", "validRange": {"min": "256Mi", "max": "81408Mi", "step": "256Mi"}},
         }
@@ -63,7 +64,7 @@ def test_mig_devices_are_whole_devices_with_their_profile_and_parent(demo_node):
     assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2-mig-0", "gpu-2-mig-1", "gpu-2-mig-2", "gpu-2-mig-3"]
     mig = devices["gpu-2-mig-0"]
     assert "allowMultipleAllocations" not in mig
-    assert mig["capacity"] == {"memory": {"value": "40192Mi"}}
+    assert mig["capacity"] == {"memory": {"value": "40192Mi"}}  # not the shares' capacity: taken whole
     assert mig["attributes"]["migProfile"] == {"string": "3g.40gb"}
     assert mig["attributes"]["parentUUID"] == {"string": "GPU-7a6a7324-0d4c-5ca7-b8a7-1220b7b466f9"}
     assert mig["attributes"]["type"] == {"string": "mig"}
@@ -151,7 +152,7 @@ def test_the_unit_size_and_prefix_shape_the_driver_and_the_policy(demo_node):
     custom = contract.Contract(prefix="gpu.example.com", unit_mib=512)
     objs = slices.build_slices(demo_node, custom, "node-a")
     assert objs[0]["spec"]["driver"] == "gpu.gpu.example.com"
-    policy = by_name(objs)["gpu-0"]["capacity"]["memory"]["requestPolicy"]
+    policy = by_name(objs)["gpu-0"]["capacity"]["gpu.gpu.example.com/memory"]["requestPolicy"]
     assert policy == {"default": "81408Mi", "validRange": {"min": "512Mi", "max": "81408Mi", "step": "512Mi"}}
 
 
@@ -165,7 +166,7 @@ def test_a_gpu_of_one_unit_gets_a_policy_without_step_and_a_smaller_one_no_devic
     objs = slices.build_slices(node, CONTRACT, "n")
     devices = by_name(objs)
     assert list(devices) == ["gpu-0"]
-    assert devices["gpu-0"]["capacity"]["memory"]["requestPolicy"] == {
+    assert devices["gpu-0"]["capacity"][CONTRACT.dra_capacity_memory]["requestPolicy"] == {
         "default": "256Mi",
         "validRange": {"min": "256Mi", "max": "256Mi"},
     }
@@ -188,13 +189,15 @@ def test_a_gpu_of_one_unit_gets_a_policy_without_step_and_a_smaller_one_no_devic
             "the limit is 32",
         ),
         (
-            lambda s: s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"].update(default="1000Mi"),
+            lambda s: s["spec"]["devices"][0]["capacity"][CONTRACT.dra_capacity_memory]["requestPolicy"].update(
+                default="1000Mi"
+            ),
             "multiple of step",
         ),
         (
-            lambda s: s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"].update(
-                max="90000Mi"
-            ),
+            lambda s: s["spec"]["devices"][0]["capacity"][CONTRACT.dra_capacity_memory]["requestPolicy"][
+                "validRange"
+            ].update(max="90000Mi"),
             "larger than the capacity",
         ),
         (lambda s: s["spec"]["devices"][0].pop("allowMultipleAllocations"), "needs allowMultipleAllocations"),

@@ -131,7 +131,10 @@ def test_dra_mode_installs_with_its_device_classes_roles_and_node_policy(
     release, namespace = "gs-dra", "gs-dra"
     k8skit.install_chart(cluster.admin_kubeconfig, release, namespace, {"mode": "dra"}, workdir)
     objects = _ours(admin, release)
-    assert {"DeviceClass/gpu.gpuslice.io", "DeviceClass/mig.gpuslice.io"} <= set(objects), objects
+    assert {"DeviceClass/gpu.gpuslice.io", "DeviceClass/gpu-share.gpuslice.io", "DeviceClass/mig.gpuslice.io"} <= set(
+        objects
+    ), objects
+    assert "ValidatingAdmissionPolicy/gs-dra-gpuslice-share-requests" in objects, objects
     assert "ValidatingAdmissionPolicy/gs-dra-gpuslice-node-labels" in objects, objects
     assert not any(name.startswith("DaemonSet/") and "device-plugin" in name for name in objects), objects
     policy = kubernetes.client.AdmissionregistrationV1Api(admin).read_validating_admission_policy(

@@ -232,7 +232,7 @@ def test_the_real_allocator_packs_webhook_shares_per_gpu_and_kubelets_dra_manage
         claim = read_json(resource_api, core, "claim", namespace, name)
         (result,) = claim["status"]["allocation"]["devices"]["results"]  # one device: a share never spans GPUs
         assert result["driver"] == CONTRACT.dra_driver and result["pool"] == node_name
-        assert result["consumedCapacity"] == {"memory": "20Gi"} and result.get("shareID")
+        assert result["consumedCapacity"] == {CONTRACT.dra_capacity_memory: "20Gi"} and result.get("shareID")
         per_gpu[result["device"]] = per_gpu.get(result["device"], 0) + 20480
         claims.append(claim)
     assert per_gpu == {"gpu-0": 61440, "gpu-1": 61440}
@@ -468,7 +468,9 @@ def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_
     )
     devices = template["spec"]["spec"]["devices"]
     (request,) = devices["requests"]
-    assert request["exactly"]["count"] == 2 and request["exactly"]["capacity"] == {"requests": {"memory": "40704Mi"}}
+    assert request["exactly"]["count"] == 2 and request["exactly"]["capacity"] == {
+        "requests": {CONTRACT.dra_capacity_memory: "40704Mi"}
+    }
     assert devices["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.gpuslice.io/uuid"}]
     k8skit.scheduling_failure(core, namespace, "pinned", timeout=90, containing="cannot allocate all claims")
 
@@ -480,7 +482,10 @@ def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_
         claim = read_json(resource_api, core, "claim", namespace, name)
         results = claim["status"]["allocation"]["devices"]["results"]
         assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results
-        assert all(r["request"] == "gpu" and r["consumedCapacity"] == {"memory": "40704Mi"} for r in results)
+        assert all(
+            r["request"] == "gpu" and r["consumedCapacity"] == {CONTRACT.dra_capacity_memory: "40704Mi"}
+            for r in results
+        )
         assert all(r["pool"] == dra_node.name and r.get("shareID") for r in results)
 
         # Kubelet prepares the pod: one CDI device for the request, carrying both GPUs and a half of each.
@@ -535,7 +540,7 @@ def test_mig_or_share_takes_a_free_mig_slice_and_else_a_share_of_its_memory(
     ]
     (share,) = results[2]
     assert share["request"] == "gpu/share" and share["device"] in ("gpu-0", "gpu-1"), share
-    assert share["consumedCapacity"] == {"memory": "9728Mi"} and share.get("shareID")
+    assert share["consumedCapacity"] == {CONTRACT.dra_capacity_memory: "9728Mi"} and share.get("shareID")
 
     # Without mig-or-share the same pod waits: both 1g.10gb slices are taken.
     plain = {"gpu-memory": "9000", "gpuslice.io/isolation": "mig"}

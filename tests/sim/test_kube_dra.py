@@ -14,7 +14,12 @@ def test_a_dra_claims_grant_is_recorded_per_device_in_mib() -> None:
     node = trace.node_inventory(trace.TraceNode("t4", 64000, 262144, 2, "T4"))
     ledger = kube_dra.DeviceLedger(contract)
     ledger.add_slices(kube_dra.node_slices(node, contract, "t4"))
-    result = {"driver": contract.dra_driver, "pool": "t4", "device": "gpu-1", "consumedCapacity": {"memory": "9216Mi"}}
+    result = {
+        "driver": contract.dra_driver,
+        "pool": "t4",
+        "device": "gpu-1",
+        "consumedCapacity": {contract.dra_capacity_memory: "9216Mi"},
+    }
     claim = {"status": {"allocation": {"devices": {"results": [result]}}}}
     pool, granted, shares = ledger.grant(claim)
     assert (pool, granted) == ("t4", pytest.approx(0.6))

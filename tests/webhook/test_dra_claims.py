@@ -71,10 +71,10 @@ def test_a_memory_share_becomes_a_capacity_request_referenced_by_its_container()
     assert request == {
         "name": "gpu",
         "exactly": {
-            "deviceClassName": "gpu.gpuslice.io",
+            "deviceClassName": "gpu-share.gpuslice.io",
             "allocationMode": "ExactCount",
             "count": 1,
-            "capacity": {"requests": {"memory": "2048Mi"}},
+            "capacity": {"requests": {"gpu.gpuslice.io/memory": "2048Mi"}},
         },
     }
     name = claims.template["metadata"]["name"]
@@ -139,10 +139,10 @@ def test_mig_or_share_is_one_request_listing_the_mig_device_then_a_share_of_its_
             {"name": "mig", **mig_request["exactly"]},  # exactly today's MIG request, tried first
             {
                 "name": "share",
-                "deviceClassName": "gpu.gpuslice.io",
+                "deviceClassName": "gpu-share.gpuslice.io",
                 "allocationMode": "ExactCount",
                 "count": 1,
-                "capacity": {"requests": {"memory": "9728Mi"}},
+                "capacity": {"requests": {"gpu.gpuslice.io/memory": "9728Mi"}},
             },
         ],
     }
@@ -193,9 +193,10 @@ def allocate(
 ) -> dict[str, list[str]]:
     """A model of the DRA allocator's capacity rules (KEP-5075): a request's memory is rounded up
     to min + n * step; it fits a device whose shares so far leave room; no capacity means the
-    policy default. Devices are tried in order (first fit), as the allocator does. A prioritized
-    list (KEP-4816) takes its first subrequest that fits, named "<request>/<subrequest>" as in
-    the allocation's results."""
+    policy default; a device without a capacity asked of it is skipped (which is all that keeps a
+    share of the selector-less share class off MIG devices). Devices are tried in order (first
+    fit), as the allocator does. A prioritized list (KEP-4816) takes its first subrequest that
+    fits, named "<request>/<subrequest>" as in the allocation's results."""
     chosen: dict[str, list[str]] = {}
     for request in requests:
         if "exactly" in request:
@@ -218,12 +219,17 @@ def _pick(devices: list[dict[str, Any]], exactly: dict[str, Any], used: dict[str
     for device in devices:
         if len(picks) == exactly["count"]:
             break
-        type_wanted = "mig" if exactly["deviceClassName"].startswith("mig.") else "gpu"
-        if device["attributes"]["type"]["string"] != type_wanted:
+        type_wanted = {CONTRACT.dra_mig_device_class: "mig", CONTRACT.dra_device_class: "gpu"}.get(
+            exactly["deviceClassName"]
+        )  # the classes' selectors; the share class has none
+        if type_wanted and device["attributes"]["type"]["string"] != type_wanted:
             continue
         if not all(_cel(s["cel"]["expression"], device) for s in exactly.get("selectors", ())):
             continue
-        memory = device["capacity"]["memory"]
+        asked_capacity = exactly.get("capacity", {}).get("requests", {})
+        if any(name not in device["capacity"] for name in asked_capacity):
+            continue
+        (memory,) = device["capacity"].values()
         if not device.get("allowMultipleAllocations"):
             if device["name"] in taken:
                 continue
@@ -232,7 +238,7 @@ def _pick(devices: list[dict[str, Any]], exactly: dict[str, Any], used: dict[str
             continue
         policy = memory["requestPolicy"]
         low, step = _mi(policy["validRange"]["min"]), _mi(policy["validRange"].get("step", "1Mi"))
-        asked = _mi(exactly.get("capacity", {}).get("requests", {}).get("memory", policy["default"]))
+        asked = _mi(asked_capacity.get(CONTRACT.dra_capacity_memory, policy["default"]))
         consumed = low + -(-max(0, asked - low) // step) * step
         if consumed > _mi(policy["validRange"]["max"]) or taken.get(device["name"], 0) + consumed > _mi(
             memory["value"]
@@ -287,7 +293,9 @@ def test_mig_or_share_takes_the_free_mig_devices_then_shares_until_the_gpus_are_
 
 @pytest.mark.parametrize("memory_mib", [256, 2048, 40704, 81408])
 def test_every_share_the_webhook_asks_is_a_valid_value_of_the_request_policy(demo_node, memory_mib):
-    policy = slices.devices(demo_node, CONTRACT)[0]["capacity"]["memory"]["requestPolicy"]["validRange"]
+    policy = slices.devices(demo_node, CONTRACT)[0]["capacity"][CONTRACT.dra_capacity_memory]["requestPolicy"][
+        "validRange"
+    ]
     assert _mi(policy["min"]) <= memory_mib <= _mi(policy["max"])
     assert (memory_mib - _mi(policy["min"])) % _mi(policy["step"]) == 0
 
@@ -341,7 +349,7 @@ def test_gpu_memory_becomes_a_claim_of_whole_units_and_the_placeholder_goes():
     outcome, patched = mutate(pod(ctr(limits={"nvidia.com/gpu": "1"}), annotations={"gpu-memory": "2000"}))
     (template,) = outcome.objects
     (request,) = template["spec"]["spec"]["devices"]["requests"]
-    assert request["exactly"]["capacity"] == {"requests": {"memory": "2048Mi"}}
+    assert request["exactly"]["capacity"] == {"requests": {"gpu.gpuslice.io/memory": "2048Mi"}}
     assert template["metadata"]["namespace"] == "team-a"
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
     assert outcome.kind == "gpu-memory" and outcome.decision["claimTemplate"] == template["metadata"]["name"]
@@ -355,7 +363,9 @@ def test_gpu_fraction_takes_the_class_chosen_as_in_device_plugin_mode_as_a_requi
     outcome, patched = mutate(pod(annotations=annotations))
     (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
     assert "selectors" not in request["exactly"]
-    assert request["exactly"]["capacity"]["requests"]["memory"] == f"{plugin_mode.decision['memoryMiB']}Mi"
+    assert (
+        request["exactly"]["capacity"]["requests"]["gpu.gpuslice.io/memory"] == f"{plugin_mode.decision['memoryMiB']}Mi"
+    )
     required = patched["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     memory = str(plugin_mode.decision["classMemoryMiB"])
     pin = {"key": "gpuslice.io/gpu.memory-mib", "operator": "In", "values": [memory]}
@@ -421,10 +431,13 @@ def test_mig_or_share_converts_to_the_mig_request_else_a_share_of_the_profiles_m
     (mig_request,) = plain.objects[0]["spec"]["spec"]["devices"]["requests"]
     mig, share_request = request["firstAvailable"]
     assert mig == {"name": "mig", **mig_request["exactly"]}
-    assert share_request["deviceClassName"] == "gpu.gpuslice.io" and share_request["count"] == 1
+    assert share_request["deviceClassName"] == "gpu-share.gpuslice.io" and share_request["count"] == 1
     # The profile's memory (1g.10gb: 9728 MiB; 2g.20gb: 19968 MiB), already whole units of 256 MiB.
     profile_mib = plain.decision["memoryMiB"]
-    assert share_request["capacity"] == {"requests": {"memory": f"{profile_mib}Mi"}} and profile_mib % 256 == 0
+    assert (
+        share_request["capacity"] == {"requests": {"gpu.gpuslice.io/memory": f"{profile_mib}Mi"}}
+        and profile_mib % 256 == 0
+    )
     assert "selectors" not in share_request  # any GPU that holds it: the allocator keeps it off smaller ones
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
     # A node with no slice free still takes the pod (through the share): no required free-slices term,
@@ -446,7 +459,9 @@ def test_mig_or_share_rounds_the_share_up_to_whole_units():
     settings = config.load(overrides={"dra.enabled": True, "memoryUnitMiB": 1024}, environ={})
     outcome, _ = mutate(pod(annotations={"gpu-memory": "9000", **MIG_OR_SHARE}), settings)
     (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
-    assert request["firstAvailable"][1]["capacity"] == {"requests": {"memory": "10240Mi"}}  # 9728 MiB: 9.5 units
+    assert request["firstAvailable"][1]["capacity"] == {
+        "requests": {"gpu.gpuslice.io/memory": "10240Mi"}
+    }  # 9728 MiB: 9.5 units
     assert outcome.decision["memoryMiB"] == 9728 and outcome.decision["orShareMiB"] == 10240
 
 
@@ -486,7 +501,9 @@ def test_gpu_memory_on_n_gpus_asks_that_memory_of_each():
     outcome, _ = mutate(pod(annotations={"gpu-memory": "20Gi", "gpu-fraction-num-devices": "3"}))
     devices = outcome.objects[0]["spec"]["spec"]["devices"]
     (request,) = devices["requests"]
-    assert request["exactly"]["count"] == 3 and request["exactly"]["capacity"] == {"requests": {"memory": "20480Mi"}}
+    assert request["exactly"]["count"] == 3 and request["exactly"]["capacity"] == {
+        "requests": {"gpu.gpuslice.io/memory": "20480Mi"}
+    }
     assert devices["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.gpuslice.io/uuid"}]
     assert outcome.decision["units"] == 3 * 80 and outcome.decision["requestedMiB"] == 20480
 
