@@ -583,7 +583,8 @@ def test_the_dra_plugin_publishes_what_nvml_reports_of_the_mock_gpus(nvml_dir, t
     devices = [d for s in answer["slices"] for d in s["spec"].get("devices") or ()]
     shared = [d for d in devices if d["attributes"]["type"]["string"] == "gpu"]
     mig = [d for d in devices if d["attributes"]["type"]["string"] == "mig"]
-    assert len(shared) == 7 and {d["capacity"]["memory"]["value"] for d in shared} == {"143771Mi"}, shared[0]
+    memory = {d["capacity"]["gpu.gpuslice.io/memory"]["value"] for d in shared}
+    assert len(shared) == 7 and memory == {"143771Mi"}, shared[0]
     assert [d["attributes"]["migProfile"]["string"] for d in mig] == ["3g.71gb"]
 
 

@@ -148,7 +148,7 @@ def test_in_dra_mode_a_hami_share_becomes_a_claim_and_hamis_names_go():
     assert outcome.allowed
     (template,) = outcome.objects
     (request,) = template["spec"]["spec"]["devices"]["requests"]
-    assert request["exactly"]["capacity"]["requests"]["memory"] == "4096Mi"
+    assert request["exactly"]["capacity"]["requests"]["gpu.gpuslice.io/memory"] == "4096Mi"
     (resources,) = [op["value"] for op in outcome.patch if op["path"].endswith("/resources")]
     assert "nvidia.com/gpu" not in str(resources)
 
