@@ -296,7 +296,9 @@ def _split_kind(kind: str, count: int, timed: Any) -> None:
     else:
         contract = settings.contract
         read = [annotations_.read(p["spec"], p["metadata"]["annotations"], contract) for p in pods]
-        converted = [shares.convert(s, p["spec"], settings, view) for s, p in zip(read, pods, strict=True)]
+        if any(s is None for s in read):  # every pod of a GPU kind carries the annotations it was made with
+            raise SystemExit(f"{kind}: a pod without GPU annotations")
+        converted = [shares.convert(s, p["spec"], settings, view) for s, p in zip(read, pods, strict=True) if s]
         steps |= {
             "annotations.read": timed(
                 lambda p: annotations_.read(p["spec"], p["metadata"]["annotations"], contract), pods

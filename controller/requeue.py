@@ -152,16 +152,21 @@ class Requeuer:
         replica is between an entry's write and its delete, and a pod its crash left deleted but
         not recreated comes back now, not a minute later. (Should it act still, the entry's
         lock, the delete's UID precondition and the create's taken name keep the pod single.)"""
+        unfinished_takeover = False  # a takeover's pass failed: the next pass is still one
         while True:
+            # Read and cleared before the pass: a takeover while it runs wakes the next one.
+            took_over = self._took_over.is_set() or unfinished_takeover
+            self._took_over.clear()
+            unfinished_takeover = False
             if self.leading:
-                grace = 0.0 if self._took_over.is_set() else requeue_journal.RECOVERY_GRACE_SECONDS
+                grace = 0.0 if took_over else requeue_journal.RECOVERY_GRACE_SECONDS
                 try:
                     await self.finish_journal(grace_seconds=grace)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the next pass tries again
                     log.warning("requeue journal not readable: %s", exc)
-            self._took_over.clear()
+                    unfinished_takeover = took_over
             await timeouts.wait_at_most(self._took_over.wait(), self.sweep_seconds)
 
     async def finish_journal(

@@ -490,6 +490,13 @@ class ControlPlane:
             raise RuntimeError(f"{name}: HTTP {status} for its CPU profile: {body[:200]!r}")
         return body
 
+    def scheduler_metrics(self, name: str) -> str:
+        """The scheduler `name`'s Prometheus metrics, as text (asked as admin, like its profiles)."""
+        status, body = _https_get(f"{self.scheduler_urls[name]}/metrics", None, self.admin_token, timeout=30)
+        if status != 200:
+            raise RuntimeError(f"{name}: HTTP {status} for its metrics: {body[:200]!r}")
+        return body.decode()
+
     def start_controller_manager(self, controllers: Sequence[str] = CONTROLLERS, *, qps: int = 200) -> _Process:
         """kube-controller-manager running `controllers` (never the node lifecycle controller: with no
         kubelet posting status it would taint every node unreachable)."""

@@ -269,6 +269,12 @@ def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, kube_outcomes
             f"creates done after {run.arrivals_s:.1f} s, "
             f"{run.label_writes} label writes, {run.lost_pods} pods lost"
         )
+        attempts = run.diagnosis.get("attempts")
+        if attempts:
+            lines.append(
+                f"{'':<18}{'':>5} scheduler: {sum(attempts.values())} attempts "
+                f"({', '.join(f'{n} {result}' for result, n in attempts.items())})"
+            )
         for reason, count in run.kube.admission_reasons.items():
             lines.append(f"{'':<24}lost x{count}: {reason}")
         for kill in run.chaos:

@@ -154,6 +154,13 @@ class Fleet:
         sim = self.sims[name]
         return {"kubernetes.io/hostname": name, **sim.labels(steering=self.steering, headroom=self.headroom(name))}
 
+    def gpus_in_use(self) -> int:
+        """GPUs holding at least one pod's devices: in DRA mode those an allocation consumed (the
+        simulated device manager grants nothing there), else what the device manager granted."""
+        if self.dra:
+            return sum(1 for used in self.ledger.consumed.values() if used > 0)
+        return sum(s.gpus_in_use() for s in self.sims.values())
+
     def node_object(self, name: str) -> dict[str, Any]:
         """The Node as kubelet registers it with the plugin's resources and labels; no addresses."""
         node = self.trace_nodes[name]

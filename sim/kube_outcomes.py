@@ -150,10 +150,16 @@ def _required_classes(pod: Mapping[str, Any], key: str) -> str:
     return ",".join(sorted(values, key=int)) if all(v.isdigit() for v in values) else ",".join(sorted(values))
 
 
-def diagnosis(outcomes: Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[str, int]]:
-    """Where a run lost GPUs: unschedulable pods by the GPU class their affinity pins them to, and
-    GPUs left without any pod by class (MiB)."""
+def diagnosis(
+    outcomes: Outcomes, fleet: kube_nodes.Fleet, arrivals: Sequence[trace.TracePod] = ()
+) -> dict[str, dict[str, int]]:
+    """Where a run lost GPUs: unschedulable pods by the GPU class their affinity pins them to, GPUs
+    left without any pod by class (MiB), and of those the ones on a node where a waiting pod (of
+    `arrivals`) would fit, by its CPU, memory, GPU model and count (the rest are stranded behind
+    the node's CPU or memory, which no steering can use), and of these the ones whose class such a
+    pod's affinity allows (the others a different class choice would have used)."""
     idle: collections.Counter[str] = collections.Counter()
+    idle_on: dict[str, list[int]] = collections.defaultdict(list)  # node -> its idle GPUs' memory
     for name, sim in fleet.sims.items():
         for gpu in sim.node.memory_gpus:
             if fleet.dra:  # DRA mode: what the allocator gave, not the simulated device manager
@@ -162,11 +168,40 @@ def diagnosis(outcomes: Outcomes, fleet: kube_nodes.Fleet) -> dict[str, dict[str
                 used = bool(sim.units_in_use.get(gpu.uuid)) or gpu.uuid in sim.whole_in_use
             if not used:
                 idle[str(gpu.memory_mib)] += 1
+                idle_on[name].append(gpu.memory_mib)
     placed = set(k for k, d in fleet.decisions.items() if d.admitted)
     pinned = collections.Counter(
         v or "none" for k, v in outcomes.pinned.items() if k not in placed and k not in fleet.decisions
     )
-    return {"unschedulable_by_class": dict(pinned.most_common()), "idle_gpus_by_class": dict(idle.most_common())}
+    waiting = [
+        p
+        for p in arrivals
+        if p.num_gpu and f"{NAMESPACE}/{p.name}" in outcomes.unschedulable and f"{NAMESPACE}/{p.name}" not in placed
+    ]
+    usable: collections.Counter[str] = collections.Counter()
+    as_pinned: collections.Counter[str] = collections.Counter()
+    for name, memory in idle_on.items():
+        cpu, host_memory = fleet.headroom(name)
+        model = fleet.trace_nodes[name].model
+        fitting = [
+            p
+            for p in waiting
+            if p.cpu_milli <= cpu
+            and p.memory_mib <= host_memory
+            and p.num_gpu <= len(memory)
+            and (not p.gpu_spec or model in p.gpu_spec)
+        ]
+        if fitting:
+            usable.update(str(m) for m in memory)
+        # The GPU classes each fitting pod's affinity allows ("" for none: any).
+        allowed = [outcomes.pinned.get(f"{NAMESPACE}/{p.name}", "") for p in fitting]
+        as_pinned.update(str(m) for m in memory if any(not a or str(m) in a.split(",") for a in allowed))
+    return {
+        "unschedulable_by_class": dict(pinned.most_common()),
+        "idle_gpus_by_class": dict(idle.most_common()),
+        "idle_gpus_a_waiting_pod_fits_by_class": dict(usable.most_common()),
+        "idle_gpus_a_waiting_pod_fits_as_pinned_by_class": dict(as_pinned.most_common()),
+    }
 
 
 def figures(
@@ -229,7 +264,7 @@ def figures(
         requested_after[i] = requested
         granted_after[i] = granted
     total_gpus = capacity // 1000
-    in_use = sum(s.gpus_in_use() for s in fleet.sims.values())
+    in_use = fleet.gpus_in_use()
     result = replay.Result(
         name=name,
         pods=len(arrivals),

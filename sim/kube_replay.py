@@ -255,7 +255,11 @@ async def _drive(
             [outcomes.created_at.get(k, end) - t0 for k in keys],
             [outcomes.stored.get(k) for k in keys],
         )
-        diagnosis = kube_outcomes.diagnosis(outcomes, fleet)
+        diagnosis = kube_outcomes.diagnosis(outcomes, fleet, arrivals)
+        try:  # how often the scheduler tried pods, and what sent them back (the scheduler still runs)
+            diagnosis |= profiling.scheduling_counts(await asyncio.to_thread(plane.scheduler_metrics, "kube-scheduler"))
+        except (OSError, RuntimeError) as exc:
+            errors.append(f"kube-scheduler's metrics: {exc}")
         return (
             result,
             setup,

@@ -1,4 +1,5 @@
-"""CPU profiles of kube-scheduler during a replay (`gpuslice-sim --scheduler kube --profile-scheduler DIR`).
+"""Where kube-scheduler's time goes during a replay: its CPU profiles (`gpuslice-sim --scheduler kube
+--profile-scheduler DIR`) and, from its metrics, how often it tried pods and what sent them back.
 
 A thread asks the scheduler's /debug/pprof for one profile after another, each `seconds` long, and
 writes them as DIR/scheduler-NNN.pb.gz until stopped; `go tool pprof -top DIR/*.pb.gz` merges them.
@@ -10,9 +11,12 @@ May import the other gpuslice.sim modules.
 
 from __future__ import annotations
 
+import collections
 import logging
 import pathlib
 import threading
+
+from prometheus_client import parser
 
 from gpuslice.sim import controlplane
 
@@ -61,3 +65,19 @@ class SchedulerProfiler:
             path = self.directory / f"scheduler-{len(self.written):03d}.pb.gz"
             path.write_bytes(profile)
             self.written.append(path)
+
+
+def scheduling_counts(metrics: str) -> dict[str, dict[str, int]]:
+    """From the scheduler's metrics text: its scheduling attempts by result (`attempts`), and the pods
+    its queue took in by the event that moved them and the queue it moved them to
+    (`pods_queued_by_event`, "ResourceClaim/Add: active"). An unschedulable attempt filters every
+    node; the events say which of them sent a pod back for another."""
+    attempts: collections.Counter[str] = collections.Counter()
+    queued: collections.Counter[str] = collections.Counter()
+    for family in parser.text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "scheduler_schedule_attempts_total":
+                attempts[sample.labels.get("result", "?")] += int(sample.value)
+            elif sample.name == "scheduler_queue_incoming_pods_total" and sample.value:
+                queued[f"{sample.labels.get('event', '?')}: {sample.labels.get('queue', '?')}"] += int(sample.value)
+    return {"attempts": dict(attempts.most_common()), "pods_queued_by_event": dict(queued.most_common())}

@@ -5,7 +5,7 @@ A gpu-memory share is not pinned to one class, only kept off classes whose GPUs 
 Pure: reads the cluster through the answer seam (webhook/answerinputs.py), changes nothing.
 
 Raises parsing.Invalid (the pod is refused) when no class can ever run the pod.
-May import gpuslice.{config,contract} and the webhook's answerinputs, conversions and parsing
+May import gpuslice.{config,contract,labelcodec} and the webhook's answerinputs, conversions and parsing
 modules (never the cluster view itself).
 """
 
@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from gpuslice import config
+from gpuslice import config, labelcodec
 from gpuslice import contract as contract_
 from gpuslice.webhook import answerinputs, conversions, parsing
 
@@ -138,7 +138,7 @@ def for_memory(
     required = []
     if len(fitting) < len(inputs.classes()):
         # Some GPUs are too small: keep the pod off their nodes even without steering labels.
-        values = [str(c.memory_mib) for c in fitting]
+        values = [labelcodec.count_value(c.memory_mib) for c in fitting]
         required.append({"key": contract.label_gpu_memory_mib, "operator": "In", "values": values})
     notes = {
         "classMemoryMiB": [c.memory_mib for c in fitting] if len(fitting) > 1 else fitting[0].memory_mib,
@@ -157,7 +157,7 @@ def _pinned(
     # A pod with a controller (and the pods whose answers it shares: they have one too) follows it.
     memory, rule = inputs.decided(_OwnersClass(classes, inputs, fresh) if inputs.owner else fresh)
     best = next(c for c in classes if c.memory_mib == memory)
-    pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [str(best.memory_mib)]}
+    pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [labelcodec.count_value(best.memory_mib)]}
     notes = {"classMemoryMiB": best.memory_mib, "products": sorted(best.products), "rule": rule}
     return Choice(best.memory_mib, [pin], notes, best.max_gpus_per_node)
 

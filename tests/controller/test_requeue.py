@@ -201,23 +201,9 @@ def test_the_failed_pod_watch_keeps_only_refused_pods_whole_but_for_their_manage
 async def test_taking_over_finishes_even_an_entry_written_a_moment_ago() -> None:
     # The leader wrote the entry and deleted the pod, then died before its create: its successor
     # finishes the requeue at once, not once the entry is RECOVERY_GRACE_SECONDS old.
-    api = _Api([refused_pod()])
-    writer = _requeuer(api)
-    await writer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT))
-    del api.pods[("team-a", "train")]
-    successor = _requeuer(api, sweep_seconds=3600)
-    successor.leading = True
-    successor._took_over.set()
-    sweeping = asyncio.create_task(successor._sweep())
-    try:
-        for _ in range(100):
-            if not api.config_maps:
-                break
-            await asyncio.sleep(0.01)
-        assert ("team-a", "train") in api.pods and api.config_maps == {}
-    finally:
-        sweeping.cancel()
-        await asyncio.gather(sweeping, return_exceptions=True)
+    api = await _entry_without_its_pod()
+    await _take_over_and_sweep(api, sweep_seconds=3600)
+    assert ("team-a", "train") in api.pods and api.config_maps == {}
 
 
 async def test_a_leader_sweeping_on_its_own_leaves_a_young_entry_to_its_writer() -> None:
@@ -230,6 +216,50 @@ async def test_a_leader_sweeping_on_its_own_leaves_a_young_entry_to_its_writer()
     try:
         await asyncio.sleep(0.05)
         assert api.config_maps  # it may belong to a requeue in progress
+    finally:
+        sweeping.cancel()
+        await asyncio.gather(sweeping, return_exceptions=True)
+
+
+async def test_a_takeover_whose_sweep_failed_sweeps_as_a_takeover_again() -> None:
+    # The journal could not be read when this replica took over: its next pass still finishes the
+    # young entry at once, not only once it is RECOVERY_GRACE_SECONDS old.
+    api = await _entry_without_its_pod()
+    listed = api.list_namespaced_config_map
+    failures = [RuntimeError("503 from the API server")]
+
+    def list_once_failing(namespace: str, label_selector: str) -> Any:
+        if failures:
+            raise failures.pop()
+        return listed(namespace, label_selector)
+
+    api.list_namespaced_config_map = list_once_failing  # type: ignore[method-assign]
+    await _take_over_and_sweep(api, sweep_seconds=0.05)
+    assert not failures and ("team-a", "train") in api.pods and api.config_maps == {}
+
+
+async def _entry_without_its_pod() -> _Api:
+    """A leader wrote the requeue's journal entry and deleted the refused pod, then died before
+    its create: the API holds the entry and no pod."""
+    api = _Api([refused_pod()])
+    writer = _requeuer(api)
+    await writer.journal.write(refused_pod()["metadata"]["uid"], requeue.replacement(refused_pod(), CONTRACT))
+    del api.pods[("team-a", "train")]
+    return api
+
+
+async def _take_over_and_sweep(api: _Api, *, sweep_seconds: float) -> None:
+    """A replica takes over (as set_leading(True) does, without the Failed pods) and sweeps the
+    journal until it is empty or a second has passed."""
+    successor = _requeuer(api, sweep_seconds=sweep_seconds)
+    successor.leading = True
+    successor._took_over.set()
+    sweeping = asyncio.create_task(successor._sweep())
+    try:
+        for _ in range(100):
+            if not api.config_maps:
+                break
+            await asyncio.sleep(0.01)
     finally:
         sweeping.cancel()
         await asyncio.gather(sweeping, return_exceptions=True)

@@ -73,6 +73,32 @@ def test_the_schedulers_cpu_profile_is_read_as_admin_and_written_by_the_replays_
         cluster.cpu_profile("no-such-scheduler", 1)
 
 
+def test_the_schedulers_metrics_count_its_attempts_and_what_queued_each_pod(
+    cluster: controlplane.ControlPlane, core: kubernetes.client.CoreV1Api, namespace: str
+) -> None:
+    # What a replay's diagnosis reports (sim/profiling.py): read before and after one pod that
+    # cannot be placed, the real scheduler's own counters move by that pod.
+    def counts() -> dict[str, dict[str, int]]:
+        return profiling.scheduling_counts(cluster.scheduler_metrics("kube-scheduler"))
+
+    before = counts()
+    core.create_namespaced_pod(
+        namespace, k8skit.pod_object("nowhere", nodeSelector={"kubernetes.io/hostname": f"{namespace}-none"})
+    )
+    k8skit.scheduling_failure(core, namespace, "nowhere")
+
+    def counted() -> dict[str, dict[str, int]] | None:
+        now = counts()
+        return now if now["attempts"].get("unschedulable", 0) > before["attempts"].get("unschedulable", 0) else None
+
+    after = k8skit.wait_for("the scheduler's metrics to count the attempt", counted, timeout=30, interval=0.5)
+    added = "UnscheduledPodAdd: active"
+    assert after["pods_queued_by_event"][added] > before["pods_queued_by_event"].get(added, 0), after
+    assert after["attempts"].get("scheduled", 0) >= before["attempts"].get("scheduled", 0)
+    with pytest.raises(KeyError):
+        cluster.scheduler_metrics("no-such-scheduler")
+
+
 def test_pods_read_as_protobuf_are_the_pods_read_as_json(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
     """What the compact pod watches read (gpuslice.podwire): the real API server's protobuf lists and
     watch streams give the same pods as its JSON through the typed decode, field for field."""

@@ -123,6 +123,14 @@ def _run(
     if steering:  # without the labels nothing keeps a pod off a node it does not fit on one GPU of
         assert result.lost_pods == 0, f"{result.lost_pods} pods lost ({kube.admission_failures} refusals)"
     assert kube.placed_pods > 0
+    # GPUs with a pod, read from what was granted in either mode: none counted twice, none missed.
+    assert 0 < kube.total_gpus - kube.idle_gpus <= kube.total_gpus
+    assert 0 <= kube.fragmented_gpus <= kube.total_gpus - kube.idle_gpus
+    # The scheduler's own count: every placed pod was one scheduled attempt, and every pod it left
+    # waiting at least one unschedulable attempt.
+    attempts = result.diagnosis["attempts"]
+    assert attempts.get("scheduled", 0) >= kube.placed_pods, attempts
+    assert attempts.get("unschedulable", 0) >= kube.failed_pods, attempts
     # --placements: the pod lines alone (node bound, units granted) give the run's reported figures.
     lines = io.StringIO()
     placements.write(lines, [(kube.name, SEED, "e2e", kube)])

@@ -12,7 +12,7 @@ import pytest
 
 from gpuslice import config
 from gpuslice import contract as contract_
-from gpuslice.sim import kube_nodes, kube_outcomes, placements, replay, trace
+from gpuslice.sim import kube_dra, kube_nodes, kube_outcomes, placements, replay, trace
 
 
 def _bound(name: str, units: int, contract: contract_.Contract) -> dict[str, object]:
@@ -94,11 +94,47 @@ def test_a_gated_pod_is_no_outcome_and_an_unschedulable_one_counts_against_the_c
         },
     )
     assert outcomes.seen("default/a") and outcomes.unschedulable == {"default/a": "0/1 nodes"}
-    # Classes in numeric order, not text order; the node's two T4s held nothing.
-    assert kube_outcomes.diagnosis(outcomes, fleet) == {
+    # Classes in numeric order, not text order; the node's two T4s held nothing, and the waiting
+    # pod would fit there.
+    fits = trace.TracePod("a", 8000, 16384, 1, 500)
+    assert kube_outcomes.diagnosis(outcomes, fleet, [fits]) == {
         "unschedulable_by_class": {"8192,16384": 1},
         "idle_gpus_by_class": {"15360": 2},
+        "idle_gpus_a_waiting_pod_fits_by_class": {"15360": 2},
+        "idle_gpus_a_waiting_pod_fits_as_pinned_by_class": {},  # pinned to 8 and 16 GiB GPUs, not 15
     }
+    outcomes.pinned["default/a"] = "15360"
+    assert kube_outcomes.diagnosis(outcomes, fleet, [fits])["idle_gpus_a_waiting_pod_fits_as_pinned_by_class"] == {
+        "15360": 2
+    }
+    # Idle GPUs are stranded when the pod waiting asks more CPU, more memory, more GPUs or another
+    # model than the node has.
+    for stranded in (
+        dataclasses.replace(fits, cpu_milli=64001),
+        dataclasses.replace(fits, memory_mib=262145),
+        dataclasses.replace(fits, num_gpu=3, gpu_milli=1000),
+        dataclasses.replace(fits, gpu_spec=("V100M32",)),
+    ):
+        assert kube_outcomes.diagnosis(outcomes, fleet, [stranded])["idle_gpus_a_waiting_pod_fits_by_class"] == {}
+
+
+def test_in_dra_mode_the_gpus_in_use_are_those_an_allocation_consumed() -> None:
+    # The simulated device manager grants nothing in DRA mode: a GPU is in use when an allocated
+    # claim consumed some of its memory (or took it whole).
+    settings = config.Config()
+    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
+    fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default", dra=True)  # type: ignore[arg-type]
+    fleet.ledger.add_slices(kube_dra.node_slices(fleet.sims["t4"].node, settings.contract, "t4"))
+    assert fleet.gpus_in_use() == 0
+    device = next(iter(fleet.ledger.capacity))[1]
+    result = {
+        "driver": settings.contract.dra_driver,
+        "pool": "t4",
+        "device": device,
+        "consumedCapacity": {settings.contract.dra_capacity_memory: "4Gi"},
+    }
+    fleet.ledger.grant({"status": {"allocation": {"devices": {"results": [result]}}}})
+    assert fleet.gpus_in_use() == 1
 
 
 async def test_in_dra_mode_kubelet_reads_a_bound_pods_claims_only_after_its_prepare_delay() -> None:
