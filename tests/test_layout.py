@@ -101,8 +101,6 @@ UNTESTED_SIM: dict[str, str] = {
     " Fleet); its Node objects, watch and labellers in every tests/e2e/test_real_replay.py replay",
     "sim/node": "through the model replay: tests/sim/test_replay.py (kubelet's admission failures, the units"
     " granted and credited per GPU)",
-    "sim/profiling": "tests/e2e/test_real_control_plane.py (the scheduler's CPU profile written by the replay's"
-    " profiler)",
 }
 
 

@@ -1,5 +1,6 @@
-"""What a replay's diagnosis reads from kube-scheduler's metrics (sim/profiling.py); the real
-scheduler's own counters are read in tests/e2e/test_real_control_plane.py."""
+"""What a replay's diagnosis reads from kube-scheduler's metrics (sim/profiling.py). The real
+scheduler's counters, and the CPU profiles the replay's profiler writes, are read in
+tests/e2e/test_real_control_plane.py."""
 
 from __future__ import annotations
 
