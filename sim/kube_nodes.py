@@ -19,7 +19,8 @@ simulated device manager; kubelet has nothing left to refuse. Each node's DRA pl
 (dra/labeller.py) counts the claims as its plugin would once prepared.
 
 May import aiohttp (through sim.kube_api), gpuslice.config/contract, gpuslice.deviceplugin, gpuslice.dra
-(labeller, slices: the DRA plugin's node side) and the other gpuslice.sim modules.
+(labeller, slices: the DRA plugin's node side), gpuslice.node (labeller, inventory) and the other
+gpuslice.sim modules.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.dra import labeller as dra_labeller
 from gpuslice.dra import slices
-from gpuslice.node import labeller
+from gpuslice.node import inventory, labeller
 from gpuslice.sim import kube_api, kube_dra, scheduler, trace
 from gpuslice.sim import node as node_
 
@@ -154,11 +155,19 @@ class Fleet:
         sim = self.sims[name]
         return {"kubernetes.io/hostname": name, **sim.labels(steering=self.steering, headroom=self.headroom(name))}
 
-    def gpus_in_use(self) -> int:
-        """GPUs holding at least one pod's devices: in DRA mode those an allocation consumed (the
-        simulated device manager grants nothing there), else what the device manager granted."""
+    def gpu_in_use(self, name: str, gpu: inventory.Gpu) -> bool:
+        """Whether node `name`'s `gpu` holds a pod's devices: in DRA mode whether an allocation
+        consumed some of it (the simulated device manager grants nothing there), else whether the
+        device manager granted units of it or all of it."""
         if self.dra:
-            return sum(1 for used in self.ledger.consumed.values() if used > 0)
+            return self.ledger.consumed.get((name, slices.device_name(gpu)), 0.0) > 0
+        sim = self.sims[name]
+        return bool(sim.units_in_use.get(gpu.uuid)) or gpu.uuid in sim.whole_in_use
+
+    def gpus_in_use(self) -> int:
+        """GPUs holding at least one pod's devices (in device-plugin mode MIG parents too)."""
+        if self.dra:
+            return sum(self.gpu_in_use(n, g) for n, sim in self.sims.items() for g in sim.node.memory_gpus)
         return sum(s.gpus_in_use() for s in self.sims.values())
 
     def node_object(self, name: str) -> dict[str, Any]:

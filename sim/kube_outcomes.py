@@ -2,7 +2,7 @@
 admitted or refused by its node, unschedulable, deleted), and the figures a run reports from it:
 `KubeResult`, granted allocation, lost pods and why each unplaced pod was left.
 
-May import numpy, gpuslice.dra.slices (DRA mode) and the other gpuslice.sim modules.
+May import numpy and the other gpuslice.sim modules.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.dra import slices
 from gpuslice.sim import kube_nodes, replay, trace
 
 NAMESPACE = "default"
@@ -162,11 +161,7 @@ def diagnosis(
     idle_on: dict[str, list[int]] = collections.defaultdict(list)  # node -> its idle GPUs' memory
     for name, sim in fleet.sims.items():
         for gpu in sim.node.memory_gpus:
-            if fleet.dra:  # DRA mode: what the allocator gave, not the simulated device manager
-                used = fleet.ledger.consumed.get((name, slices.device_name(gpu)), 0.0) > 0
-            else:
-                used = bool(sim.units_in_use.get(gpu.uuid)) or gpu.uuid in sim.whole_in_use
-            if not used:
+            if not fleet.gpu_in_use(name, gpu):
                 idle[str(gpu.memory_mib)] += 1
                 idle_on[name].append(gpu.memory_mib)
     placed = set(k for k, d in fleet.decisions.items() if d.admitted)
