@@ -9,6 +9,9 @@ Pure: no I/O, no clock (timestamps are passed in).
   Qualified so that no other device has it (a MIG device's memory is plain `memory`): the share
   class then needs no CEL selector (Contract.dra_share_device_class). The scheduler sums the
   shares per GPU, so no GPU is given more than it has and no share spans GPUs.
+  Two tags beside it, `<driver>/whole` and `<driver>/m<memoryMiB>`: capacities of 1 that a share
+  consumes none of, so a whole-GPU request of the share class picks a GPU (of one memory size) by
+  asking a tag, where a CEL selector would be evaluated on every device (contract.DRA_TAG_WHOLE).
 * One device per MIG device (static: as the node is partitioned now), allocated whole. Under
   `migStrategy` single each MIG device is shared by memory like a GPU instead (the node comes
   from node/migstrategy.py's view), with its GPU's UUID as parentUUID; under none GPUs in
@@ -138,6 +141,12 @@ def _taints(taint: Taint | None, key: str) -> dict[str, Any]:
     return {"taints": [{"key": key, "value": value, "effect": "NoSchedule", "timeAdded": taint.since}]}
 
 
+def _tag() -> dict[str, Any]:
+    """A tag: a capacity of 1 that a request consumes only by asking it (the default is 0), so
+    shares never run out of it and a whole-GPU request selects by it (contract.DRA_TAG_WHOLE)."""
+    return {"value": "1", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "1"}}}
+
+
 def gpu_device(
     gpu: inventory.Gpu,
     contract: contract_.Contract,
@@ -177,7 +186,9 @@ def gpu_device(
             contract.dra_capacity_memory: {
                 "value": quantity.mebibytes(gpu.memory_mib),
                 "requestPolicy": {"default": quantity.mebibytes(whole), "validRange": valid_range},
-            }
+            },
+            contract.dra_tag_whole: _tag(),
+            contract.dra_tag_memory(gpu.memory_mib): _tag(),
         },
         **_taints(taint, contract.dra_unhealthy_taint),
     }
@@ -296,36 +307,47 @@ def _check_qualified_name(name: str, where: str) -> list[str]:
 
 
 def _check_request_policy(capacity: Mapping[str, Any], where: str) -> list[str]:
-    """The arithmetic the API server checks (pkg/apis/resource/validation: validateRequestPolicyRange)."""
+    """The arithmetic the API server checks (pkg/apis/resource/validation: validateRequestPolicyRange),
+    on what gpuslice publishes: memory in whole Mi, tags in plain integers; anything else is refused."""
     policy = capacity.get("requestPolicy")
     if policy is None:
         return []
-    mib = quantity.whole_mebibytes  # what we publish is written in whole Mi; anything else is refused
-    value = mib(capacity.get("value"))
-    default = mib(policy.get("default"))
+    written_in_mi = isinstance(capacity.get("value"), str) and capacity["value"].endswith("Mi")
+    unit, read = ("Mi", quantity.whole_mebibytes) if written_in_mi else ("", _whole_number)
+    value = read(capacity.get("value"))
+    default = read(policy.get("default"))
     valid = policy.get("validRange") or {}
-    low, high, step = mib(valid.get("min")), mib(valid.get("max")), mib(valid.get("step"))
-    if None in (value, default, low) or (valid.get("max") is not None and high is None):
-        return [f"{where}: quantities must be whole Mi (value, default, validRange.min/max/step)"]
+    low, high, step = read(valid.get("min")), read(valid.get("max")), read(valid.get("step"))
+    if (
+        None in (value, default, low)
+        or (valid.get("max") is not None and high is None)
+        or (valid.get("step") is not None and step is None)
+    ):
+        return [f"{where}: quantities must be whole {unit or 'numbers'} (value, default, validRange.min/max/step)"]
     assert value is not None and default is not None and low is not None
     problems = []
     if low > value:
-        problems.append(f"{where}: validRange.min {low}Mi is larger than the capacity {value}Mi")
+        problems.append(f"{where}: validRange.min {low}{unit} is larger than the capacity {value}{unit}")
     if default < low:
-        problems.append(f"{where}: default {default}Mi is less than validRange.min {low}Mi")
+        problems.append(f"{where}: default {default}{unit} is less than validRange.min {low}{unit}")
     if high is not None:
         if high > value:
-            problems.append(f"{where}: validRange.max {high}Mi is larger than the capacity {value}Mi")
+            problems.append(f"{where}: validRange.max {high}{unit} is larger than the capacity {value}{unit}")
         if default > high or low > high:
-            problems.append(f"{where}: default and min must be at most validRange.max {high}Mi")
+            problems.append(f"{where}: default and min must be at most validRange.max {high}{unit}")
     if step is not None:
         if step <= 0 or low + step > value:
-            problems.append(f"{where}: validRange.step {step}Mi: min + step must fit the capacity {value}Mi")
+            problems.append(f"{where}: validRange.step {step}{unit}: min + step must fit the capacity {value}{unit}")
         else:
             for name, amount in (("default", default), ("max", high)):
                 if amount is not None and (amount - low) % step:
-                    problems.append(f"{where}: {name} {amount}Mi is not min + a multiple of step {step}Mi")
+                    problems.append(f"{where}: {name} {amount}{unit} is not min + a multiple of step {step}{unit}")
     return problems
+
+
+def _whole_number(value: Any) -> int | None:
+    """A tag's quantity written as a plain non-negative integer ("1"); None for any other spelling."""
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else None
 
 
 def check_slice(obj: Mapping[str, Any]) -> list[str]:

@@ -96,6 +96,12 @@ DRA_ATTR_PARENT_INDEX = "parentIndex"
 # A MIG device's memory: informational, the device is taken whole. A GPU shared by memory
 # publishes it under the driver's own domain instead (Contract.dra_capacity_memory).
 DRA_CAPACITY_MEMORY = "memory"
+# Tags of a GPU shared by memory: capacities of 1 that a share consumes none of (request policy
+# default 0), so that a whole-GPU request can pick such GPUs, of one memory size or of any, by
+# asking a capacity instead of a CEL selector the allocator would evaluate on every device
+# (docs/dra.md, "Scheduling cost"). "whole" on every one; "m<memoryMiB>" by memory size.
+DRA_TAG_WHOLE = "whole"
+DRA_TAG_MEMORY_PREFIX = "m"
 DRA_MAX_DRIVER_NAME_LENGTH = 63
 # The most devices one ResourceClaim's allocation holds (resource.k8s.io/v1 AllocationResultsMaxSize):
 # a claim asking for more can never be allocated.
@@ -367,6 +373,17 @@ class Contract:
         ("gpu.gpuslice.io/memory"): a selector still reads it as device.capacity["<driver>"].memory,
         but only these devices have it under this name (not a MIG device, not another driver's)."""
         return f"{self.dra_driver}/{DRA_CAPACITY_MEMORY}"
+
+    @functools.cached_property
+    def dra_tag_whole(self) -> str:
+        """The tag every GPU shared by memory carries ("gpu.gpuslice.io/whole"): a request of the
+        share class asking it and no memory takes a whole GPU (the memory's default is all of it)."""
+        return f"{self.dra_driver}/{DRA_TAG_WHOLE}"
+
+    def dra_tag_memory(self, memory_mib: int) -> str:
+        """The tag of the GPUs shared by memory of `memory_mib` ("gpu.gpuslice.io/m81920"): the
+        whole-GPU request's GPU class, as the gpu.memory-mib label is device-plugin mode's."""
+        return f"{self.dra_driver}/{DRA_TAG_MEMORY_PREFIX}{memory_mib}"
 
     @functools.cached_property
     def dra_mig_device_class(self) -> str:

@@ -12,8 +12,10 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                evaluates the nodes of other classes (where DRA mode's scheduling
                                time goes: docs/dra.md, "Scheduling cost");
   whole GPUs (nvidia.com/gpu: N with convertWholeGpus) -> one request of N devices of class
-                               gpu.<prefix> without a capacity: each takes its whole GPU
-                               (the request policy's default); as a prioritized list over the GPU
+                               gpu-share.<prefix> asking a tag of 1 (gpu.<prefix>/m<MiB>, or
+                               gpu.<prefix>/whole for any GPU) and no memory: each takes its
+                               whole GPU (the memory's default), and the allocator picks GPUs
+                               by a capacity, not a CEL selector; as a prioritized list over the GPU
                                classes known (the class device-plugin mode would pin first, then
                                the others smallest first, then any GPU), so that a class whose
                                labels lag never keeps the pod waiting while another has GPUs
@@ -168,20 +170,22 @@ def request_name(container: ContainerNeed, single: bool) -> str:
 
 
 def _whole_gpus(need: Need, container: ContainerNeed, contract: contract_.Contract, name: str) -> dict[str, Any]:
-    """N whole GPUs: the first GPU class of `need.gpu_memory_mib` that has them, else any GPU."""
-    exactly = {"deviceClassName": contract.dra_device_class, "allocationMode": "ExactCount", "count": container.gpus}
-    if not need.gpu_memory_mib:
-        return {"name": name, "exactly": exactly}
-    attributes = f'device.attributes["{contract.dra_driver}"]'
-    alternatives = [
-        {
-            "name": f"m{memory}",
-            **exactly,
-            "selectors": [{"cel": {"expression": f"{attributes}.{contract_.DRA_ATTR_MEMORY_MIB} == {memory}"}}],
+    """N whole GPUs: the first GPU class of `need.gpu_memory_mib` that has them, else any GPU. Of
+    the share class, asking a GPU's tag and no memory, so each takes its GPU whole (the memory's
+    default) and the allocator picks by a capacity, not a CEL selector (contract.DRA_TAG_WHOLE)."""
+
+    def tagged(tag: str) -> dict[str, Any]:
+        return {
+            "deviceClassName": contract.dra_share_device_class,
+            "allocationMode": "ExactCount",
+            "count": container.gpus,
+            "capacity": {"requests": {tag: "1"}},
         }
-        for memory in need.gpu_memory_mib
-    ]
-    return {"name": name, "firstAvailable": [*alternatives, {"name": "any", **exactly}]}
+
+    if not need.gpu_memory_mib:
+        return {"name": name, "exactly": tagged(contract.dra_tag_whole)}
+    alternatives = [{"name": f"m{memory}", **tagged(contract.dra_tag_memory(memory))} for memory in need.gpu_memory_mib]
+    return {"name": name, "firstAvailable": [*alternatives, {"name": "any", **tagged(contract.dra_tag_whole)}]}
 
 
 def _constraints(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:

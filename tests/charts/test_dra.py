@@ -306,6 +306,13 @@ SHARE_CASES = [
     ("share-without-capacity", [{"name": "a", "exactly": _share_request(SHARE, None)}], False),
     ("share-with-another-capacity", [{"name": "a", "exactly": _share_request(SHARE, {"memory": "2Gi"})}], False),
     ("whole-gpus", [{"name": "a", "exactly": _share_request("gpu.gpuslice.io", None)}], True),
+    ("whole-gpu-by-tag", [{"name": "a", "exactly": _share_request(SHARE, {"gpu.gpuslice.io/whole": "1"})}], True),
+    ("gpu-size-by-tag", [{"name": "a", "exactly": _share_request(SHARE, {"gpu.gpuslice.io/m81920": "1"})}], True),
+    (
+        "another-domains-tag",  # the driver's domain is matched with its slash, not as a prefix
+        [{"name": "a", "exactly": _share_request(SHARE, {"gpu.gpuslice.iox/whole": "1"})}],
+        False,
+    ),
     (
         "alternative-without-capacity",
         [

@@ -46,12 +46,18 @@ def test_every_gpu_is_one_shared_device_whose_memory_steps_by_the_unit(demo_node
     assert gpu["allowMultipleAllocations"] is True
     # 81559 MiB hold 318 whole units of 256 MiB: a request without capacity takes all of them. The
     # capacity is named in the driver's domain: no other device (MIG, another driver's) has it.
+    # Beside it two tags of 1 that a share takes none of (default 0): a whole-GPU request picks a
+    # GPU, or a GPU of 81559 MiB, by asking one, with no CEL selector.
+    tag = {"value": "1", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "1"}}}
     assert gpu["capacity"] == {
         "gpu.gpuslice.io/memory": {
             "value": "81559Mi",
             "requestPolicy": {"default": "81408Mi", "validRange": {"min": "256Mi", "max": "81408Mi", "step": "256Mi"}},
-        }
+        },
+        "gpu.gpuslice.io/whole": tag,
+        "gpu.gpuslice.io/m81559": tag,
     }
+    assert CONTRACT.dra_tag_memory(81559) == "gpu.gpuslice.io/m81559"
     assert gpu["attributes"]["type"] == {"string": "gpu"}
     assert gpu["attributes"]["memoryMiB"] == {"int": 81559}
     assert gpu["attributes"]["product"] == {"string": "NVIDIA-H100-80GB-HBM3"}
@@ -202,6 +208,14 @@ def test_a_gpu_of_one_unit_gets_a_policy_without_step_and_a_smaller_one_no_devic
         ),
         (lambda s: s["spec"]["devices"][0].pop("allowMultipleAllocations"), "needs allowMultipleAllocations"),
         (
+            lambda s: s["spec"]["devices"][0]["capacity"][CONTRACT.dra_tag_whole]["requestPolicy"].update(default="2"),
+            "default and min must be at most validRange.max 1",
+        ),
+        (
+            lambda s: s["spec"]["devices"][0]["capacity"][CONTRACT.dra_tag_whole].update(value="0.5"),
+            "quantities must be whole numbers",
+        ),
+        (
             lambda s: s["spec"]["devices"][0].update(taints=[{"key": "k", "value": "v", "effect": "PreferNoSchedule"}]),
             "taint effect",
         ),
@@ -217,6 +231,8 @@ def test_a_gpu_of_one_unit_gets_a_policy_without_step_and_a_smaller_one_no_devic
         "default-off-step",
         "max-over-capacity",
         "policy-without-sharing",
+        "tag-default-over-max",
+        "tag-not-a-whole-number",
         "taint-effect",
         "driver-name",
     ],

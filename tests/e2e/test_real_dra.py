@@ -80,6 +80,14 @@ def publish(admin: kubernetes.client.ApiClient, node_name: str) -> None:
     assert asyncio.run(slice_publisher.sync()) is False, "the API server changed our slices: a field was dropped"
 
 
+def share_consumed(result: dict[str, Any]) -> str | None:
+    """The memory a share's allocation result consumed; None when it also consumed a tag (the
+    allocator records every capacity of the device, a share's tags at 0)."""
+    consumed = dict(result["consumedCapacity"])
+    memory = consumed.pop(CONTRACT.dra_capacity_memory)
+    return memory if set(consumed.values()) == {"0"} else None
+
+
 def claim_from(template: dict[str, Any], name: str) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -232,7 +240,7 @@ def test_the_real_allocator_packs_webhook_shares_per_gpu_and_kubelets_dra_manage
         claim = read_json(resource_api, core, "claim", namespace, name)
         (result,) = claim["status"]["allocation"]["devices"]["results"]  # one device: a share never spans GPUs
         assert result["driver"] == CONTRACT.dra_driver and result["pool"] == node_name
-        assert result["consumedCapacity"] == {CONTRACT.dra_capacity_memory: "20Gi"} and result.get("shareID")
+        assert share_consumed(result) == "20Gi" and result.get("shareID")
         per_gpu[result["device"]] = per_gpu.get(result["device"], 0) + 20480
         claims.append(claim)
     assert per_gpu == {"gpu-0": 61440, "gpu-1": 61440}
@@ -410,6 +418,42 @@ def test_whole_gpus_take_another_class_when_the_one_the_webhook_preferred_is_ful
     assert [r["request"] for r in second["devices"]["results"]] == ["gpu/m143771", "gpu/m143771"]
 
 
+def test_a_whole_gpu_by_its_tag_takes_only_a_shared_gpu_that_holds_nothing(
+    admin, core, nodes, namespace, resource_api, device_classes
+):
+    """A whole GPU asks the share class (no selector) for a tag and no memory: the real allocator
+    keeps it off MIG devices (no tag) and off a GPU holding a share (the memory's default, the whole
+    GPU, no longer fits), and records the whole memory and the tag as consumed."""
+    node_name = f"{namespace}-n"
+    core.create_node(k8skit.node_object(node_name))
+    nodes.append(node_name)
+    publish(admin, node_name)
+    share = dra_claims.Need(kind="gpu-memory", containers=(dra_claims.ContainerNeed("containers", 0, memory_mib=256),))
+    whole = dra_claims.Need(kind="whole-gpus", containers=(dra_claims.ContainerNeed("containers", 0, gpus=1),))
+    names = ["share", "whole-0", "whole-1"]
+    for name, need in zip(names, (share, whole, whole), strict=True):
+        template = dra_claims.build(k8skit.pod_object("x"), need, SETTINGS).template
+        resource_api.create_namespaced_resource_claim(namespace, claim_from(template, name))
+        core.create_namespaced_pod(namespace, pod_with_claim(name, name, node_name))
+        if name != "whole-1":
+            k8skit.bound_node(core, namespace, name, timeout=90)
+    k8skit.scheduling_failure(core, namespace, "whole-1", timeout=90)  # gpu-0 holds the share; gpu-2 is MIG
+
+    def result(name: str) -> dict[str, Any]:
+        claim = resource_api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        (only,) = json.loads(claim.data)["status"]["allocation"]["devices"]["results"]
+        return only
+
+    shared, taken = result("share"), result("whole-0")
+    assert shared["device"] == "gpu-0" and taken["device"] == "gpu-1"
+    assert taken["consumedCapacity"] == {
+        CONTRACT.dra_capacity_memory: "81408Mi",
+        CONTRACT.dra_tag_whole: "1",
+        CONTRACT.dra_tag_memory(81559): "0",
+    }
+    assert share_consumed(shared) == "256Mi"
+
+
 def webhook_pod(name: str, annotations: dict[str, str], **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """A KAI-annotated pod converted by the webhook's mutation in DRA mode (cluster view: the demo node,
     labelled as the DRA plugin labels it): (the patched pod, its claim template)."""
@@ -483,7 +527,7 @@ def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_
         results = claim["status"]["allocation"]["devices"]["results"]
         assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results
         assert all(
-            r["request"] == "gpu" and r["consumedCapacity"] == {CONTRACT.dra_capacity_memory: "40704Mi"}
+            r["request"] == "gpu" and share_consumed(r) == "40704Mi"
             for r in results
         )
         assert all(r["pool"] == dra_node.name and r.get("shareID") for r in results)
@@ -540,7 +584,7 @@ def test_mig_or_share_takes_a_free_mig_slice_and_else_a_share_of_its_memory(
     ]
     (share,) = results[2]
     assert share["request"] == "gpu/share" and share["device"] in ("gpu-0", "gpu-1"), share
-    assert share["consumedCapacity"] == {CONTRACT.dra_capacity_memory: "9728Mi"} and share.get("shareID")
+    assert share_consumed(share) == "9728Mi" and share.get("shareID")
 
     # Without mig-or-share the same pod waits: both 1g.10gb slices are taken.
     plain = {"gpu-memory": "9000", "gpuslice.io/isolation": "mig"}

@@ -1,9 +1,9 @@
 """The chart's share DeviceClass and its ValidatingAdmissionPolicy (DRA mode), enforced by the real
 API server. The class has no selector, so that the scheduler evaluates no CEL on every device for
-every share (docs/dra.md, "Scheduling cost"); a request of it that does not ask the shared-memory
-capacity would select any device of any driver, so such a claim or template is refused with the
-policy's message, whichever way it names the class (a plain request or an alternative of a
-prioritized list). Every claim the webhook writes passes.
+every share (docs/dra.md, "Scheduling cost"); a request of it that asks neither the shared-memory
+capacity nor a GPU's tag (a whole GPU) would select any device of any driver, so such a claim or
+template is refused with the policy's message, whichever way it names the class (a plain request
+or an alternative of a prioritized list). Every claim the webhook writes passes.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ def test_a_share_without_the_shared_memory_capacity_is_refused_naming_it(resourc
     resource_api.create_namespaced_resource_claim(namespace, _claim("share", _request(capacity=True)))
     whole = _request(capacity=False, device_class=CONTRACT.dra_device_class)  # the whole-GPU class selects
     resource_api.create_namespaced_resource_claim(namespace, _claim("whole", whole))
+    tagged = _request(capacity=False)  # a whole GPU of the share class: a tag of the driver's, no memory
+    tagged["capacity"] = {"requests": {CONTRACT.dra_tag_memory(81559): "1"}}
+    resource_api.create_namespaced_resource_claim(namespace, _claim("tagged", tagged))
 
 
 def test_a_prioritized_list_and_a_template_are_checked_too(resource_api, namespace):

@@ -94,7 +94,7 @@ def test_the_same_need_gives_the_same_template_and_another_need_another():
     assert len({t["metadata"]["name"] for t in (one, other)}) == 2
 
 
-def test_whole_gpus_ask_for_devices_without_capacity_so_each_takes_its_whole_gpu():
+def test_whole_gpus_ask_a_tag_and_no_memory_so_each_takes_its_whole_gpu():
     need = dra_claims.Need(
         kind="whole-gpus",
         containers=(
@@ -107,10 +107,14 @@ def test_whole_gpus_ask_for_devices_without_capacity_so_each_takes_its_whole_gpu
     )
     claims, patched = apply(original, need)
     requests = claims.template["spec"]["spec"]["devices"]["requests"]
-    assert [(r["name"], r["exactly"]["count"], "capacity" in r["exactly"]) for r in requests] == [
-        ("c0", 2, False),
-        ("i0", 1, False),
+    # Of the share class (no selector), asking the tag every shared GPU has and no memory: the
+    # memory's default, the whole GPU, is taken.
+    assert [(r["name"], r["exactly"]["count"], r["exactly"]["capacity"]) for r in requests] == [
+        ("c0", 2, {"requests": {"gpu.gpuslice.io/whole": "1"}}),
+        ("i0", 1, {"requests": {"gpu.gpuslice.io/whole": "1"}}),
     ]
+    assert {r["exactly"]["deviceClassName"] for r in requests} == {"gpu-share.gpuslice.io"}
+    assert not any("selectors" in r["exactly"] for r in requests)
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice", "request": "c0"}]}
     assert patched["spec"]["initContainers"][0]["resources"] == {"claims": [{"name": "gpuslice", "request": "i0"}]}
 
@@ -188,6 +192,11 @@ def _mi(text: str) -> int:
     return int(text[:-2])
 
 
+def _amount(text: str) -> int:
+    """Memory in Mi, a tag as a plain number: as the slices write them."""
+    return _mi(text) if text.endswith("Mi") else int(text)
+
+
 def allocate(
     devices: list[dict[str, Any]], requests: list[dict[str, Any]], used: dict[str, int]
 ) -> dict[str, list[str]]:
@@ -229,22 +238,29 @@ def _pick(devices: list[dict[str, Any]], exactly: dict[str, Any], used: dict[str
         asked_capacity = exactly.get("capacity", {}).get("requests", {})
         if any(name not in device["capacity"] for name in asked_capacity):
             continue
-        (memory,) = device["capacity"].values()
         if not device.get("allowMultipleAllocations"):
             if device["name"] in taken:
                 continue
-            taken[device["name"]] = _mi(memory["value"])
+            taken[device["name"]] = _mi(device["capacity"]["memory"]["value"])
             picks.append(device["name"])
             continue
-        policy = memory["requestPolicy"]
-        low, step = _mi(policy["validRange"]["min"]), _mi(policy["validRange"].get("step", "1Mi"))
-        asked = _mi(asked_capacity.get(CONTRACT.dra_capacity_memory, policy["default"]))
-        consumed = low + -(-max(0, asked - low) // step) * step
-        if consumed > _mi(policy["validRange"]["max"]) or taken.get(device["name"], 0) + consumed > _mi(
-            memory["value"]
-        ):
+        # Every capacity is consumed, the asked amount or the policy's default, each in its own
+        # account: the memory under the device's name, a tag under "<device> <tag>" (a share takes 0).
+        consumption = {}
+        for name, capacity in device["capacity"].items():
+            policy = capacity["requestPolicy"]
+            low, step = _amount(policy["validRange"]["min"]), _amount(policy["validRange"].get("step", "1"))
+            asked = _amount(asked_capacity.get(name, policy["default"]))
+            consumption[device["name"] if name == CONTRACT.dra_capacity_memory else f"{device['name']} {name}"] = (
+                low + -(-max(0, asked - low) // step) * step,
+                _amount(policy["validRange"]["max"]),
+                _amount(capacity["value"]),
+            )
+        if any(c > high or taken.get(key, 0) + c > value for key, (c, high, value) in consumption.items()):
             continue
-        taken[device["name"]] = taken.get(device["name"], 0) + consumed
+        for key, (consumed, _, _) in consumption.items():
+            if consumed:
+                taken[key] = taken.get(key, 0) + consumed
         picks.append(device["name"])
     if len(picks) != exactly["count"]:
         return []
@@ -412,10 +428,11 @@ def test_mig_isolation_and_whole_gpus_convert_to_their_requests():
     # class whose labels lag while another has GPUs free; the two GPUs alike in memory.
     alternatives = request["firstAvailable"]
     assert [a["name"] for a in alternatives][-1] == "any" and len(alternatives) >= 2
-    assert all(a["count"] == 2 and "capacity" not in a for a in alternatives)
-    assert alternatives[0]["selectors"][0]["cel"]["expression"].endswith(
-        f"memoryMiB == {json.loads(patched['metadata']['annotations']['gpuslice.io/decision'])['classMemoryMiB']}"
-    )
+    assert all(a["count"] == 2 and a["deviceClassName"] == "gpu-share.gpuslice.io" for a in alternatives)
+    assert not any("selectors" in a for a in alternatives)
+    pinned = json.loads(patched["metadata"]["annotations"]["gpuslice.io/decision"])["classMemoryMiB"]
+    assert alternatives[0]["capacity"] == {"requests": {f"gpu.gpuslice.io/m{pinned}": "1"}}
+    assert alternatives[-1]["capacity"] == {"requests": {"gpu.gpuslice.io/whole": "1"}}
     assert devices["constraints"] == [{"requests": ["gpu"], "matchAttribute": "gpu.gpuslice.io/memoryMiB"}]
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
 
@@ -653,3 +670,15 @@ async def test_the_webhook_denies_the_pod_when_its_template_cannot_be_created(ai
     answer = (await response.json())["response"]
     assert answer["allowed"] is False and "HTTP 403 forbidden" in answer["status"]["message"]
     assert answer["uid"] == "0a0b0c0d-1111-2222-3333-444455556666" and "patch" not in answer
+
+
+def test_a_whole_gpu_request_takes_only_a_shared_gpu_that_holds_nothing(demo_node):
+    # The tag keeps it off MIG devices (gpu-2's), the memory's default off a GPU holding a share.
+    devices = slices.devices(demo_node, CONTRACT)
+    whole = dra_claims.Need(kind="whole-gpus", containers=(dra_claims.ContainerNeed("containers", 0, gpus=1),))
+    whole_requests = dra_claims.build(pod(), whole, SETTINGS).template["spec"]["spec"]["devices"]["requests"]
+    used: dict[str, int] = {}
+    share_requests = dra_claims.build(pod(), share(256), SETTINGS).template["spec"]["spec"]["devices"]["requests"]
+    assert allocate(devices, share_requests, used) == {"gpu": ["gpu-0"]}
+    assert [allocate(devices, whole_requests, used)["gpu"] for _ in range(2)] == [["gpu-1"], []]
+    assert used == {"gpu-0": 256, "gpu-1": 81408, "gpu-1 gpu.gpuslice.io/whole": 1}
