@@ -526,10 +526,7 @@ def test_a_fraction_of_two_gpus_gets_two_distinct_gpus_of_one_node_and_both_are_
         claim = read_json(resource_api, core, "claim", namespace, name)
         results = claim["status"]["allocation"]["devices"]["results"]
         assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results
-        assert all(
-            r["request"] == "gpu" and share_consumed(r) == "40704Mi"
-            for r in results
-        )
+        assert all(r["request"] == "gpu" and share_consumed(r) == "40704Mi" for r in results)
         assert all(r["pool"] == dra_node.name and r.get("shareID") for r in results)
 
         # Kubelet prepares the pod: one CDI device for the request, carrying both GPUs and a half of each.
