@@ -127,6 +127,24 @@ async def test_whole_gpus_of_one_request_share_one_environment_on_the_first_devi
     assert env["GPUSLICE_MEMORY_LIMIT_MIB"] == "81408"
 
 
+async def test_a_whole_gpu_taken_by_its_tag_gets_the_whole_gpu_environment(demo_node, dirs):
+    # As the real allocator records it (tests/e2e/test_real_dra.py): the memory's default and every
+    # capacity of the device, the tag asked at 1, the other at 0.
+    api = dra_kit.FakeApi()
+    consumed = {
+        f"{dra_kit.DRIVER}/memory": "81408Mi",
+        f"{dra_kit.DRIVER}/whole": "1",
+        f"{dra_kit.DRIVER}/m81559": "0",
+    }
+    whole = claim(uid(4), [{**result("gpu/any", "gpu-1"), "consumedCapacity": consumed}])
+    api.add_claim(whole)
+    (device,) = (await make(demo_node, dirs, api).prepare([ref(whole)]))[uid(4)].devices
+    assert device.device == "gpu-1"
+    env = env_of(spec_of(dirs, uid(4)))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == H100_B and env["GPU_PORTION"] == "1"
+    assert env["GPUSLICE_MEMORY_LIMIT_MIB"] == "81408"
+
+
 def halves(n: int) -> dict:
     """A claim of gpu-fraction 0.5 with gpu-fraction-num-devices 2: one request, a half of each H100."""
     return claim(
