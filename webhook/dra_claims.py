@@ -175,12 +175,7 @@ def _whole_gpus(need: Need, container: ContainerNeed, contract: contract_.Contra
     default) and the allocator picks by a capacity, not a CEL selector (contract.DRA_TAG_WHOLE)."""
 
     def tagged(tag: str) -> dict[str, Any]:
-        return {
-            "deviceClassName": contract.dra_share_device_class,
-            "allocationMode": "ExactCount",
-            "count": container.gpus,
-            "capacity": {"requests": {tag: "1"}},
-        }
+        return _share_class({tag: "1"}, contract, container.gpus)
 
     if not need.gpu_memory_mib:
         return {"name": name, "exactly": tagged(contract.dra_tag_whole)}
@@ -206,14 +201,19 @@ def _constraints(need: Need, contract: contract_.Contract) -> list[dict[str, Any
     return constraints
 
 
-def _share(contract: contract_.Contract, memory_mib: int, count: int = 1) -> dict[str, Any]:
-    """`memory_mib` of each of `count` GPUs (whole units: the request policy's step)."""
+def _share_class(requests: Mapping[str, str], contract: contract_.Contract, count: int) -> dict[str, Any]:
+    """`count` devices of the share class, each consuming `requests` (memory, or a tag)."""
     return {
         "deviceClassName": contract.dra_share_device_class,
         "allocationMode": "ExactCount",
         "count": count,
-        "capacity": {"requests": {contract.dra_capacity_memory: f"{memory_mib}Mi"}},
+        "capacity": {"requests": dict(requests)},
     }
+
+
+def _share(contract: contract_.Contract, memory_mib: int, count: int = 1) -> dict[str, Any]:
+    """`memory_mib` of each of `count` GPUs (whole units: the request policy's step)."""
+    return _share_class({contract.dra_capacity_memory: f"{memory_mib}Mi"}, contract, count)
 
 
 def _exactly(container: ContainerNeed, contract: contract_.Contract) -> dict[str, Any]:
