@@ -1,5 +1,5 @@
 """The steering labels in DRA mode: the device plugin's labeller (node/labeller.py: diff,
-rate limit, over-promises written at once, backoff, labels withdrawn at exit) with what is in use
+rate limit, backoff, labels withdrawn at exit) with what is in use
 read from the claims this plugin prepared instead of kubelet's PodResources record.
 
 Why labels at all in DRA mode: the scheduler's DRA allocator guarantees that shares fit one GPU,
@@ -47,6 +47,12 @@ class ClaimLabeller(labeller.NodeLabeller):
     """`usage()` gives what is in use now (`in_use` of the prepared shares); call `notify()` when
     it changes."""
 
+    # Every write waits for the rate limit's slot, what pods take included: the allocator, not the
+    # labels, decides what fits, so labels that promise too much cost a pod nothing (labels 5 s
+    # behind moved no packing: docs/dra.md), while every Node write runs the scheduler's queueing
+    # hints for each waiting pod (docs/benchmarks.md, "DRA mode and device-plugin mode").
+    takes_at_once = False
+
     def __init__(self, usage: Callable[[], InUse], **kwargs: Any) -> None:
         # The PodResources socket is never dialled: _refresh below is the only reader.
         super().__init__(pod_resources_socket="/nonexistent/pod-resources.sock", **kwargs)
@@ -62,5 +68,10 @@ class ClaimLabeller(labeller.NodeLabeller):
                     units[gpu.uuid] = self._contract.units_per_gpu(gpu.memory_mib)
             mig |= {m.uuid for m in self._node.mig_devices() if every or m.uuid in sick or m.parent_uuid in sick}
         self.desired = labels.node_labels(
-            self._node, self._contract, allocated=units, allocated_mig=mig, headroom=await self._headroom()
+            self._node,
+            self._contract,
+            allocated=units,
+            allocated_mig=mig,
+            headroom=await self._headroom(),
+            cpu_per_gpu_milli=self._cpu_per_gpu,  # the CPU balance labels, as in device-plugin mode
         )

@@ -331,7 +331,8 @@ class SteeringConfig:
     # score wait this long.
     label_min_interval_seconds: float = key(
         2.0,
-        "minimum seconds between two label writes of a node that only give back (what pods take is written at once)",
+        "minimum seconds between two label writes of a node that only give back (what pods take is written at once; "
+        "in DRA mode it waits too)",
         check=_positive,
         read_by=NODE_PLUGINS,
     )

@@ -11,11 +11,11 @@ the node (its pod watch) call `notify()` to refresh at once.
 Writes go to the API server as a merge patch of metadata.labels holding only the labels that
 changed (null removes a stale one; a change of any total or free count carries all of them, see
 `labels.capacity_keys`). A change that takes something (a free count or the headroom goes down,
-`labels.over_promises`) is written at once; others at most one per
-`steering.labelMinIntervalSeconds`: notifications during that interval coalesce, and the state
-written when it ends is the latest one. A failed write is retried with exponential backoff
-(jittered, capped), always with the then-current desired state. `shutdown()` at the plugin's
-clean exit removes every label it may have published, in one patch.
+`labels.over_promises`) is written at once (unless `takes_at_once` is off, as in DRA mode:
+dra/labeller.py); others at most one per `steering.labelMinIntervalSeconds`: notifications during
+that interval coalesce, and the state written when it ends is the latest one. A failed write is
+retried with exponential backoff (jittered, capped), always with the then-current desired state.
+`shutdown()` at the plugin's clean exit removes every label it may have published, in one patch.
 
 Counters go to the plugin's Prometheus registry when one is given (`registry=metrics.registry`).
 
@@ -152,6 +152,10 @@ def _quantity(value: Any) -> Decimal:
 class NodeLabeller:
     """Publishes `labels.node_labels(...)` for this node, from kubelet's record, rate-limited."""
 
+    # What pods take is written at once (labels.over_promises): in device-plugin mode a pod the
+    # scheduler sends by labels that promise too much is one kubelet refuses.
+    takes_at_once = True
+
     def __init__(
         self,
         *,
@@ -239,7 +243,9 @@ class NodeLabeller:
                 # is one kubelet refuses or one packed by an old picture of the node
                 # (labels.over_promises). The rate limit still holds back loosening writes.
                 if wait > 0 and (
-                    self._retry.failures or not labels.over_promises(self.written or {}, delta, self._contract)
+                    self._retry.failures
+                    or not self.takes_at_once
+                    or not labels.over_promises(self.written or {}, delta, self._contract)
                 ):
                     await self._sleep_or_wake(wait)
                     continue

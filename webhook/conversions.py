@@ -49,6 +49,10 @@ class Conversion:
     # A share on this many distinct GPUs (gpu-fraction-num-devices, DRA mode only): container_units
     # are then the units of each GPU's share, the decision's `units` their sum.
     devices: int = 1
+    # DRA mode, a fraction of one GPU by a pod without a controller: the other GPU classes it may
+    # take instead of its own, in order, as (class memory MiB, units of that class's GPU): its
+    # claim's prioritized list (webhook/dra_claims.py). Empty: the pod is pinned to its class.
+    other_classes: tuple[tuple[int, int], ...] = ()
 
 
 def fraction_units(fraction: float, units_per_gpu: int) -> int:

@@ -28,6 +28,13 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                request, so the container's claim reference and its CDI device do
                                not depend on which was taken (the plugin names devices by the
                                base request).
+  gpu-fraction by a pod without a controller, with several GPU classes known -> a prioritized
+                               list instead: the share of the class chosen (the pin of device-
+                               plugin mode), else the same fraction of each other class's GPU,
+                               each alternative asking its class's tag (gpu.<prefix>/m<MiB>) at 0
+                               beside its memory: the tag consumes nothing and only that class's
+                               GPUs carry it, so no CEL selector; the pod's required node affinity
+                               then names every class of the list (webhook/patches.py);
   gpu-fraction-num-devices: N -> the share's request with count N: the capacity is taken on each
                                device, and a distinctAttribute constraint on the GPU's uuid keeps
                                the N on distinct GPUs (the allocator may place several shares of
@@ -63,6 +70,7 @@ from gpuslice.webhook import decision as decision_
 __all__ = [
     "CLAIM_NAME",
     "API_VERSION",
+    "MAX_ALTERNATIVES",
     "SUBREQUEST_MIG",
     "SUBREQUEST_SHARE",
     "ContainerNeed",
@@ -74,6 +82,8 @@ __all__ = [
 ]
 
 API_VERSION = "resource.k8s.io/v1"
+# A prioritized list (firstAvailable) holds at most this many alternatives (the API's limit).
+MAX_ALTERNATIVES = 8
 CLAIM_NAME = "gpuslice"  # the pod's resourceClaims entry (and the containers' claims reference)
 # mig-or-share's alternatives: allocation results name them "<request>/mig" or "<request>/share".
 SUBREQUEST_MIG = "mig"
@@ -91,6 +101,9 @@ class ContainerNeed:
     mig_profile: str = ""
     devices: int = 1  # the share of `memory_mib` on each of this many distinct GPUs (gpu-fraction-num-devices)
     or_memory_mib: int = 0  # the MIG device, else a share of this much (mig-or-share); 0: the MIG device only
+    # A fraction that may take any of several GPU classes, in order: (class memory MiB, share MiB
+    # on its GPU); the first is the class chosen (`memory_mib` of it). Empty: no other class.
+    classes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +151,8 @@ def need_from_conversion(
             if expression.get("key") == contract.label_gpu_memory_mib and expression.get("operator") == "In"
             for v in expression.get("values") or ()
         ]
-        memories = tuple(dict.fromkeys([*pinned, *sorted(classes)]))  # preference order, no repeats
+        # Preference order, no repeats; room left for "any" within the API's 8 alternatives.
+        memories = tuple(dict.fromkeys([*pinned, *sorted(classes)]))[: MAX_ALTERNATIVES - 1]
     spec = pod.get("spec") or {}
     needs = []
     for (field, index), units in conversion.container_units.items():
@@ -149,7 +163,14 @@ def need_from_conversion(
             name = str(spec[field][index].get("name"))
             needs.append(ContainerNeed(field, index, gpus=int(decision["containers"][name])))
         else:
-            needs.append(ContainerNeed(field, index, memory_mib=units * contract.unit_mib, devices=conversion.devices))
+            memory_mib = units * contract.unit_mib
+            alternatives: tuple[tuple[int, int], ...] = ()
+            if conversion.other_classes:
+                chosen = (int(decision["classMemoryMiB"]), memory_mib)
+                alternatives = (chosen, *((m, u * contract.unit_mib) for m, u in conversion.other_classes))
+            needs.append(
+                ContainerNeed(field, index, memory_mib=memory_mib, devices=conversion.devices, classes=alternatives)
+            )
     return Need(
         kind=conversion.kind,
         containers=tuple(needs),
@@ -228,6 +249,21 @@ def _exactly(container: ContainerNeed, contract: contract_.Contract) -> dict[str
     return _share(contract, container.memory_mib, container.devices)
 
 
+def _any_class(container: ContainerNeed, contract: contract_.Contract) -> list[dict[str, Any]]:
+    """The fraction's share of each class's GPU, the class chosen first: each alternative asks its
+    class's tag at 0, which consumes nothing and keeps it on GPUs of that class (only they carry
+    the tag; contract.DRA_TAG_MEMORY_PREFIX), with no CEL selector."""
+    return [
+        {
+            "name": f"m{memory}",
+            **_share_class(
+                {contract.dra_capacity_memory: f"{share}Mi", contract.dra_tag_memory(memory): "0"}, contract, 1
+            ),
+        }
+        for memory, share in container.classes
+    ]
+
+
 def _mig_or_share(mig: dict[str, Any], memory_mib: int, contract: contract_.Contract) -> list[dict[str, Any]]:
     """The MIG device, else a share of `memory_mib` on any GPU that holds it: the allocator keeps
     the share off GPUs too small by their request policy, so no class selector is needed."""
@@ -241,6 +277,8 @@ def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
         name = request_name(container, single)
         if container.gpus and not container.mig_profile:
             requests.append(_whole_gpus(need, container, contract, name))
+        elif container.classes:
+            requests.append({"name": name, "firstAvailable": _any_class(container, contract)})
         elif container.or_memory_mib:
             mig = _exactly(container, contract)
             requests.append({"name": name, "firstAvailable": _mig_or_share(mig, container.or_memory_mib, contract)})
@@ -250,8 +288,8 @@ def _requests(need: Need, contract: contract_.Contract) -> list[dict[str, Any]]:
 
 
 def _describe(need: Need) -> str:
-    """A readable part of the template name: 'mem-2048mi', 'mem-2048mi-x2' (on 2 GPUs), 'gpus-2', 'mig-1g.10gb',
-    'mig-1g.10gb-or-mem-9728mi'."""
+    """A readable part of the template name: 'mem-2048mi', 'mem-2048mi-x2' (on 2 GPUs), 'mem-2048mi-or-2' (or a
+    share of 2 other classes), 'gpus-2', 'mig-1g.10gb', 'mig-1g.10gb-or-mem-9728mi'."""
     parts = []
     for container in need.containers:
         if container.mig_profile:
@@ -260,6 +298,8 @@ def _describe(need: Need) -> str:
                 parts.append(f"or-mem-{container.or_memory_mib}mi")
         elif container.gpus:
             parts.append(f"gpus-{container.gpus}")
+        elif container.classes:
+            parts.append(f"mem-{container.memory_mib}mi-or-{len(container.classes) - 1}")
         else:
             parts.append(f"mem-{container.memory_mib}mi" + (f"-x{container.devices}" if container.devices > 1 else ""))
     return "-".join(parts)[:40].rstrip("-.")

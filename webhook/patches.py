@@ -3,7 +3,7 @@ requests and limits, the scheduler name, the node affinity (the class pin ANDed 
 own required terms, the steering terms added; `affinity_ops`, which DRA mode uses too), the
 pacer's scheduling gate when pacing is on and a pacer is alive, and the decision annotation. Pure.
 
-May import gpuslice.{config,contract} and the webhook's conversions, decision and steering modules.
+May import gpuslice.{config,contract,labelcodec} and the webhook's conversions, decision and steering modules.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslice import config
+from gpuslice import config, labelcodec
 from gpuslice import contract as contract_
 from gpuslice.webhook import conversions, steering
 from gpuslice.webhook import decision as decision_
@@ -118,7 +118,10 @@ def affinity_ops(
     cost"). Labels that lag allocations are optimistic (the allocator still decides); labels that
     lag a release keep a pod waiting until the plugin relabels its node, which requeues it. Two
     exceptions there: whole GPUs carry their class as their claim's first alternative, not a pin;
-    a MIG slice-else-share keeps no required term (a node with no slice free takes the share)."""
+    a MIG slice-else-share keeps no required term (a node with no slice free takes the share); a
+    fraction that may take other classes (`Conversion.other_classes`) is pinned to all of them,
+    and its required room is the smallest share of the list (the preferred terms are its first
+    class's: the pod packs there, and goes elsewhere when that class has no room)."""
     required, preferred = _steering_terms(conversion, settings)
     pin: Sequence[Mapping[str, Any]] = conversion.required
     if settings.dra.enabled:
@@ -126,8 +129,26 @@ def affinity_ops(
             pin, required = (), []
         elif conversion.kind == conversions.KIND_WHOLE_GPUS:
             pin = ()
+        elif conversion.other_classes:
+            pin, required = _any_class_terms(conversion, settings)
     affinity = merge_node_affinity(spec.get("affinity"), [*pin, *required], preferred)
     return [] if affinity is None else [{"op": "add", "path": "/spec/affinity", "value": affinity}]
+
+
+def _any_class_terms(
+    conversion: conversions.Conversion, settings: config.Config
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pin, required expressions) of a fraction that may take any class of its list."""
+    contract = settings.contract
+    memories = [int(conversion.decision["classMemoryMiB"]), *(m for m, _ in conversion.other_classes)]
+    values = [labelcodec.count_value(m) for m in memories]
+    pin = [{"key": contract.label_gpu_memory_mib, "operator": "In", "values": values}]
+    request = conversion.steering_request
+    if request is None:
+        return pin, []
+    units = min(request.units, *(u for _, u in conversion.other_classes))
+    smallest = dataclasses.replace(conversion, steering_request=dataclasses.replace(request, units=units))
+    return pin, _steering_terms(smallest, settings)[0]
 
 
 def _steering_terms(

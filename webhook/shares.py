@@ -3,7 +3,9 @@ isolation) into a Conversion: the units of GPU memory (or the MIG device) for th
 class pin and the steering request, with the decision notes that explain them. Pure.
 
   gpu-memory: "2000"       -> ceil(2000 / unit) units, kept off GPUs too small for it
-  gpu-fraction: "0.5"      -> floor(0.5 x the units of one GPU of the class chosen), pinned to it
+  gpu-fraction: "0.5"      -> floor(0.5 x the units of one GPU of the class chosen), pinned to it;
+                           in DRA mode, for a pod without a controller, that class first, else
+                           the same fraction of another class's GPU (`other_classes`)
   <prefix>/isolation: mig  -> one device of the smallest MIG profile that holds the memory;
                            with mig-or-share "true" (DRA mode) else a share of that profile's
                            memory in whole units (the decision's `orShareMiB`)
@@ -17,13 +19,13 @@ May import gpuslice.{config,contract} and the webhook's pure modules.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuslice import config
 from gpuslice import contract as contract_
 from gpuslice.webhook import annotations as annotations_
-from gpuslice.webhook import answerinputs, classchoice, conversions, parsing, pods, steering
+from gpuslice.webhook import answerinputs, classchoice, conversions, dra_claims, parsing, pods, steering
 
 __all__ = ["convert"]
 
@@ -89,9 +91,28 @@ def _fraction(
         cpu_milli=demand.cpu_milli,
         cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
     )
-    return conversions.Conversion(
+    conversion = conversions.Conversion(
         conversions.KIND_FRACTION, resource, {(share.field, share.index): units}, decision, choice.required, request
     )
+    if settings.dra.enabled and share.devices == 1 and not inputs.owner:
+        others = _other_classes(fraction, choice.memory_mib, classchoice.candidates(inputs, products), contract)
+        if others:
+            conversion.other_classes = others
+            decision["otherClassesMiB"] = [memory for memory, _ in others]
+    return conversion
+
+
+def _other_classes(
+    fraction: float, chosen_mib: int, classes: Sequence[answerinputs.GpuClass], contract: contract_.Contract
+) -> tuple[tuple[int, int], ...]:
+    """(class memory MiB, units) of the classes a fraction may take in DRA mode besides the one
+    chosen, smallest GPU first. The class is chosen at admission from what is free then; in a
+    burst the scheduler reaches the pod minutes later, when that class may be full and another
+    not: the claim's prioritized list lets the allocator take the fraction of whichever GPU is
+    free (a class's tag asked at 0 keeps each alternative on its class). A pod of a controller
+    keeps its owner's class instead, so that replicas get alike GPUs (webhook/classchoice.py)."""
+    memories = sorted({c.memory_mib for c in classes} - {chosen_mib})[: dra_claims.MAX_ALTERNATIVES - 1]
+    return tuple((m, conversions.fraction_units(fraction, contract.units_per_gpu(m))) for m in memories)
 
 
 def _memory(

@@ -379,12 +379,8 @@ def test_the_real_allocator_gives_mig_requests_a_device_of_their_profile(
     assert devices == ["gpu-2-mig-2", "gpu-2-mig-3"]
 
 
-def test_whole_gpus_take_another_class_when_the_one_the_webhook_preferred_is_full(
-    admin, core, nodes, namespace, resource_api, device_classes
-):
-    """The webhook prefers a class from its labels, which may lag: the claim lists every class in
-    that order (DRA's prioritized list), so the real allocator takes the next class that has the
-    GPUs instead of leaving the pod waiting on the full one; the GPUs of one pod alike in memory."""
+def h100_and_h200_nodes(admin, core, nodes, namespace: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """Two nodes of two GPU classes, their slices published: the demo node's H100s and 8 x H200."""
     h100, h200 = f"{namespace}-h100", f"{namespace}-h200"
     for name, file in ((h100, DEMO_NODE), (h200, k8skit.EXAMPLES / "h200x8-node.yaml")):
         core.create_node(k8skit.node_object(name))
@@ -393,6 +389,16 @@ def test_whole_gpus_take_another_class_when_the_one_the_webhook_preferred_is_ful
             node=nodefile.load(file), settings=SETTINGS, node_name=name, api=kube.KubernetesApi(admin)
         )
         assert asyncio.run(slice_publisher.sync()) is True
+    return h100, h200
+
+
+def test_whole_gpus_take_another_class_when_the_one_the_webhook_preferred_is_full(
+    admin, core, nodes, namespace, resource_api, device_classes
+):
+    """The webhook prefers a class from its labels, which may lag: the claim lists every class in
+    that order (DRA's prioritized list), so the real allocator takes the next class that has the
+    GPUs instead of leaving the pod waiting on the full one; the GPUs of one pod alike in memory."""
+    h100, h200 = h100_and_h200_nodes(admin, core, nodes, namespace)
     need = dra_claims.Need(
         kind="whole-gpus",
         containers=(dra_claims.ContainerNeed("containers", 0, gpus=2),),
@@ -416,6 +422,48 @@ def test_whole_gpus_take_another_class_when_the_one_the_webhook_preferred_is_ful
     assert [r["request"] for r in first["devices"]["results"]] == ["gpu/m81559", "gpu/m81559"]
     assert {r["pool"] for r in second["devices"]["results"]} == {h200}  # the H100s are taken: the H200s
     assert [r["request"] for r in second["devices"]["results"]] == ["gpu/m143771", "gpu/m143771"]
+
+
+def test_a_fraction_takes_the_same_fraction_of_another_class_when_its_own_is_full(
+    admin, core, nodes, namespace, resource_api, device_classes
+):
+    """A bare pod's gpu-fraction 0.5 lists the class the webhook chose (the H100s), then the H200s,
+    each alternative asking its class's tag at 0 beside half its GPU: the real allocator keeps each
+    on its class by the tag and, once the H100s hold two halves each, takes half of an H200; the
+    tag is recorded as consumed at 0."""
+    h100, h200 = h100_and_h200_nodes(admin, core, nodes, namespace)
+    half = dra_claims.ContainerNeed("containers", 0, memory_mib=40704, classes=((81559, 40704), (143771, 71680)))
+    template = dra_claims.build(
+        k8skit.pod_object("x"), dra_claims.Need(kind="gpu-fraction", containers=(half,)), SETTINGS
+    )
+    spec = template.template
+
+    def place(name: str, node_name: str | None) -> None:
+        resource_api.create_namespaced_resource_claim(namespace, claim_from(spec, name))
+        pod = pod_with_claim(name, name, node_name or "")
+        if node_name is None:
+            del pod["spec"]["nodeSelector"]
+        core.create_namespaced_pod(namespace, pod)
+
+    def result(name: str) -> dict[str, Any]:
+        claim = resource_api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        (only,) = json.loads(claim.data)["status"]["allocation"]["devices"]["results"]
+        return only
+
+    for i in range(4):  # the H100 node's two H100s, two halves each (its third GPU is in MIG mode)
+        place(f"h100-{i}", h100)
+        assert k8skit.bound_node(core, namespace, f"h100-{i}", timeout=90) == h100
+    assert sorted(result(f"h100-{i}")["device"] for i in range(4)) == ["gpu-0", "gpu-0", "gpu-1", "gpu-1"]
+    assert {result(f"h100-{i}")["request"] for i in range(4)} == {"gpu/m81559"}
+    place("h100-full", h100)
+    k8skit.scheduling_failure(core, namespace, "h100-full", timeout=90, containing="cannot allocate all claims")
+
+    place("any", None)
+    assert k8skit.bound_node(core, namespace, "any", timeout=90) == h200
+    taken = result("any")
+    assert taken["request"] == "gpu/m143771" and taken["pool"] == h200
+    assert taken["consumedCapacity"][CONTRACT.dra_capacity_memory] == "70Gi"  # 71680Mi, as the API server writes it
+    assert taken["consumedCapacity"][CONTRACT.dra_tag_memory(143771)] == "0"
 
 
 def test_a_whole_gpu_by_its_tag_takes_only_a_shared_gpu_that_holds_nothing(

@@ -117,8 +117,9 @@ def test_a_prioritized_list_and_a_template_are_checked_too(resource_api, namespa
         dra_claims.ContainerNeed("containers", 0, memory_mib=2048, devices=2),
         dra_claims.ContainerNeed("containers", 0, gpus=1, mig_profile="1g.10gb", or_memory_mib=9728),
         dra_claims.ContainerNeed("containers", 0, gpus=2),
+        dra_claims.ContainerNeed("containers", 0, memory_mib=40704, classes=((81559, 40704), (143771, 71680))),
     ],
-    ids=["share", "share-on-two-gpus", "mig-or-share", "whole-gpus"],
+    ids=["share", "share-on-two-gpus", "mig-or-share", "whole-gpus", "fraction-of-any-class"],
 )
 def test_every_template_the_webhook_writes_passes(resource_api, namespace, need):
     kind = "whole-gpus" if need.gpus and not need.mig_profile else "gpu-memory"

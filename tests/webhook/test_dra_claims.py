@@ -20,7 +20,7 @@ from gpuslice import config
 from gpuslice.dra import slices
 from gpuslice.node import labels as node_labels
 from gpuslice.node import nodefile
-from gpuslice.webhook import claim_templates, cluster, dra_claims, mutation, server
+from gpuslice.webhook import answerinputs, claim_templates, cluster, conversions, dra_claims, mutation, server, shares
 
 SETTINGS = config.load(overrides={"dra.enabled": True}, environ={})
 CONTRACT = SETTINGS.contract
@@ -371,12 +371,19 @@ def test_gpu_memory_becomes_a_claim_of_whole_units_and_the_placeholder_goes():
     assert outcome.kind == "gpu-memory" and outcome.decision["claimTemplate"] == template["metadata"]["name"]
 
 
-def test_gpu_fraction_takes_the_class_chosen_as_in_device_plugin_mode_as_a_required_class_label():
+def owned(body: dict[str, Any]) -> dict[str, Any]:
+    """The pod as a ReplicaSet's: its pods keep one GPU class."""
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u-1", "controller": True}
+    body["metadata"]["ownerReferences"] = [owner]
+    return body
+
+
+def test_gpu_fraction_of_a_controller_takes_the_class_chosen_as_in_device_plugin_mode_as_a_required_class_label():
     # On the node's class label, not as a device selector: the allocator never looks at the devices
     # of the other classes' nodes, and no device selector is evaluated on the devices it does.
     annotations = {"gpu-fraction": "0.5"}
-    plugin_mode, _ = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
-    outcome, patched = mutate(pod(annotations=annotations))
+    plugin_mode, _ = mutate(owned(pod(annotations=annotations)), DEVICE_PLUGIN_MODE)
+    outcome, patched = mutate(owned(pod(annotations=annotations)))
     (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
     assert "selectors" not in request["exactly"]
     assert (
@@ -388,13 +395,98 @@ def test_gpu_fraction_takes_the_class_chosen_as_in_device_plugin_mode_as_a_requi
     assert pin in required["nodeSelectorTerms"][0]["matchExpressions"]
 
 
+@pytest.mark.parametrize("any_class", [{}, {"gpuslice.io/gpu-class": "any"}])
+def test_a_bare_pods_fraction_lists_its_class_then_the_same_fraction_of_each_other_class(any_class):
+    # A bare pod, or a controller's pod that lets its pods take any class: the class chosen first
+    # (the pin of device-plugin mode), then the other class, each alternative on its class by
+    # the class's tag at 0 (it consumes nothing), no CEL selector.
+    annotations = {"gpu-fraction": "0.5", **any_class}
+    plugin_mode, _ = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
+    original = owned(pod(annotations=annotations)) if any_class else pod(annotations=annotations)
+    outcome, patched = mutate(original)
+    (template,) = outcome.objects
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    chosen = plugin_mode.decision["classMemoryMiB"]
+    other = ({81559, 143771} - {chosen}).pop()  # the demo node's H100s, the 8 x H200 node's
+    assert outcome.decision["classMemoryMiB"] == chosen and outcome.decision["otherClassesMiB"] == [other]
+    half = {81559: 40704, 143771: 71680}  # whole 256 MiB units, rounded down
+    assert request == {
+        "name": "gpu",
+        "firstAvailable": [
+            {
+                "name": f"m{memory}",
+                "deviceClassName": "gpu-share.gpuslice.io",
+                "allocationMode": "ExactCount",
+                "count": 1,
+                "capacity": {
+                    "requests": {"gpu.gpuslice.io/memory": f"{half[memory]}Mi", f"gpu.gpuslice.io/m{memory}": "0"}
+                },
+            }
+            for memory in (chosen, other)
+        ],
+    }
+    assert template["metadata"]["name"].startswith(f"gpuslice-mem-{half[chosen]}mi-or-1-")
+    assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
+    # Required: either class, with room for the smaller of the two shares; preferred as its class's.
+    affinity = patched["spec"]["affinity"]["nodeAffinity"]
+    ((term,),) = [affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]]
+    assert {"key": "gpuslice.io/gpu.memory-mib", "operator": "In", "values": [str(chosen), str(other)]} in term[
+        "matchExpressions"
+    ]
+    smallest_units = min(half.values()) // 256
+    assert {"key": "gpuslice.io/gpu.free-block-units", "operator": "Gt", "values": [str(smallest_units - 1)]} in term[
+        "matchExpressions"
+    ]
+    _, plugin_patched = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
+    preferred = "preferredDuringSchedulingIgnoredDuringExecution"
+    assert affinity[preferred] == plugin_patched["spec"]["affinity"]["nodeAffinity"][preferred]
+
+
+def test_a_bare_pods_fraction_takes_another_class_when_its_own_is_full(demo_node, h200_node):
+    """The allocator model over both nodes' devices: the H100s' halves first (the class the list
+    names first), then the H200s' halves (71680 MiB, half of the larger GPU), then none."""
+    devices = slices.devices(demo_node, CONTRACT) + [
+        {**d, "name": f"h200-{d['name']}"} for d in slices.devices(h200_node, CONTRACT)
+    ]
+    need = dra_claims.Need(
+        kind="gpu-fraction",
+        containers=(
+            dra_claims.ContainerNeed("containers", 0, memory_mib=40704, classes=((81559, 40704), (143771, 71680))),
+        ),
+    )
+    requests = dra_claims.build(pod(), need, SETTINGS).template["spec"]["spec"]["devices"]["requests"]
+    used: dict[str, int] = {}
+    placed = [allocate(devices, requests, used) for _ in range(21)]
+    assert [p.get("gpu/m81559") for p in placed[:4]] == [["gpu-0"], ["gpu-0"], ["gpu-1"], ["gpu-1"]]
+    assert all(list(p) == ["gpu/m143771"] for p in placed[4:20]) and placed[20] == {"gpu": []}
+    assert {used[f"h200-gpu-{i}"] for i in range(8)} == {2 * 71680}
+
+
+def test_a_prioritized_list_never_exceeds_the_apis_eight_alternatives():
+    many = [answerinputs.GpuClass(16384 + 1024 * i, frozenset(), 8, 8 * 64, 1, 8) for i in range(10)]
+    others = shares._other_classes(0.5, many[3].memory_mib, many, CONTRACT)
+    assert len(others) == 7 and many[3].memory_mib not in dict(others)
+    assert [m for m, _ in others] == sorted(m for m, _ in others)  # smallest first
+    whole = conversions.Conversion(
+        conversions.KIND_WHOLE_GPUS,
+        CONTRACT.gpu_memory_resource,
+        {("containers", 0): 64},
+        {"containers": {"main": 1}},
+        [{"key": CONTRACT.label_gpu_memory_mib, "operator": "In", "values": ["19456"]}],
+    )
+    need = dra_claims.need_from_conversion(whole, CONTRACT, pod(), [c.memory_mib for c in many])
+    (request,) = dra_claims.build(pod(), need, SETTINGS).template["spec"]["spec"]["devices"]["requests"]
+    names = [a["name"] for a in request["firstAvailable"]]
+    assert len(names) == dra_claims.MAX_ALTERNATIVES and names[0] == "m19456" and names[-1] == "any"
+
+
 def test_shares_and_whole_gpus_get_the_node_affinity_of_device_plugin_mode():
     # Required as there, for the scheduler's sake: the NodeAffinity filter keeps the pod off the
     # nodes whose labels say it cannot fit before the DRA allocator evaluates their devices.
     whole_gpus = config.load(overrides={"dra.enabled": True, "convertWholeGpus": True}, environ={})
     whole_gpus_plugin = config.load(overrides={"convertWholeGpus": True}, environ={})
     for original, dra_settings, plugin_settings in (
-        (pod(annotations={"gpu-fraction": "0.25"}), SETTINGS, DEVICE_PLUGIN_MODE),
+        (owned(pod(annotations={"gpu-fraction": "0.25"})), SETTINGS, DEVICE_PLUGIN_MODE),
         (pod(annotations={"gpu-memory": "2000"}), SETTINGS, DEVICE_PLUGIN_MODE),
         (pod(ctr(limits={"nvidia.com/gpu": "2"})), whole_gpus, whole_gpus_plugin),
     ):
@@ -496,7 +588,7 @@ def test_mig_or_share_false_is_the_plain_mig_request_in_both_modes():
 
 def test_a_fraction_of_n_gpus_becomes_one_request_of_n_devices_kept_on_distinct_gpus():
     annotations = {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}
-    one_gpu, _ = mutate(pod(annotations={"gpu-fraction": "0.5"}))
+    one_gpu, _ = mutate(owned(pod(annotations={"gpu-fraction": "0.5"})))  # a controller's: one class, no list
     outcome, patched = mutate(pod(ctr(limits={"nvidia.com/gpu": "1"}), annotations=annotations))
     (template,) = outcome.objects
     devices = template["spec"]["spec"]["devices"]
