@@ -34,7 +34,6 @@ class Row:
     """One kind of node in one replay."""
 
     kind: str  # "<model>/<GPUs per node>"
-    nodes: int = 0
     gpus: int = 0
     cpu_milli: int = 0  # the nodes' CPU
     cpu_asked_milli: int = 0  # by the pods placed on them
@@ -59,16 +58,16 @@ def breakdown(
     # Per replay: (node, GPU) -> the share of its memory granted (capped at 1 once summed, as
     # placements.recompute does).
     shares: dict[tuple[str, int], dict[tuple[str, str], float]] = {}
-    for number, key, line in placements.records(lines):
-        rows = out.setdefault(key, {})
-        granted = shares.setdefault(key, collections.defaultdict(float))
+    for number, key, line in placements.records(lines):  # a run's line comes before its pods'
         if line["record"] == "run":
+            rows = out[key] = {}
+            shares[key] = collections.defaultdict(float)
             for node in by_name.values():
                 row = rows.setdefault(f"{node.model}/{node.gpus}", Row(f"{node.model}/{node.gpus}"))
-                row.nodes += 1
                 row.gpus += node.gpus
                 row.cpu_milli += node.cpu_milli
             continue
+        rows, granted = out[key], shares[key]
         where = by_name.get(line.get("node") or "")
         if line["outcome"] != "placed" or where is None:
             continue

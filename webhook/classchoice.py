@@ -48,6 +48,9 @@ class Choice:
     required: list[dict[str, Any]]  # the pin: required node-affinity expressions
     notes: dict[str, Any]  # for the decision annotation
     largest_node_gpus: int  # GPUs of the class's largest node; 0 when no class is known
+    # for_fraction: the memory (MiB) of every class the pod may use, the chosen one included
+    # (what a DRA-mode fraction may list: webhook/shares.py).
+    candidates: tuple[int, ...] = ()
 
 
 def candidates(inputs: answerinputs.Inputs, products: frozenset[str] | None) -> list[answerinputs.GpuClass]:
@@ -81,12 +84,14 @@ def for_fraction(
     """The class a gpu-fraction is taken of; for a fraction of each of `gpus` GPUs in one pod
     (gpu-fraction-num-devices), among the classes with a node that has that many, if any (else
     the pod waits in the class chosen, as no node can run it)."""
-    classes = candidates(inputs, products)
-    if not classes:
+    every = candidates(inputs, products)
+    if not every:
         return _no_nodes(settings)
+    classes = every
     if gpus > 1:
-        classes = [c for c in classes if c.max_gpus_per_node >= gpus] or classes
-    return _pinned(classes, inputs, settings.contract, demand)
+        classes = [c for c in every if c.max_gpus_per_node >= gpus] or every
+    choice = _pinned(classes, inputs, settings.contract, demand)
+    return dataclasses.replace(choice, candidates=tuple(c.memory_mib for c in every))
 
 
 def for_whole_gpus(

@@ -91,27 +91,32 @@ def _fraction(
         cpu_milli=demand.cpu_milli,
         cpu_per_gpu_milli=settings.steering.cpu_per_gpu_milli,
     )
-    conversion = conversions.Conversion(
-        conversions.KIND_FRACTION, resource, {(share.field, share.index): units}, decision, choice.required, request
-    )
+    others: tuple[tuple[int, int], ...] = ()
     if settings.dra.enabled and share.devices == 1 and not inputs.owner:
-        others = _other_classes(fraction, choice.memory_mib, classchoice.candidates(inputs, products), contract)
+        others = _other_classes(fraction, choice.memory_mib, choice.candidates, contract)
         if others:
-            conversion.other_classes = others
             decision["otherClassesMiB"] = [memory for memory, _ in others]
-    return conversion
+    return conversions.Conversion(
+        conversions.KIND_FRACTION,
+        resource,
+        {(share.field, share.index): units},
+        decision,
+        choice.required,
+        request,
+        other_classes=others,
+    )
 
 
 def _other_classes(
-    fraction: float, chosen_mib: int, classes: Sequence[answerinputs.GpuClass], contract: contract_.Contract
+    fraction: float, chosen_mib: int, classes: Sequence[int], contract: contract_.Contract
 ) -> tuple[tuple[int, int], ...]:
-    """(class memory MiB, units) of the classes a fraction may take in DRA mode besides the one
-    chosen, smallest GPU first. The class is chosen at admission from what is free then; in a
+    """(class memory MiB, units) of the classes (memory MiB of each) a fraction may take in DRA
+    mode besides the one chosen, smallest GPU first. The class is chosen at admission from what is free then; in a
     burst the scheduler reaches the pod minutes later, when that class may be full and another
     not: the claim's prioritized list lets the allocator take the fraction of whichever GPU is
     free (a class's tag asked at 0 keeps each alternative on its class). A pod of a controller
     keeps its owner's class instead, so that replicas get alike GPUs (webhook/classchoice.py)."""
-    memories = sorted({c.memory_mib for c in classes} - {chosen_mib})[: dra_claims.MAX_ALTERNATIVES - 1]
+    memories = sorted(set(classes) - {chosen_mib})[: dra_claims.MAX_ALTERNATIVES - 1]
     return tuple((m, conversions.fraction_units(fraction, contract.units_per_gpu(m))) for m in memories)
 
 

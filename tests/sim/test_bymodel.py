@@ -60,8 +60,10 @@ def test_the_command_prints_a_line_per_kind_of_node(
     assert bymodel.main([str(target), "--trace-dir", str(folder)]) == 0
     out = capsys.readouterr().out
     kinds = {f"{n.model}/{n.gpus}" for n in trace.load_nodes(folder / trace.DEFAULT_NODE_FILE) if n.gpus}
+    runs = sum(json.loads(line)["record"] == "run" for line in target.read_text().splitlines())
+    assert runs and out.count(", seed ") == runs
     for kind in kinds:
-        assert out.count(f"  {kind} ") == out.count(", seed ")
+        assert out.count(f"  {kind} ") == runs
 
 
 def test_a_pod_missing_from_the_pod_file_is_a_clear_error(

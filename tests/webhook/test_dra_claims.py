@@ -464,7 +464,7 @@ def test_a_bare_pods_fraction_takes_another_class_when_its_own_is_full(demo_node
 
 def test_a_prioritized_list_never_exceeds_the_apis_eight_alternatives():
     many = [answerinputs.GpuClass(16384 + 1024 * i, frozenset(), 8, 8 * 64, 1, 8) for i in range(10)]
-    others = shares._other_classes(0.5, many[3].memory_mib, many, CONTRACT)
+    others = shares._other_classes(0.5, many[3].memory_mib, [c.memory_mib for c in many], CONTRACT)
     assert len(others) == 7 and many[3].memory_mib not in dict(others)
     assert [m for m, _ in others] == sorted(m for m, _ in others)  # smallest first
     whole = conversions.Conversion(
