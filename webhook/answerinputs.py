@@ -9,7 +9,7 @@ Two kinds of read, and no other:
   products or MIG profiles change or a pacer comes or goes. They hold while `shape_generation`
   holds, and `shape_generation` is computed from these same reads: a read added here is part of
   the shape, or it is a decision.
-- **Decisions** (`decided`, and `cpu_pods_band` through it): what free capacity, promises, an
+- **Decisions** (`decided`, and `cpu_pods_band` and `classes_with_cpu` through it): what free capacity, promises, an
   owner's class or the CPU admitted can change, on some node every few seconds. Each is taken
   through `decided` with a way to take it again; between `start_recording` and `stop_recording`
   it is recorded, and a remembered answer is given again only where every recorded decision,
@@ -69,6 +69,7 @@ class View(Protocol):
     def classes(self) -> list[GpuClass]: ...
     def mig_profiles(self) -> dict[str, int]: ...
     def owner_class(self, owner: str) -> int | None: ...
+    def cpu_per_free_gpu(self) -> dict[int, float | None]: ...
     def derived(self, key: Hashable, build: Callable[[], T]) -> T: ...
     def free_units(
         self, needs: Mapping[int, int], *, whole_gpus: bool = ..., cpu_milli: int = ..., memory_request_mib: int = ...
@@ -171,3 +172,15 @@ class Inputs:
     def owner_class(self, owner: str) -> int | None:
         """The GPU class the converted pods of controller `owner` went to, if known."""
         return self._view.owner_class(owner)
+
+    def classes_with_cpu(self, memories: tuple[int, ...], cpu_per_gpu_milli: float) -> tuple[int, ...]:
+        """Of the classes `memories`, those whose free GPUs have on average at least
+        `cpu_per_gpu_milli` of free CPU each, promises counted (or that do not publish their CPU
+        headroom): a decision."""
+        view = self._view
+
+        def again() -> tuple[int, ...]:
+            ratios = view.cpu_per_free_gpu()
+            return tuple([m for m in memories if (r := ratios.get(m, 0.0)) is None or r >= cpu_per_gpu_milli])
+
+        return self.decided(again)

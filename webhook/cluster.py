@@ -259,6 +259,17 @@ class ClusterView:
         """`usable_free_units` for one demand, kept to be asked again (`FreeUnits.now`)."""
         return FreeUnits(self, self.ledger, (tuple(needs.items()), whole_gpus, cpu_milli, memory_request_mib))
 
+    def cpu_per_free_gpu(self) -> dict[int, float | None]:
+        """Per class (memory MiB): its nodes' free CPU millicores per free GPU (free units counted
+        in GPUs), promised CPU and units counted as taken; 0.0 where nothing is free, None where a
+        node of the class publishes no CPU headroom."""
+        units, cpu = self.ledger.outstanding()
+        ratios: dict[int, float | None] = {}
+        for memory, (free_cpu, free_units, published) in self.node_query().class_cpu().items():
+            gpus = (free_units - units.get(memory, 0)) / self.contract.units_per_gpu(memory)
+            ratios[memory] = None if not published else (free_cpu - cpu.get(memory, 0.0)) / gpus if gpus > 0 else 0.0
+        return ratios
+
     def node_query(self) -> nodetable.Query:
         """The node table of this version, as `FreeUnits` reads it (`nodetable.Version`)."""
         return self.derived(nodetable.Query, self._table.query)

@@ -17,9 +17,12 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                whole GPU (the memory's default), and the allocator picks GPUs
                                by a capacity, not a CEL selector; as a prioritized list over the GPU
                                classes known (the class device-plugin mode would pin first, then
-                               the others smallest first, then any GPU), so that a class whose
+                               the others largest first, then any GPU), so that a class whose
                                labels lag never keeps the pod waiting while another has GPUs
                                free, the N GPUs alike in memory (a matchAttribute constraint);
+                               largest first: a whole GPU is granted whole on any class, and
+                               the small GPUs are left to the shares (on the trace, the T4s
+                               with the most CPU per GPU, which CPU-hungry shares need);
   <prefix>/isolation: mig   -> one request of class mig.<prefix> selecting the profile; with
                                <prefix>/mig-or-share: "true" a prioritized list instead: that
                                MIG request (subrequest "mig"), else a share (class
@@ -30,7 +33,8 @@ same class choice, same unit rounding); what it decided reaches this module as a
                                base request).
   gpu-fraction by a pod without a controller, with several GPU classes known -> a prioritized
                                list instead: the share of the class chosen (the pin of device-
-                               plugin mode), else the same fraction of each other class's GPU,
+                               plugin mode), else the same fraction of each other class's GPU
+                               whose free GPUs have the CPU the pod asks per GPU (shares.py),
                                each alternative asking its class's tag (gpu.<prefix>/m<MiB>) at 0
                                beside its memory: the tag consumes nothing and only that class's
                                GPUs carry it, so no CEL selector; the pod's required node affinity
@@ -141,7 +145,7 @@ def need_from_conversion(
     """The Need of a device-plugin-mode conversion: units become MiB, GPU-class pins on the
     <prefix>/gpu.memory-mib node label become the preferred GPU memories of whole GPUs: the pinned
     class first, then the other `classes` (GPU memory of the classes known whose largest node has
-    enough GPUs), smallest first. A share's pin stays on the pod (its required node affinity)."""
+    enough GPUs), largest first. A share's pin stays on the pod (its required node affinity)."""
     decision = dict(conversion.decision)
     memories: tuple[int, ...] = ()
     if conversion.kind == conversions.KIND_WHOLE_GPUS:
@@ -152,7 +156,7 @@ def need_from_conversion(
             for v in expression.get("values") or ()
         ]
         # Preference order, no repeats; room left for "any" within the API's 8 alternatives.
-        memories = tuple(dict.fromkeys([*pinned, *sorted(classes)]))[: MAX_ALTERNATIVES - 1]
+        memories = tuple(dict.fromkeys([*pinned, *sorted(classes, reverse=True)]))[: MAX_ALTERNATIVES - 1]
     spec = pod.get("spec") or {}
     needs = []
     for (field, index), units in conversion.container_units.items():

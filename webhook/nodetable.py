@@ -178,6 +178,7 @@ class Query:
         self.mem = np.where(rows[:, _FREE_MEM] < 0, unbounded, rows[:, _FREE_MEM])
         self.answers: dict[tuple[Any, ...], dict[int, int]] = {}
         self.rooms: dict[tuple[Any, ...], dict[int, int | None]] = {}
+        self._class_cpu: dict[int, tuple[int, int, bool]] | None = None
         self._fit_key: tuple[int, int] | None = None
         self._fit = np.ones(len(self.cpu), dtype=bool)
         self.weights: dict[tuple[Any, ...], np.ndarray] = {}
@@ -195,6 +196,17 @@ class Query:
                 self.answers.clear()
             answer = self.answers[key] = self._compute(needs, whole_gpus, cpu_milli, memory_mib)
         return answer
+
+    def class_cpu(self) -> dict[int, tuple[int, int, bool]]:
+        """Per class: (free CPU millicores, free units, whether every node of the class publishes
+        its CPU headroom), summed over the class's nodes; once per version."""
+        if self._class_cpu is None:
+            n = len(self.memories)
+            cpu = np.bincount(self.class_of, weights=self.cpu_known, minlength=n).tolist()
+            units = np.bincount(self.class_of, weights=self.units, minlength=n).tolist()
+            hidden = np.bincount(self.class_of, weights=~self.cpu_published, minlength=n).tolist()
+            self._class_cpu = {int(m): (int(cpu[i]), int(units[i]), not hidden[i]) for i, m in enumerate(self.memories)}
+        return self._class_cpu
 
     def cpu_room(
         self, needs: tuple[tuple[int, int], ...], whole_gpus: bool, cpu_milli: int, memory_mib: int

@@ -94,6 +94,11 @@ def _fraction(
     others: tuple[tuple[int, int], ...] = ()
     if settings.dra.enabled and share.devices == 1 and not inputs.owner:
         others = _other_classes(fraction, choice.memory_mib, choice.candidates, contract)
+        if others and demand.cpu_milli > 0:
+            # Another class only where its free GPUs come with the CPU the pod asks per GPU: else
+            # the pod would use up CPU its node's other GPUs need, and leave them idle for good.
+            rich = inputs.classes_with_cpu(tuple([m for m, _ in others]), demand.cpu_milli / fraction)
+            others = tuple([o for o in others if o[0] in rich])
         if others:
             decision["otherClassesMiB"] = [memory for memory, _ in others]
     return conversions.Conversion(

@@ -63,6 +63,24 @@ def test_the_cpu_pod_band_is_a_decision_that_follows_the_cpu_admitted() -> None:
     assert value is False and again() is True  # a remembered answer would see the band moved
 
 
+def test_the_classes_with_cpu_for_a_pod_are_a_decision_that_follows_labels_and_promises() -> None:
+    cv = view()  # the demo node: 2 x H100 (81559 MiB, 318 units each)
+    labels = node_labels.node_labels(nodefile.load(EXAMPLES / "demo-node.yaml"), SETTINGS.contract)
+    cv.update_node("demo", {**labels, SETTINGS.contract.label_free_cpu_milli: "32000"})  # 16 cores per free GPU
+    inputs = cv.inputs
+    reads = inputs.start_recording()
+    try:
+        assert inputs.classes_with_cpu((81559, 143771), 16000.0) == (81559,)  # no H200 node: nothing free there
+    finally:
+        inputs.stop_recording()
+    ((again, value),) = reads
+    cv.ledger.promise(81559, 159, cpu_milli=12000)  # half a GPU and 12 cores in flight: 20 cores for 1.5 GPUs
+    assert value == (81559,) and again() == ()
+    assert inputs.classes_with_cpu((81559,), 13000.0) == (81559,)
+    cv.update_node("demo", labels)  # no CPU headroom published: not judged by it
+    assert inputs.classes_with_cpu((81559,), 10**9) == (81559,)
+
+
 def test_the_owner_is_the_seams_and_each_view_has_one_seam() -> None:
     a, b = view(), view()
     a.inputs.owner = "rs-uid"

@@ -478,6 +478,8 @@ def test_a_prioritized_list_never_exceeds_the_apis_eight_alternatives():
     (request,) = dra_claims.build(pod(), need, SETTINGS).template["spec"]["spec"]["devices"]["requests"]
     names = [a["name"] for a in request["firstAvailable"]]
     assert len(names) == dra_claims.MAX_ALTERNATIVES and names[0] == "m19456" and names[-1] == "any"
+    # whole GPUs: the other classes largest first (the smallest, CPU-rich GPUs last: docs/dra.md)
+    assert names[1:-1] == [f"m{m}" for m in range(25600, 20479, -1024)]
 
 
 def test_shares_and_whole_gpus_get_the_node_affinity_of_device_plugin_mode():
@@ -774,3 +776,32 @@ def test_a_whole_gpu_request_takes_only_a_shared_gpu_that_holds_nothing(demo_nod
     assert allocate(devices, share_requests, used) == {"gpu": ["gpu-0"]}
     assert [allocate(devices, whole_requests, used)["gpu"] for _ in range(2)] == [["gpu-1"], []]
     assert used == {"gpu-0": 256, "gpu-1": 81408, "gpu-1 gpu.gpuslice.io/whole": 1}
+
+
+def test_a_bare_pods_fraction_lists_another_class_only_where_its_free_gpus_have_the_cpu_it_asks_per_gpu():
+    # Both nodes free; the H200s (more GPUs) are chosen. The demo node's H100s have 8 cores of free
+    # CPU per free GPU: a half asking 8 cores (16 per GPU) there would leave the other H100 without
+    # CPU, so they are not its fallback; a half asking 2 cores may fall back to them.
+    view = cluster_view(SETTINGS)
+    for name, free_cpu in (("demo", 16000), ("h200", 256000)):
+        node = nodefile.load(
+            chartkit.REPO / "gpuslice" / "examples" / f"{'demo-node' if name == 'demo' else 'h200x8-node'}.yaml"
+        )
+        labels = node_labels.node_labels(node, CONTRACT)
+        view.update_node(name, {**labels, CONTRACT.label_free_cpu_milli: str(free_cpu)})
+    assert view.cpu_per_free_gpu() == {81559: 8000.0, 143771: 32000.0}
+    listed = {}
+    for cpu in ("8", "2"):
+        original = pod(ctr(requests={"cpu": cpu}), annotations={"gpu-fraction": "0.5"})
+        outcome = mutation.mutate(original, settings=SETTINGS, cluster=view)
+        assert outcome.allowed and outcome.decision["classMemoryMiB"] == 143771
+        (request,) = outcome.objects[0]["spec"]["spec"]["devices"]["requests"]
+        listed[cpu] = (
+            [a["name"] for a in request["firstAvailable"]] if "firstAvailable" in request else [],
+            outcome.decision.get("otherClassesMiB"),
+        )
+        affinity = jsonpatch.apply_patch(original, outcome.patch)["spec"]["affinity"]["nodeAffinity"]
+        ((term,),) = [affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]]
+        (pin,) = [e for e in term["matchExpressions"] if e["key"] == CONTRACT.label_gpu_memory_mib]
+        assert pin["values"] == (["143771"] if cpu == "8" else ["143771", "81559"])
+    assert listed == {"8": ([], None), "2": (["m143771", "m81559"], [81559])}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from clusterkit import CONTRACT, gpu_labels, view
 
 from gpuslice.webhook import cluster
@@ -166,3 +167,39 @@ def test_a_demand_kept_to_ask_again_answers_as_a_count_through_changes_promises_
                         room = sum(n["cpu"] for n in fits) - promised_cpu[memory]
                         expected[memory] = min(expected[memory], int(max(0, room) / cpu * max(1, need)))
             assert free_units.now() == expected, (step, needs)
+
+
+def test_free_cpu_per_free_gpu_of_each_class_equals_a_count_node_by_node_less_the_promises() -> None:
+    rng = random.Random(7)
+    cv = view()
+    sums: dict[int, list[int]] = {}  # memory -> [free CPU, free units, nodes without CPU headroom]
+    for index in range(80):
+        memory, gpus = rng.choice([(24576, 4), (81920, 8), (143771, 8)])
+        free = rng.randrange(0, gpus * (memory // 256) + 1)
+        cpu = -1 if rng.random() < 0.2 else rng.randrange(0, 96000, 1000)
+        if memory == 81920 and cpu < 0:
+            cpu = 0  # one class where every node publishes its CPU
+        labels = gpu_labels(memory, gpus, "P", free)
+        if cpu >= 0:
+            labels[CONTRACT.label_free_cpu_milli] = str(cpu)
+        cv.update_node(f"n{index}", labels)
+        row = sums.setdefault(memory, [0, 0, 0])
+        row[0], row[1], row[2] = row[0] + max(cpu, 0), row[1] + free, row[2] + (cpu < 0)
+    for step in range(3):
+        if step:
+            cv.ledger.promise(81920, 40 * step, cpu_milli=12000 * step)
+        ratios = cv.cpu_per_free_gpu()
+        promised_units, promised_cpu = cv.ledger.outstanding()
+        for memory, (cpu, units, hidden) in sums.items():
+            gpus = (units - promised_units.get(memory, 0)) / (memory // 256)
+            expected = None if hidden else (cpu - promised_cpu.get(memory, 0.0)) / gpus
+            assert ratios[memory] == (pytest.approx(expected) if expected is not None else None), (memory, step)
+    assert ratios[81920] is not None and ratios[24576] is None  # every node of one class publishes, not of another
+
+
+def test_a_class_with_nothing_free_has_no_cpu_per_free_gpu() -> None:
+    cv = view()
+    labels = gpu_labels(81920, 8, "P", 0)
+    labels[CONTRACT.label_free_cpu_milli] = "64000"
+    cv.update_node("full", labels)
+    assert cv.cpu_per_free_gpu() == {81920: 0.0}
