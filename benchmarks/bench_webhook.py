@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_webhook.py --baseline DIR        # also an earlier tree's webhook, alternated
     .venv/bin/python benchmarks/bench_webhook.py --label-churn 100      # node labels changing meanwhile, per second
     .venv/bin/python benchmarks/bench_webhook.py --in-process 2000      # admission.review alone, per pod kind
+    .venv/bin/python benchmarks/bench_webhook.py --in-process 2000 --dra  # the same in DRA mode, bare pods
     .venv/bin/python benchmarks/bench_webhook.py --profile gpu-fraction  # cProfile of admission.review
     .venv/bin/python benchmarks/bench_webhook.py --split 2000            # admission.review's steps, timed apart
 
@@ -213,19 +214,22 @@ async def _churn(view: Any, settings: Any, rate: float) -> None:
 # --- in-process figures ----------------------------------------------------------------------
 
 
-def in_process(count: int) -> None:
+def in_process(count: int, dra: bool = False) -> None:
     """CPU time of the server's review step alone (repeats.RepeatAnswers.review: decode, check,
     mutate, encode, answers remembered) per AdmissionReview: no TLS, no HTTP, no server; beside it,
-    orjson.loads alone (what the no-op handler does). Fresh view and memory for every pass."""
+    orjson.loads alone (what the no-op handler does). Fresh view and memory for every pass. `dra`:
+    in DRA mode, the pods bare (no owner), so that a fraction lists its fallback classes."""
     import orjson
 
     from gpuslice import config
     from gpuslice.webhook import repeats
 
-    settings = config.Config()
+    settings = config.load(overrides={"dra.enabled": True}, environ={}) if dra else config.Config()
     for kind in POD_KINDS:
         for arrival in ARRIVALS:
             reviews = make_reviews(kind, count, arrival)
+            if dra:
+                reviews = [_without_owner(body) for body in reviews]
             samples, floor = [], []
             for _ in range(5):
                 view, answers = cluster_view(settings), repeats.RepeatAnswers()
@@ -243,6 +247,12 @@ def in_process(count: int) -> None:
                 f"best {min(samples):6.1f} us ({answers.repeats} of {count} from memory); "
                 f"orjson.loads alone: median {statistics.median(floor):5.1f} us"
             )
+
+
+def _without_owner(body: bytes) -> bytes:
+    review = json.loads(body)
+    del review["request"]["object"]["metadata"]["ownerReferences"]
+    return json.dumps(review).encode()
 
 
 def split(count: int) -> None:
@@ -557,6 +567,7 @@ def main() -> None:
         help="node label changes a second in the webhook servers' views (free capacity only; default 0: a still view)",
     )
     parser.add_argument("--in-process", type=int, default=0, metavar="N", help="only time admission.review, N per kind")
+    parser.add_argument("--dra", action="store_true", help="with --in-process: DRA mode, bare pods")
     parser.add_argument("--profile", choices=POD_KINDS, help="only cProfile admission.review on this pod kind")
     parser.add_argument(
         "--split", type=int, default=0, metavar="N", help="only time the review's steps, N pods per kind"
@@ -569,7 +580,7 @@ def main() -> None:
     parser.add_argument("--ca", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.in_process:
-        in_process(args.in_process)
+        in_process(args.in_process, args.dra)
         return
     if args.profile:
         profile(args.profile)
