@@ -267,7 +267,10 @@ class ClusterView:
         ratios: dict[int, float | None] = {}
         for memory, (free_cpu, free_units, published) in self.node_query().class_cpu().items():
             gpus = (free_units - units.get(memory, 0)) / self.contract.units_per_gpu(memory)
-            ratios[memory] = None if not published else (free_cpu - cpu.get(memory, 0.0)) / gpus if gpus > 0 else 0.0
+            if not published:
+                ratios[memory] = None
+            else:
+                ratios[memory] = (free_cpu - cpu.get(memory, 0.0)) / gpus if gpus > 0 else 0.0
         return ratios
 
     def node_query(self) -> nodetable.Query:

@@ -782,12 +782,9 @@ def test_a_bare_pods_fraction_lists_another_class_only_where_its_free_gpus_have_
     # Both nodes free; the H200s (more GPUs) are chosen. The demo node's H100s have 8 cores of free
     # CPU per free GPU: a half asking 8 cores (16 per GPU) there would leave the other H100 without
     # CPU, so they are not its fallback; a half asking 2 cores may fall back to them.
-    view = cluster_view(SETTINGS)
-    for name, free_cpu in (("demo", 16000), ("h200", 256000)):
-        node = nodefile.load(
-            chartkit.REPO / "gpuslice" / "examples" / f"{'demo-node' if name == 'demo' else 'h200x8-node'}.yaml"
-        )
-        labels = node_labels.node_labels(node, CONTRACT)
+    view = cluster.ClusterView(CONTRACT, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    for name, node_file, free_cpu in (("demo", "demo-node.yaml", 16000), ("h200", "h200x8-node.yaml", 256000)):
+        labels = node_labels.node_labels(nodefile.load(chartkit.REPO / "gpuslice" / "examples" / node_file), CONTRACT)
         view.update_node(name, {**labels, CONTRACT.label_free_cpu_milli: str(free_cpu)})
     assert view.cpu_per_free_gpu() == {81559: 8000.0, 143771: 32000.0}
     listed = {}
