@@ -294,6 +294,13 @@ class Contract:
         return f"{self.prefix}/node.short-cpu-milli"
 
     @functools.cached_property
+    def label_cpu_per_free_gpu_milli(self) -> str:
+        """CPU (millicores) the node has unrequested per free GPU (free units counted in GPUs); 0
+        when no GPU memory is free. DRA mode keeps a share that falls back to another GPU class
+        off the nodes where it would take more CPU per GPU than the node has for each."""
+        return f"{self.prefix}/node.cpu-per-free-gpu-milli"
+
+    @functools.cached_property
     def label_free_gpus(self) -> str:
         """Number of GPUs of the node with every memory unit free."""
         return f"{self.prefix}/gpu.free-gpus"

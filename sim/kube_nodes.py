@@ -59,6 +59,21 @@ class Decision:
     message: str
     granted: float = 0.0  # GPUs' worth of memory kubelet granted (SimNode.credit), the headline's unit
     shares: tuple[node_.GpuShare, ...] = ()  # per GPU, what the grant holds (--placements)
+    # DRA mode, per device of the pod's claims: the request (and subrequest) it was allocated for,
+    # "gpu/m16384", and which alternative of its request's prioritized list that is (0: the first;
+    # also 0 without a list). --placements: which class a pod fell back to.
+    claim_requests: tuple[str, ...] = ()
+    claim_alternatives: tuple[int, ...] = ()
+
+
+def _alternative(claim: Mapping[str, Any], allocated_for: str) -> int:
+    """The position of subrequest "gpu/m16384" in its request's prioritized list (0 without one)."""
+    name, _, sub = allocated_for.partition("/")
+    for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or ():
+        if request.get("name") == name:
+            names = [a.get("name") for a in request.get("firstAvailable") or ()]
+            return names.index(sub) if sub in names else 0
+    return 0
 
 
 class _NodeApi:
@@ -345,6 +360,8 @@ class Fleet:
             await asyncio.sleep(self.prepare_seconds)
         granted = 0.0
         shares: list[node_.GpuShare] = []
+        requests: list[str] = []
+        alternatives: list[int] = []
         statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or ()
         try:
             for status in statuses:
@@ -358,6 +375,9 @@ class Fleet:
                     self.errors.append(f"{key} bound to {node}, its claim allocated on {pool}")
                 granted += share
                 shares.extend(claimed)
+                for result in claim["status"]["allocation"]["devices"]["results"]:
+                    requests.append(str(result.get("request", "")))
+                    alternatives.append(_alternative(claim, requests[-1]))
         except (kube_api.ApiError, OSError, TimeoutError, ValueError, KeyError) as exc:
             self.errors.append(f"claims of {key}: {exc!r}")
         try:
@@ -371,7 +391,8 @@ class Fleet:
         one = self._labellers.get(node)
         if one is not None:
             one.notify()  # the plugin prepared the claim: its labeller counts it
-        self._decide(key, node, pod, Decision(key, node, True, "", granted, tuple(shares)))
+        decision = Decision(key, node, True, "", granted, tuple(shares), tuple(requests), tuple(alternatives))
+        self._decide(key, node, pod, decision)
 
     async def _write_status(self) -> None:
         while True:

@@ -238,6 +238,8 @@ def figures(
                 "node": decision.node,
                 "shares": decision.shares,
                 "granted_gpus": decision.granted,
+                "claim_requests": decision.claim_requests,
+                "claim_alternatives": decision.claim_alternatives,
             }
         elif key in outcomes.unschedulable:  # waiting (a requeued pod too, once the scheduler gave up)
             failed += 1

@@ -403,8 +403,14 @@ def placement_record(
     shares: Sequence[node_.GpuShare] = (),
     granted_gpus: float = 0.0,
     message: str = "",
+    claim_requests: Sequence[str] = (),
+    claim_alternatives: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """One pod's line of --placements: enough to recompute every figure without the simulator."""
+    """One pod's line of --placements: enough to recompute every figure without the simulator;
+    in DRA mode, the request of each device its claims were allocated for ("gpu/m16384") and its
+    position in the request's prioritized list (0: the webhook's first choice)."""
+    extra = {"claim_requests": list(claim_requests), "claim_alternatives": list(claim_alternatives)}
+    extra = extra if claim_requests else {}
     return {
         "pod": pod.name,
         "outcome": outcome,  # placed | unschedulable | refused (by kubelet) | denied (by the webhook)
@@ -415,6 +421,7 @@ def placement_record(
         "gpus": [share.to_json() for share in shares],
         "granted_gpus": round(granted_gpus, 9),
         "message": message,
+        **extra,
     }
 
 

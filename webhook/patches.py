@@ -9,6 +9,7 @@ May import gpuslice.{config,contract,labelcodec} and the webhook's conversions, 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "gate_ops",
     "json_pointer",
     "merge_node_affinity",
+    "merge_node_affinity_any_of",
     "scheduler_ops",
 ]
 
@@ -119,9 +121,9 @@ def affinity_ops(
     lag a release keep a pod waiting until the plugin relabels its node, which requeues it. Two
     exceptions there: whole GPUs carry their class as their claim's first alternative, not a pin;
     a MIG slice-else-share keeps no required term (a node with no slice free takes the share); a
-    fraction that may take other classes (`Conversion.other_classes`) is pinned to all of them,
-    and its required room is the smallest share of the list (the preferred terms are its first
-    class's: the pod packs there, and goes elsewhere when that class has no room)."""
+    fraction that may take other classes (`Conversion.other_classes`) gets one required term per
+    class of its list (`_any_class_terms`; the preferred terms are its first class's: the pod
+    packs there, and goes elsewhere when that class has no room)."""
     required, preferred = _steering_terms(conversion, settings)
     pin: Sequence[Mapping[str, Any]] = conversion.required
     if settings.dra.enabled:
@@ -130,25 +132,36 @@ def affinity_ops(
         elif conversion.kind == conversions.KIND_WHOLE_GPUS:
             pin = ()
         elif conversion.other_classes:
-            pin, required = _any_class_terms(conversion, settings)
+            chosen: list[Mapping[str, Any]] = [*pin, *required]
+            alternatives: list[Sequence[Mapping[str, Any]]] = [chosen, *_fallback_terms(conversion, settings)]
+            every = merge_node_affinity_any_of(spec.get("affinity"), alternatives, preferred)
+            return [{"op": "add", "path": "/spec/affinity", "value": every}]
     affinity = merge_node_affinity(spec.get("affinity"), [*pin, *required], preferred)
     return [] if affinity is None else [{"op": "add", "path": "/spec/affinity", "value": affinity}]
 
 
-def _any_class_terms(
-    conversion: conversions.Conversion, settings: config.Config
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pin, required expressions) of a fraction that may take any class of its list."""
+def _fallback_terms(conversion: conversions.Conversion, settings: config.Config) -> list[list[dict[str, Any]]]:
+    """The required expressions of each class a fraction may fall back to: the class, room for its
+    share there, and, for a pod that asks CPU, a node whose free GPUs have at least the CPU the pod
+    asks per GPU. The webhook lists a class only where its free GPUs have that much on average
+    (`Inputs.classes_with_cpu`); a class mixes nodes of several CPU sizes, and a CPU-hungry share
+    on a node with little CPU per GPU takes the CPU its other GPUs need, which then stay idle."""
     contract = settings.contract
-    memories = [int(conversion.decision["classMemoryMiB"]), *(m for m, _ in conversion.other_classes)]
-    values = [labelcodec.count_value(m) for m in memories]
-    pin = [{"key": contract.label_gpu_memory_mib, "operator": "In", "values": values}]
     request = conversion.steering_request
-    if request is None:
-        return pin, []
-    units = min(request.units, *(u for _, u in conversion.other_classes))
-    smallest = dataclasses.replace(conversion, steering_request=dataclasses.replace(request, units=units))
-    return pin, _steering_terms(smallest, settings)[0]
+    cpu_per_gpu: list[dict[str, Any]] = []
+    if request is not None and request.cpu_milli > 0:
+        asked = math.ceil(request.cpu_milli / float(conversion.decision["fraction"]))
+        label = contract.label_cpu_per_free_gpu_milli
+        cpu_per_gpu = [{"key": label, "operator": "Gt", "values": [labelcodec.count_value(asked - 1)]}]
+    terms = []
+    for memory, units in conversion.other_classes:
+        pin = {"key": contract.label_gpu_memory_mib, "operator": "In", "values": [labelcodec.count_value(memory)]}
+        room: list[dict[str, Any]] = []
+        if request is not None:
+            share = dataclasses.replace(conversion, steering_request=dataclasses.replace(request, units=units))
+            room = _steering_terms(share, settings)[0]
+        terms.append([pin, *room, *cpu_per_gpu])
+    return terms
 
 
 def _steering_terms(
@@ -164,6 +177,28 @@ def _steering_terms(
         request = dataclasses.replace(request, largest_node_gpus=0)
     required, preferred = steering.placement_affinity(request, settings.contract)
     return list(required), list(preferred)
+
+
+def merge_node_affinity_any_of(
+    affinity: Mapping[str, Any] | None,
+    alternatives: Sequence[Sequence[Mapping[str, Any]]],
+    preferred: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The pod's affinity where a node must match one of its own required nodeSelectorTerms and
+    one of `alternatives` (lists of matchExpressions): one term per pair, since terms are ORed
+    and the expressions of a term ANDed; `preferred` terms appended as by `merge_node_affinity`."""
+    base = merge_node_affinity(affinity, [], preferred) or dict(affinity or {})
+    node_affinity = dict(base.get("nodeAffinity") or {})
+    selector = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = []
+    for own in [dict(t or {}) for t in selector.get("nodeSelectorTerms") or ()] or [{}]:
+        expressions = list(own.get("matchExpressions") or ())
+        for alternative in alternatives:
+            added = [dict(e) for e in alternative if e not in expressions]
+            terms.append({**own, "matchExpressions": [*expressions, *added]})
+    selector["nodeSelectorTerms"] = terms
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = selector
+    return {**base, "nodeAffinity": node_affinity}
 
 
 def merge_node_affinity(

@@ -108,3 +108,4 @@ async def test_the_cpu_balance_labels_are_published_as_in_device_plugin_mode(dem
     assert int(written[contract.label_spare_cpu_milli]) == 40_000 - 12_000 * free_gpus
     assert int(written[contract.label_short_cpu_milli]) == 0
     assert int(written[contract.label_free_cpu_milli]) == 40_000
+    assert int(written[contract.label_cpu_per_free_gpu_milli]) == 40_000 // free_gpus  # a fallback's CPU term

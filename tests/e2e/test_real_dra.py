@@ -657,3 +657,49 @@ def test_mig_or_share_takes_a_free_mig_slice_and_else_a_share_of_its_memory(
         # A share says its fraction of the GPU (38 of an H100's 318 units); a MIG device is all the container's.
         assert any(e.startswith("GPUSLICE_GPU_FRACTION=") for e in env) is (result is share), env
     assert dra_node.prepared_claims() == 3
+
+
+def test_a_fraction_falls_back_only_to_nodes_whose_free_gpus_have_the_cpu_it_asks_per_gpu(
+    admin, core, nodes, namespace, resource_api, device_classes
+):
+    """A bare pod's half asking 2 cores (4 per GPU), chosen for the H200s, may take half an H100
+    instead, but only on a node whose free GPUs have 4 cores each: the real scheduler keeps it off
+    the H100 node while its label says 3, and binds it there, to the H100 alternative, at 8."""
+    h100, h200 = h100_and_h200_nodes(admin, core, nodes, namespace)
+    view = webhook_cluster.ClusterView(CONTRACT, default_gpu_memory_mib=SETTINGS.default_gpu_memory_mib)
+    for name, file, free_cpu in ((h100, DEMO_NODE, 16000), (h200, k8skit.EXAMPLES / "h200x8-node.yaml", 256000)):
+        view.update_node(
+            name, {**labels.node_labels(nodefile.load(file), CONTRACT), CONTRACT.label_free_cpu_milli: str(free_cpu)}
+        )
+    original = k8skit.pod_object(
+        "fallback", annotations={"gpu-fraction": "0.5"}, limits={"nvidia.com/gpu": "1"}, requests={"cpu": "2"}
+    )
+    outcome = mutation.mutate(original, settings=SETTINGS, cluster=view)
+    assert outcome.allowed and outcome.decision["classMemoryMiB"] == 143771, outcome.message
+    assert outcome.decision["otherClassesMiB"] == [81559]
+    pod = jsonpatch.apply_patch(original, outcome.patch)
+    pod["metadata"]["annotations"].pop("gpu-fraction")  # the session's device-plugin-mode webhook would refuse it
+    (template,) = outcome.objects
+    asyncio.run(
+        claim_templates.ClaimTemplates(claim_templates.KubernetesTemplateApi(admin)).ensure(namespace, template)
+    )
+    resource_api.create_namespaced_resource_claim(namespace, claim_from(template, "fallback"))
+    pod["spec"]["resourceClaims"] = [{"name": dra_claims.CLAIM_NAME, "resourceClaimName": "fallback"}]
+
+    # The H200 node is full by its labels; the H100 node has room for half an H100 and 3 cores per free GPU.
+    memory, block, per_gpu = (
+        CONTRACT.label_gpu_memory_mib,
+        CONTRACT.label_free_block_units,
+        CONTRACT.label_cpu_per_free_gpu_milli,
+    )
+    core.patch_node(h200, {"metadata": {"labels": {memory: "143771", block: "0"}}})
+    core.patch_node(h100, {"metadata": {"labels": {memory: "81559", block: "318", per_gpu: "3000"}}})
+    core.create_namespaced_pod(namespace, pod)
+    message = k8skit.scheduling_failure(core, namespace, "fallback", timeout=90)
+    assert "didn't match Pod's node affinity/selector" in message, message
+
+    core.patch_node(h100, {"metadata": {"labels": {per_gpu: "8000"}}})
+    assert k8skit.bound_node(core, namespace, "fallback", timeout=90) == h100
+    claim = read_json(resource_api, core, "claim", namespace, "fallback")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["request"] == "gpu/m81559" and result["pool"] == h100 and share_consumed(result) == "40704Mi"

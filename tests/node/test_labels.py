@@ -22,3 +22,16 @@ def test_what_is_taken_over_promises_and_what_is_given_back_does_not():
         assert not labels.over_promises(written, {key: "99999"}, CONTRACT), key
     assert labels.over_promises(written, {CONTRACT.label_free_units: None}, CONTRACT)  # removed: read as free
     assert not labels.over_promises(written, {CONTRACT.label_placement_score: "10"}, CONTRACT)
+
+
+def test_the_cpu_per_free_gpu_counts_free_memory_in_gpus_and_is_0_when_none_is_free(demo_node):
+    # The demo node's two shared H100s (its third GPU is in MIG mode), 318 units each: one full, a
+    # quarter of the other in use, so 0.75 of a GPU free (units rounded as the label's reader would).
+    first, second = (g.uuid for g in demo_node.memory_gpus)
+    key = CONTRACT.label_cpu_per_free_gpu_milli
+    partly = labels.node_labels(demo_node, CONTRACT, allocated={first: 318, second: 80}, headroom=(12_000, 1000))
+    assert partly[key] == str(round(12_000 / (238 / 318)))
+    full = labels.node_labels(demo_node, CONTRACT, allocated={first: 318, second: 318}, headroom=(12_000, 1000))
+    assert full[key] == "0"  # no share fits: a fallback's Gt term never matches it
+    assert key not in labels.node_labels(demo_node, CONTRACT, allocated={first: 318})  # no headroom known
+    assert labels.cpu_per_free_gpu_labels(CONTRACT, 10**9, 1 / 10**6) == {key: "9" * 12}  # what a label holds

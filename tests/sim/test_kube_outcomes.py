@@ -165,3 +165,33 @@ async def test_in_dra_mode_kubelet_reads_a_bound_pods_claims_only_after_its_prep
     await fleet._admit_dra("default/a", "t4", pod)
     assert asked and asked[0] - bound_seen >= 0.2
     assert fleet.decisions["default/a"].admitted
+
+
+async def test_in_dra_mode_a_placement_says_which_alternative_of_its_claim_the_allocator_took() -> None:
+    settings = config.Config()
+    settings = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, enabled=True))
+    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
+    result = {"request": "gpu/m15360", "pool": "t4", "consumedCapacity": {settings.contract.dra_capacity_memory: "4Gi"}}
+
+    class Api:
+        async def request(self, method: str, path: str) -> dict[str, object]:
+            first = {"name": "gpu", "firstAvailable": [{"name": "m16384"}, {"name": "m15360"}]}
+            return {
+                "spec": {"devices": {"requests": [first]}},
+                "status": {"allocation": {"devices": {"results": [result]}}},
+            }
+
+    fleet = kube_nodes.Fleet(Api(), [node], settings, sharing=True, namespace="default", dra=True)  # type: ignore[arg-type]
+    fleet.ledger.add_slices(kube_dra.node_slices(fleet.sims["t4"].node, settings.contract, "t4"))
+    result.update(driver=settings.contract.dra_driver, device=next(iter(fleet.ledger.capacity))[1])
+    pod = _bound("a", 36, settings.contract)
+    pod["status"] = {"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "a-gpu"}]}
+    await fleet._admit_dra("default/a", "t4", pod)
+    decision = fleet.decisions["default/a"]
+    assert decision.admitted and decision.claim_requests == ("gpu/m15360",) and not fleet.errors
+    assert decision.claim_alternatives == (1,)  # the second of its list: it fell back
+    line = replay.placement_record(
+        trace.TracePod("a", 8000, 16384, 1, 500), "placed", claim_requests=("gpu/m15360",), claim_alternatives=(1,)
+    )
+    assert line["claim_requests"] == ["gpu/m15360"] and line["claim_alternatives"] == [1]
+    assert "claim_requests" not in replay.placement_record(trace.TracePod("a", 8000, 16384, 1, 500), "placed")

@@ -427,15 +427,18 @@ def test_a_bare_pods_fraction_lists_its_class_then_the_same_fraction_of_each_oth
     }
     assert template["metadata"]["name"].startswith(f"gpuslice-mem-{half[chosen]}mi-or-1-")
     assert patched["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuslice"}]}
-    # Required: either class, with room for the smaller of the two shares; preferred as its class's.
+    # Required: one term per class, each with room for its share there (the pod asks no CPU, so no
+    # CPU term on the fallback's); preferred as its class's.
     affinity = patched["spec"]["affinity"]["nodeAffinity"]
-    ((term,),) = [affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]]
-    assert {"key": "gpuslice.io/gpu.memory-mib", "operator": "In", "values": [str(chosen), str(other)]} in term[
-        "matchExpressions"
-    ]
-    smallest_units = min(half.values()) // 256
-    assert {"key": "gpuslice.io/gpu.free-block-units", "operator": "Gt", "values": [str(smallest_units - 1)]} in term[
-        "matchExpressions"
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [
+        {
+            "matchExpressions": [
+                {"key": "gpuslice.io/gpu.memory-mib", "operator": "In", "values": [str(memory)]},
+                {"key": "gpuslice.io/gpu.free-block-units", "operator": "Gt", "values": [str(half[memory] // 256 - 1)]},
+            ]
+        }
+        for memory in (chosen, other)
     ]
     _, plugin_patched = mutate(pod(annotations=annotations), DEVICE_PLUGIN_MODE)
     preferred = "preferredDuringSchedulingIgnoredDuringExecution"
@@ -798,7 +801,13 @@ def test_a_bare_pods_fraction_lists_another_class_only_where_its_free_gpus_have_
             outcome.decision.get("otherClassesMiB"),
         )
         affinity = jsonpatch.apply_patch(original, outcome.patch)["spec"]["affinity"]["nodeAffinity"]
-        ((term,),) = [affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]]
-        (pin,) = [e for e in term["matchExpressions"] if e["key"] == CONTRACT.label_gpu_memory_mib]
-        assert pin["values"] == (["143771"] if cpu == "8" else ["143771", "81559"])
+        terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        pins = [
+            [e["values"] for e in t["matchExpressions"] if e["key"] == CONTRACT.label_gpu_memory_mib] for t in terms
+        ]
+        assert pins == ([[["143771"]]] if cpu == "8" else [[["143771"]], [["81559"]]])
+        if cpu == "2":  # on the H100s' nodes only where their free GPUs have 4 cores each
+            cpu_terms = [e for e in terms[1]["matchExpressions"] if e["key"] == CONTRACT.label_cpu_per_free_gpu_milli]
+            assert cpu_terms == [{"key": CONTRACT.label_cpu_per_free_gpu_milli, "operator": "Gt", "values": ["3999"]}]
+            assert all(e["key"] != CONTRACT.label_cpu_per_free_gpu_milli for e in terms[0]["matchExpressions"])
     assert listed == {"8": ([], None), "2": (["m143771", "m81559"], [81559])}
