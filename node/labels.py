@@ -116,15 +116,15 @@ def node_labels(
     return labels
 
 
+_MAX_COUNT = 10**labelcodec.MAX_COUNT_DIGITS - 1  # the largest count a label holds
+
+
 def cpu_per_free_gpu_labels(contract: contract_.Contract, free_cpu_milli: int, free_gpus: float) -> dict[str, str]:
     """The node's unrequested CPU per free GPU (0 when no GPU memory is free), capped at what a
     count label holds. A share placed where it asks at most this much per GPU leaves the node's
     other free GPUs at least as much CPU each as before (webhook/patches.py, DRA fallbacks)."""
     per_gpu = round(max(0, free_cpu_milli) / free_gpus) if free_gpus > 0 else 0
     return {contract.label_cpu_per_free_gpu_milli: labelcodec.count_value(min(per_gpu, _MAX_COUNT))}
-
-
-_MAX_COUNT = 10**labelcodec.MAX_COUNT_DIGITS - 1
 
 
 def cpu_balance_labels(contract: contract_.Contract, balance_milli: int) -> dict[str, str]:

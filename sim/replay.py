@@ -409,8 +409,11 @@ def placement_record(
     """One pod's line of --placements: enough to recompute every figure without the simulator;
     in DRA mode, the request of each device its claims were allocated for ("gpu/m16384") and its
     position in the request's prioritized list (0: the webhook's first choice)."""
-    extra = {"claim_requests": list(claim_requests), "claim_alternatives": list(claim_alternatives)}
-    extra = extra if claim_requests else {}
+    extra = (
+        {"claim_requests": list(claim_requests), "claim_alternatives": list(claim_alternatives)}
+        if claim_requests
+        else {}
+    )
     return {
         "pod": pod.name,
         "outcome": outcome,  # placed | unschedulable | refused (by kubelet) | denied (by the webhook)

@@ -122,8 +122,8 @@ def affinity_ops(
     exceptions there: whole GPUs carry their class as their claim's first alternative, not a pin;
     a MIG slice-else-share keeps no required term (a node with no slice free takes the share); a
     fraction that may take other classes (`Conversion.other_classes`) gets one required term per
-    class of its list (`_any_class_terms`; the preferred terms are its first class's: the pod
-    packs there, and goes elsewhere when that class has no room)."""
+    class of its list (the first class's, then `_fallback_terms`; the preferred terms are its first
+    class's: the pod packs there, and goes elsewhere when that class has no room)."""
     required, preferred = _steering_terms(conversion, settings)
     pin: Sequence[Mapping[str, Any]] = conversion.required
     if settings.dra.enabled:
