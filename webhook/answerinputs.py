@@ -14,7 +14,7 @@ Two kinds of read, and no other:
   through `decided` with a way to take it again; between `start_recording` and `stop_recording`
   it is recorded, and a remembered answer is given again only where every recorded decision,
   taken again, comes out the same. Only inside a decision may an answer read what moves with
-  free capacity (`free_units`, `derived`, `generation`, `owner_class`, `owner`).
+  free capacity (`free_units`, `cpu_per_free_gpu`, `derived`, `generation`, `owner_class`, `owner`).
 
 A new steering input read straight from the view would be replayed stale; read here, it is one
 of the two kinds, and checked as such.
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar, cast
 
 from gpuslice.webhook import cpudemand
 
-__all__ = ["Free", "GpuClass", "Inputs", "View"]
+__all__ = ["Free", "GpuClass", "Inputs", "View", "with_cpu"]
 
 T = TypeVar("T")
 
@@ -173,14 +173,23 @@ class Inputs:
         """The GPU class the converted pods of controller `owner` went to, if known."""
         return self._view.owner_class(owner)
 
+    def cpu_per_free_gpu(self) -> dict[int, float | None]:
+        """Per class: free CPU millicores per free GPU, promises counted; None where a node does not
+        publish its CPU headroom (`ClusterView.cpu_per_free_gpu`)."""
+        return self._view.cpu_per_free_gpu()
+
     def classes_with_cpu(self, memories: tuple[int, ...], cpu_per_gpu_milli: float) -> tuple[int, ...]:
         """Of the classes `memories`, those whose free GPUs have on average at least
         `cpu_per_gpu_milli` of free CPU each, promises counted (or that do not publish their CPU
         headroom): a decision."""
-        view = self._view
 
         def again() -> tuple[int, ...]:
-            ratios = view.cpu_per_free_gpu()
-            return tuple([m for m in memories if (r := ratios.get(m, 0.0)) is None or r >= cpu_per_gpu_milli])
+            return with_cpu(memories, self.cpu_per_free_gpu(), cpu_per_gpu_milli)
 
         return self.decided(again)
+
+
+def with_cpu(memories: Iterable[int], ratios: Mapping[int, float | None], cpu_per_gpu_milli: float) -> tuple[int, ...]:
+    """Of the classes `memories`, those whose free CPU per free GPU (`ratios`, as
+    `Inputs.cpu_per_free_gpu`) is at least `cpu_per_gpu_milli`, or unknown."""
+    return tuple([m for m in memories if (r := ratios.get(m, 0.0)) is None or r >= cpu_per_gpu_milli])

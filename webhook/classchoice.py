@@ -1,6 +1,7 @@
 """Choosing the GPU class (a GPU memory size, webhook/cluster.py) a converted pod is pinned to:
 the classes the pod may use (the products it selects), the one with the largest free share on
-nodes where the pod fits now, and the node-affinity pin and decision notes that record the choice.
+nodes where the pod fits now (for a share that asks CPU, first among the classes with that CPU
+per free GPU), and the node-affinity pin and decision notes that record the choice.
 A gpu-memory share is not pinned to one class, only kept off classes whose GPUs are too small.
 Pure: reads the cluster through the answer seam (webhook/answerinputs.py), changes nothing.
 
@@ -22,6 +23,7 @@ from gpuslice.webhook import answerinputs, conversions, parsing
 __all__ = ["Choice", "Demand", "candidates", "for_fraction", "for_memory", "for_whole_gpus"]
 
 _NO_NODES = "defaultGpuMemoryMiB (no GPU nodes seen)"
+_RICH = "largest free share where the free GPUs have the CPU it asks per GPU"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,12 +34,19 @@ class Demand:
     whole_gpus: int = 0
     cpu_milli: int = 0
     memory_mib: int = 0
+    devices: int = 1  # GPUs the fraction is taken of (gpu-fraction-num-devices)
 
     def units(self, units_per_gpu: int) -> int:
         """Units on one GPU of a class of `units_per_gpu` (or whole GPUs) the pod needs there."""
         if self.whole_gpus:
             return self.whole_gpus
         return conversions.fraction_units(self.fraction, units_per_gpu)
+
+    def cpu_per_gpu_milli(self) -> float:
+        """The CPU a share asks per GPU of memory it takes; 0 for whole GPUs or no CPU asked."""
+        if self.whole_gpus or not self.fraction or self.cpu_milli <= 0:
+            return 0.0
+        return self.cpu_milli / (self.fraction * self.devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +99,7 @@ def for_fraction(
     classes = every
     if gpus > 1:
         classes = [c for c in every if c.max_gpus_per_node >= gpus] or every
+        demand = dataclasses.replace(demand, devices=gpus)
     choice = _pinned(classes, inputs, settings.contract, demand)
     return dataclasses.replace(choice, candidates=tuple(c.memory_mib for c in every))
 
@@ -227,7 +237,8 @@ class _OwnersClass:
 
 class _Best:
     """(memory MiB, rule) of the class with the largest free share on nodes where the pod fits now
-    (its units on one GPU, its CPU and memory beside them); when no node has room, the largest free
+    (its units on one GPU, its CPU and memory beside them), for a share that asks CPU first among
+    the classes whose free GPUs have that CPU per GPU; when no node has room, the largest free
     share overall (the pod then waits for room in that class). Called once per full review and
     again for every repeat of its remembered answer (webhook/repeats.py): what does not change
     until a node does is looked up once per version of the view, so a repeat reads only the
@@ -265,8 +276,29 @@ class _Best:
         assert top is not None
         share, _, best = top
         if share > 0:
+            cpu_per_gpu = self._demand.cpu_per_gpu_milli()
+            if cpu_per_gpu:
+                rich = self._rich(units, cpu_per_gpu)
+                if rich is not None and rich != best:
+                    return rich, _RICH
             return best, "largest free share on nodes where the pod fits now"
         return best, "largest free share (no node has room now)"
+
+    def _rich(self, units: dict[int, int], cpu_per_gpu: float) -> int | None:
+        """The class with the largest free share (where the pod fits now) among those whose free
+        GPUs have, promises counted, the CPU the share asks per GPU; None when none has room. A
+        share that asks more CPU per GPU than its node has per free GPU takes CPU that the
+        node's other GPUs need, and they stay idle; a class mixes nodes of several CPU sizes, so
+        this is the class's average (a fallback class in DRA mode asks it per node:
+        webhook/patches.py)."""
+        allowed = answerinputs.with_cpu(units, self._inputs.cpu_per_free_gpu(), cpu_per_gpu)
+        top: tuple[float, tuple[float, int, int], int] | None = None
+        for memory, capacity, key in self._per_class:
+            if memory in allowed and units[memory] > 0:
+                candidate = (units[memory] / capacity if capacity else 0.0, key, memory)
+                if top is None or candidate > top:
+                    top = candidate
+        return None if top is None else top[2]
 
     def _look_up(self) -> None:
         """The units the pod needs in each class, and per class its capacity and tie-break key: per

@@ -97,7 +97,7 @@ def _fraction(
         if others and demand.cpu_milli > 0:
             # Another class only where its free GPUs come with the CPU the pod asks per GPU: else
             # the pod would use up CPU its node's other GPUs need, and leave them idle for good.
-            rich = inputs.classes_with_cpu(tuple([m for m, _ in others]), demand.cpu_milli / fraction)
+            rich = inputs.classes_with_cpu(tuple([m for m, _ in others]), demand.cpu_per_gpu_milli())
             others = tuple([o for o in others if o[0] in rich])
         if others:
             decision["otherClassesMiB"] = [memory for memory, _ in others]

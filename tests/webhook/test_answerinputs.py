@@ -81,6 +81,16 @@ def test_the_classes_with_cpu_for_a_pod_are_a_decision_that_follows_labels_and_p
     assert inputs.classes_with_cpu((81559,), 10**9) == (81559,)
 
 
+def test_the_cpu_per_free_gpu_through_the_seam_is_the_views_and_with_cpu_keeps_the_unknown() -> None:
+    cv = view()
+    labels = node_labels.node_labels(nodefile.load(EXAMPLES / "demo-node.yaml"), SETTINGS.contract)
+    cv.update_node("demo", {**labels, SETTINGS.contract.label_free_cpu_milli: "32000"})
+    assert cv.inputs.cpu_per_free_gpu() == cv.cpu_per_free_gpu() == {81559: 16000.0}
+    ratios = {81559: 16000.0, 143771: None, 40960: 0.0}
+    assert answerinputs.with_cpu((40960, 81559, 143771, 97871), ratios, 16000.0) == (81559, 143771)
+    assert answerinputs.with_cpu((81559,), ratios, 16000.5) == ()
+
+
 def test_the_owner_is_the_seams_and_each_view_has_one_seam() -> None:
     a, b = view(), view()
     a.inputs.owner = "rs-uid"
