@@ -81,11 +81,17 @@ class Outcomes:
         self.first_outcome_at: dict[str, float] = {}  # first bound or marked unschedulable (or denied)
         self.errors: list[str] = []
         self.create_retries = 0  # creates sent again after a failed webhook call
+        # Refused pods the controller created again, until the new pod has an outcome: without
+        # this a run could end, quiet, while a late requeue waits for its backoff or the
+        # scheduler, and count the pod lost.
+        self.recreated: set[str] = set()
         self.last_change = time.monotonic()
         self._waiters: dict[str, asyncio.Future[None]] = {}
         fleet.listeners.append(self._on_decision)
 
     def settled(self, key: str) -> bool:
+        if key in self.recreated:
+            return False
         return key in self.denied or key in self.fleet.decisions or key in self.unschedulable
 
     def seen(self, key: str) -> bool:
@@ -113,6 +119,7 @@ class Outcomes:
             future.set_result(None)
 
     def _on_decision(self, decision: kube_nodes.Decision) -> None:
+        self.recreated.discard(decision.pod)
         self.last_change = time.monotonic()
         self.first_outcome_at.setdefault(decision.pod, self.last_change)
 
@@ -124,13 +131,18 @@ class Outcomes:
                 self.written.add(key)
                 self._wake(key)
             return
+        refused = self.fleet.decisions.get(key)
+        if kind == "ADDED" and refused is not None and not refused.admitted:
+            self.recreated.add(key)  # requeued (controller/requeue.py): its new outcome is awaited
+            self.last_change = time.monotonic()
         for condition in (pod.get("status") or {}).get("conditions") or ():
             if (
                 condition.get("type") == "PodScheduled"
                 and condition.get("status") == "False"
                 and condition.get("reason") != "SchedulingGated"  # waiting for the pacer, not an outcome
             ):
-                if key not in self.unschedulable:
+                if key not in self.unschedulable or key in self.recreated:
+                    self.recreated.discard(key)
                     self.unschedulable[key] = str(condition.get("message") or condition.get("reason") or "")
                     self.pinned[key] = _required_classes(pod, self.fleet.contract.label_gpu_memory_mib)
                     self._wake(key)

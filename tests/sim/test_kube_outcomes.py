@@ -71,6 +71,38 @@ def test_the_kube_runs_placements_hold_what_kubelet_granted_and_recompute_its_fi
     assert figures.gpu_allocation_ratio == pytest.approx(0.6) == pytest.approx(result.gpu_allocation_ratio)
 
 
+def test_a_refused_pod_created_again_is_not_settled_until_its_new_pod_has_an_outcome() -> None:
+    # c and d are refused (36 units cannot span the two T4s' 24 free); the requeuer creates both
+    # again. A run that ended then would count them lost.
+    settings = config.Config()
+    contract = settings.contract
+    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
+    fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default")  # type: ignore[arg-type]
+    outcomes = kube_outcomes.Outcomes(fleet)
+    for name in "abcd":
+        pod = _bound(name, 36, contract)
+        fleet._decide(f"default/{name}", "t4", pod, fleet._admit(f"default/{name}", "t4", fleet.sims["t4"], pod))
+    assert [outcomes.settled(f"default/{n}") for n in "abcd"] == [True] * 4
+    assert not fleet.decisions["default/c"].admitted and not fleet.decisions["default/d"].admitted
+    for name in "cd":
+        outcomes.on_event("ADDED", {"metadata": {"namespace": "default", "name": name}, "status": {"phase": "Pending"}})
+    assert not outcomes.settled("default/c") and not outcomes.settled("default/d")
+    # c waits (the scheduler finds no node); d is bound again and admitted (as if it now asked what fits).
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
+    outcomes.on_event(
+        "MODIFIED", {"metadata": {"namespace": "default", "name": "c"}, "status": {"conditions": [unschedulable]}}
+    )
+    pod = _bound("d", 12, contract)
+    fleet._decide("default/d", "t4", pod, fleet._admit("default/d", "t4", fleet.sims["t4"], pod))
+    assert outcomes.settled("default/c") and outcomes.settled("default/d")
+    arrivals = [trace.TracePod(n, 1000, 1024, 1, 600) for n in "bcd"]
+    result, _, lost = kube_outcomes.figures(
+        "gpuslice-default", arrivals, outcomes, fleet, replay.gpu_capacity_milli([node]), 1.0, 1.0, placements=True
+    )
+    assert lost == 0 and result.placements is not None
+    assert [r["outcome"] for r in result.placements] == ["placed", "unschedulable", "placed"]
+
+
 def test_a_gated_pod_is_no_outcome_and_an_unschedulable_one_counts_against_the_classes_it_requires() -> None:
     settings = config.Config()
     memory_label = settings.contract.label_gpu_memory_mib
