@@ -25,19 +25,29 @@ def _bound(name: str, units: int, contract: contract_.Contract) -> dict[str, obj
     }
 
 
+def _t4_node_with(bound: str, units: int) -> tuple[trace.TraceNode, kube_nodes.Fleet, kube_outcomes.Outcomes]:
+    """One node of two T4s (60 units of 256 MiB each), the pods named in `bound` bound there in
+    turn, `units` each, and kubelet's decision taken for each."""
+    settings = config.Config()
+    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
+    fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default")  # type: ignore[arg-type]
+    outcomes = kube_outcomes.Outcomes(fleet)
+    for name in bound:
+        _bind(fleet, name, units)
+    return node, fleet, outcomes
+
+
+def _bind(fleet: kube_nodes.Fleet, name: str, units: int) -> None:
+    pod = _bound(name, units, fleet.contract)
+    fleet._decide(f"default/{name}", "t4", pod, fleet._admit(f"default/{name}", "t4", fleet.sims["t4"], pod))
+
+
 def test_the_kube_runs_placements_hold_what_kubelet_granted_and_recompute_its_figure() -> None:
     # One node of two T4s (60 units of 256 MiB each). a and b: 36 units, one per GPU; c: 36 more
     # units span the two GPUs' 24 free each, refused by Allocate; d: unschedulable; e: denied by
     # the webhook; f: nothing seen.
-    settings = config.Config()
-    contract = settings.contract
-    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
-    fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default")  # type: ignore[arg-type]
-    outcomes = kube_outcomes.Outcomes(fleet)
+    node, fleet, outcomes = _t4_node_with("abc", 36)
     arrivals = [trace.TracePod(n, 1000, 1024, 1, 600) for n in "abcdef"]
-    for name in "abc":
-        pod = _bound(name, 36, contract)
-        fleet._decide(f"default/{name}", "t4", pod, fleet._admit(f"default/{name}", "t4", fleet.sims["t4"], pod))
     unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
     outcomes.on_event(
         "ADDED", {"metadata": {"namespace": "default", "name": "d"}, "status": {"conditions": [unschedulable]}}
@@ -74,14 +84,7 @@ def test_the_kube_runs_placements_hold_what_kubelet_granted_and_recompute_its_fi
 def test_a_refused_pod_created_again_is_not_settled_until_its_new_pod_has_an_outcome() -> None:
     # c and d are refused (36 units cannot span the two T4s' 24 free); the requeuer creates both
     # again. A run that ended then would count them lost.
-    settings = config.Config()
-    contract = settings.contract
-    node = trace.TraceNode("t4", 64000, 262144, 2, "T4")
-    fleet = kube_nodes.Fleet(None, [node], settings, sharing=True, namespace="default")  # type: ignore[arg-type]
-    outcomes = kube_outcomes.Outcomes(fleet)
-    for name in "abcd":
-        pod = _bound(name, 36, contract)
-        fleet._decide(f"default/{name}", "t4", pod, fleet._admit(f"default/{name}", "t4", fleet.sims["t4"], pod))
+    node, fleet, outcomes = _t4_node_with("abcd", 36)
     assert [outcomes.settled(f"default/{n}") for n in "abcd"] == [True] * 4
     assert not fleet.decisions["default/c"].admitted and not fleet.decisions["default/d"].admitted
     for name in "cd":
@@ -92,8 +95,7 @@ def test_a_refused_pod_created_again_is_not_settled_until_its_new_pod_has_an_out
     outcomes.on_event(
         "MODIFIED", {"metadata": {"namespace": "default", "name": "c"}, "status": {"conditions": [unschedulable]}}
     )
-    pod = _bound("d", 12, contract)
-    fleet._decide("default/d", "t4", pod, fleet._admit("default/d", "t4", fleet.sims["t4"], pod))
+    _bind(fleet, "d", 12)
     assert outcomes.settled("default/c") and outcomes.settled("default/d")
     arrivals = [trace.TracePod(n, 1000, 1024, 1, 600) for n in "bcd"]
     result, _, lost = kube_outcomes.figures(
