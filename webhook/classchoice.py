@@ -1,7 +1,7 @@
 """Choosing the GPU class (a GPU memory size, webhook/cluster.py) a converted pod is pinned to:
 the classes the pod may use (the products it selects), the one with the largest free share on
-nodes where the pod fits now (for a share that asks CPU, first among the classes with that CPU
-per free GPU), and the node-affinity pin and decision notes that record the choice.
+nodes where the pod fits now (in DRA mode, for a share that asks CPU, first among the classes
+with that CPU per free GPU), and the node-affinity pin and decision notes that record the choice.
 A gpu-memory share is not pinned to one class, only kept off classes whose GPUs are too small.
 Pure: reads the cluster through the answer seam (webhook/answerinputs.py), changes nothing.
 
@@ -100,7 +100,7 @@ def for_fraction(
     if gpus > 1:
         classes = [c for c in every if c.max_gpus_per_node >= gpus] or every
         demand = dataclasses.replace(demand, devices=gpus)
-    choice = _pinned(classes, inputs, settings.contract, demand)
+    choice = _pinned(classes, inputs, settings.contract, demand, cpu_first=settings.dra.enabled)
     return dataclasses.replace(choice, candidates=tuple(c.memory_mib for c in every))
 
 
@@ -166,9 +166,14 @@ def for_memory(
 
 
 def _pinned(
-    classes: Sequence[answerinputs.GpuClass], inputs: answerinputs.Inputs, contract: contract_.Contract, demand: Demand
+    classes: Sequence[answerinputs.GpuClass],
+    inputs: answerinputs.Inputs,
+    contract: contract_.Contract,
+    demand: Demand,
+    *,
+    cpu_first: bool = False,
 ) -> Choice:
-    fresh = _Best(classes, contract, inputs, demand)
+    fresh = _Best(classes, contract, inputs, demand, cpu_first=cpu_first)
     # A pod with a controller (and the pods whose answers it shares: they have one too) follows it.
     memory, rule = inputs.decided(_OwnersClass(classes, inputs, fresh) if inputs.owner else fresh)
     best = next(c for c in classes if c.memory_mib == memory)
@@ -237,14 +242,15 @@ class _OwnersClass:
 
 class _Best:
     """(memory MiB, rule) of the class with the largest free share on nodes where the pod fits now
-    (its units on one GPU, its CPU and memory beside them), for a share that asks CPU first among
-    the classes whose free GPUs have that CPU per GPU; when no node has room, the largest free
+    (its units on one GPU, its CPU and memory beside them), with `cpu_first` (DRA mode) for a share
+    that asks CPU first among the classes whose free GPUs have that CPU per GPU; when no node has
+    room, the largest free
     share overall (the pod then waits for room in that class). Called once per full review and
     again for every repeat of its remembered answer (webhook/repeats.py): what does not change
     until a node does is looked up once per version of the view, so a repeat reads only the
     promises."""
 
-    __slots__ = ("_classes", "_contract", "_inputs", "_demand", "_generation", "_free", "_per_class")
+    __slots__ = ("_classes", "_contract", "_inputs", "_demand", "_cpu_per_gpu", "_generation", "_free", "_per_class")
 
     def __init__(
         self,
@@ -252,8 +258,11 @@ class _Best:
         contract: contract_.Contract,
         inputs: answerinputs.Inputs,
         demand: Demand,
+        *,
+        cpu_first: bool = False,
     ) -> None:
         self._classes, self._contract, self._inputs, self._demand = classes, contract, inputs, demand
+        self._cpu_per_gpu = demand.cpu_per_gpu_milli() if cpu_first else 0.0
         self._generation = -1
         self._free: answerinputs.Free | None = None
         self._per_class: list[tuple[int, int, tuple[float, int, int]]] = []
@@ -276,9 +285,8 @@ class _Best:
         assert top is not None
         share, _, best = top
         if share > 0:
-            cpu_per_gpu = self._demand.cpu_per_gpu_milli()
-            if cpu_per_gpu:
-                rich = self._rich(units, cpu_per_gpu)
+            if self._cpu_per_gpu:
+                rich = self._rich(units, self._cpu_per_gpu)
                 if rich is not None and rich != best:
                     return rich, _RICH
             return best, "largest free share on nodes where the pod fits now"
@@ -290,7 +298,11 @@ class _Best:
         share that asks more CPU per GPU than its node has per free GPU takes CPU that the
         node's other GPUs need, and they stay idle; a class mixes nodes of several CPU sizes, so
         this is the class's average (a fallback class in DRA mode asks it per node:
-        webhook/patches.py)."""
+        webhook/patches.py). DRA mode only: its scheduler places a burst's pods several times
+        slower than they are created, so the class is chosen from promises, which count units but
+        not the CPU of the nodes they will take, and on the full trace CPU-hungry shares stranded
+        16 GiB GPUs; in device-plugin mode, one pod at a time in the model, the rule cost 0.01-0.30
+        points (docs/benchmarks.md, "DRA mode and device-plugin mode")."""
         allowed = answerinputs.with_cpu(units, self._inputs.cpu_per_free_gpu(), cpu_per_gpu)
         top: tuple[float, tuple[float, int, int], int] | None = None
         for memory, capacity, key in self._per_class:

@@ -1,23 +1,46 @@
-"""A share that asks CPU goes first to a GPU class whose free GPUs have that CPU per GPU
-(webhook/classchoice.py): else it takes CPU that its node's other GPUs need, and they stay idle.
-The views are test_admission's: 2 x H100 on a node with 200 unrequested cores (100 per free GPU)
-and 8 x H200 on one with `h200_cpu_milli` (24 cores: 3 per free GPU)."""
+"""In DRA mode a share that asks CPU goes first to a GPU class whose free GPUs have that CPU per
+GPU (webhook/classchoice.py): else it takes CPU that its node's other GPUs need, and they stay
+idle. Device-plugin mode keeps the largest free share. The views are test_admission's: 2 x H100
+on a node with 200 unrequested cores (100 per free GPU) and 8 x H200 on one with
+`h200_cpu_milli` (24 cores: 3 per free GPU)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import pathlib
+from typing import Any
 
-from test_admission import SETTINGS, classes_of_a_burst, cpu_bound_view, half_gpu_pod, review, rule_of_next
+from test_admission import SETTINGS, cpu_bound_view, half_gpu_pod, review
 
+from gpuslice import config
 from gpuslice.node import labels as node_labels
 from gpuslice.node import nodefile
-from gpuslice.webhook import admission, classchoice
+from gpuslice.webhook import admission, classchoice, cluster
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "gpuslice" / "examples"
 H100, H200 = 81559, 143771
 DRA = dataclasses.replace(SETTINGS, dra=dataclasses.replace(SETTINGS.dra, enabled=True))
+
+
+def decisions(view: cluster.ClusterView, pods: int, pod: dict[str, Any], settings: config.Config = DRA) -> list[Any]:
+    """The decision annotation of each of `pods` admissions of `pod`."""
+    made = []
+    for _ in range(pods):
+        result = admission.review(json.dumps(review(pod)).encode(), settings=settings, cluster=view)
+        assert result.outcome is not None and result.outcome.decision is not None
+        made.append(result.outcome.decision)
+    return made
+
+
+def classes_of_a_burst(view: cluster.ClusterView, pods: int, pod: dict[str, Any]) -> list[int]:
+    return [d["classMemoryMiB"] for d in decisions(view, pods, pod)]
+
+
+def rule_of_next(view: cluster.ClusterView, pod: dict[str, Any]) -> str:
+    return str(decisions(view, 1, pod)[0]["rule"])
+
+
 LARGEST_SHARE = "largest free share on nodes where the pod fits now"
 RICH = "largest free share where the free GPUs have the CPU it asks per GPU"
 
@@ -26,31 +49,29 @@ def test_a_share_asking_more_cpu_per_gpu_than_the_larger_class_has_goes_where_th
     view = cpu_bound_view(h200_cpu_milli=24_000)
     # Half a GPU and 8 cores: 16 cores per GPU. The H200s have the larger free share (16 halves
     # against 4) but 3 cores per free GPU: the H100s take the pods while they have room, then the
-    # H200s (their CPU still holds three such pods).
+    # H200s.
     assert rule_of_next(view, half_gpu_pod("8")) == RICH
-    assert classes_of_a_burst(view, 6, object=half_gpu_pod("8")) == [H100, H100, H100, H200, H200, H200]
-    assert rule_of_next(view, half_gpu_pod("8")).endswith("(no node has room now)")
+    assert classes_of_a_burst(view, 4, half_gpu_pod("8")) == [H100, H100, H100, H200]
+    assert rule_of_next(view, half_gpu_pod("8")) == LARGEST_SHARE
 
 
 def test_a_share_within_the_cpu_per_free_gpu_of_the_larger_class_takes_the_larger_free_share() -> None:
     view = cpu_bound_view(h200_cpu_milli=24_000)
-    assert classes_of_a_burst(view, 1, object=half_gpu_pod("1")) == [H200]  # 2 cores per GPU, 3 there
+    assert classes_of_a_burst(view, 1, half_gpu_pod("1")) == [H200]  # 2 cores per GPU, 3 there
     assert rule_of_next(view, half_gpu_pod("1")) == LARGEST_SHARE
     # A pod that asks no CPU is judged by GPU memory alone.
     assert rule_of_next(cpu_bound_view(h200_cpu_milli=24_000), half_gpu_pod("0")) == LARGEST_SHARE
 
 
 def test_a_class_that_publishes_no_cpu_headroom_is_not_judged_by_it() -> None:
-    assert classes_of_a_burst(cpu_bound_view(h200_cpu_milli=None), 1, object=half_gpu_pod("8")) == [H200]
+    assert classes_of_a_burst(cpu_bound_view(h200_cpu_milli=None), 1, half_gpu_pod("8")) == [H200]
 
 
 def test_the_cpu_per_gpu_of_a_fraction_of_several_gpus_counts_every_gpu_it_takes() -> None:
     # Half of each of two GPUs and 2 cores: 2 cores per GPU (not 4), which the H200s have.
     pod = half_gpu_pod("2")
-    pod["metadata"]["annotations"]["gpu-fraction-num-devices"] = "2"  # DRA mode's (a claim of two GPUs)
-    result = admission.review(json.dumps(review(pod)).encode(), settings=DRA, cluster=cpu_bound_view(24_000))
-    assert result.outcome is not None and result.outcome.decision is not None
-    assert result.outcome.decision["classMemoryMiB"] == H200
+    pod["metadata"]["annotations"]["gpu-fraction-num-devices"] = "2"
+    assert classes_of_a_burst(cpu_bound_view(h200_cpu_milli=24_000), 1, pod) == [H200]
     assert classchoice.Demand(0.5, 0, 2000, 0, devices=2).cpu_per_gpu_milli() == 2000.0
     assert classchoice.Demand(0.5, 0, 2000).cpu_per_gpu_milli() == 4000.0
     assert classchoice.Demand(0.0, 2, 2000).cpu_per_gpu_milli() == 0.0  # whole GPUs: not a share
@@ -58,9 +79,15 @@ def test_the_cpu_per_gpu_of_a_fraction_of_several_gpus_counts_every_gpu_it_takes
 
 def test_a_remembered_answer_follows_the_cpu_a_node_frees() -> None:
     view = cpu_bound_view(h200_cpu_milli=24_000)
-    assert classes_of_a_burst(view, 1, object=half_gpu_pod("8")) == [H100]
+    assert classes_of_a_burst(view, 1, half_gpu_pod("8")) == [H100]
     # The H200 node's pods end: 400 cores unrequested, 50 per free GPU. The same pod again (its
     # answer remembered) now takes the larger free share.
     h200 = nodefile.load(EXAMPLES / "h200x8-node.yaml")
     view.update_node("h200", node_labels.node_labels(h200, SETTINGS.contract, headroom=(400_000, 1_000_000)))
-    assert classes_of_a_burst(view, 1, object=half_gpu_pod("8")) == [H200]
+    assert classes_of_a_burst(view, 1, half_gpu_pod("8")) == [H200]
+
+
+def test_device_plugin_mode_keeps_the_largest_free_share_where_the_pod_fits() -> None:
+    # One pod at a time, labels fresh (the model of docs/benchmarks.md), the rule cost packing.
+    [decision] = decisions(cpu_bound_view(h200_cpu_milli=24_000), 1, half_gpu_pod("8"), SETTINGS)
+    assert decision["classMemoryMiB"] == H200 and decision["rule"] == LARGEST_SHARE
