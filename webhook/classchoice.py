@@ -243,12 +243,11 @@ class _OwnersClass:
 class _Best:
     """(memory MiB, rule) of the class with the largest free share on nodes where the pod fits now
     (its units on one GPU, its CPU and memory beside them), with `cpu_first` (DRA mode) for a share
-    that asks CPU first among the classes whose free GPUs have that CPU per GPU; when no node has
-    room, the largest free
-    share overall (the pod then waits for room in that class). Called once per full review and
-    again for every repeat of its remembered answer (webhook/repeats.py): what does not change
-    until a node does is looked up once per version of the view, so a repeat reads only the
-    promises."""
+    that asks CPU first among the classes whose free GPUs have that CPU per GPU (promised GPUs
+    counted as taken); when no node has room, the largest free share overall (the pod then waits
+    for room in that class). Called once per full review and again for every repeat of its
+    remembered answer (webhook/repeats.py): what does not change until a node does is looked up
+    once per version of the view, so a repeat reads only the promises."""
 
     __slots__ = ("_classes", "_contract", "_inputs", "_demand", "_cpu_per_gpu", "_generation", "_free", "_per_class")
 
@@ -277,40 +276,37 @@ class _Best:
             self._generation = inputs.generation
         assert self._free is not None
         units = self._free.now()
-        top: tuple[float, tuple[float, int, int], int] | None = None
-        for memory, capacity, key in self._per_class:  # a loop, not max(): this runs for every repeat
-            candidate = (units[memory] / capacity if capacity else 0.0, key, memory)
-            if top is None or candidate > top:
-                top = candidate
+        top = self._largest(units, None)
         assert top is not None
         share, _, best = top
         if share > 0:
             if self._cpu_per_gpu:
-                rich = self._rich(units, self._cpu_per_gpu)
-                if rich is not None and rich != best:
-                    return rich, _RICH
+                # A class mixes nodes of several CPU sizes, so this is the class's average (a
+                # fallback class in DRA mode asks it per node: webhook/patches.py). DRA mode only:
+                # its scheduler places a burst several times slower than it is created, so the class
+                # is chosen from promises, and on the full trace CPU-hungry shares stranded 16 GiB
+                # GPUs; one pod at a time in device-plugin mode the rule cost 0.01-0.30 points in
+                # the model (docs/benchmarks.md, "DRA mode and device-plugin mode").
+                allowed = answerinputs.with_cpu(units, self._inputs.cpu_per_free_gpu(), self._cpu_per_gpu)
+                rich = self._largest(units, allowed)
+                if rich is not None and rich[0] > 0 and rich[2] != best:
+                    return rich[2], _RICH
             return best, "largest free share on nodes where the pod fits now"
         return best, "largest free share (no node has room now)"
 
-    def _rich(self, units: dict[int, int], cpu_per_gpu: float) -> int | None:
-        """The class with the largest free share (where the pod fits now) among those whose free
-        GPUs have, promises counted, the CPU the share asks per GPU; None when none has room. A
-        share that asks more CPU per GPU than its node has per free GPU takes CPU that the
-        node's other GPUs need, and they stay idle; a class mixes nodes of several CPU sizes, so
-        this is the class's average (a fallback class in DRA mode asks it per node:
-        webhook/patches.py). DRA mode only: its scheduler places a burst's pods several times
-        slower than they are created, so the class is chosen from promises, which count units but
-        not the CPU of the nodes they will take, and on the full trace CPU-hungry shares stranded
-        16 GiB GPUs; in device-plugin mode, one pod at a time in the model, the rule cost 0.01-0.30
-        points (docs/benchmarks.md, "DRA mode and device-plugin mode")."""
-        allowed = answerinputs.with_cpu(units, self._inputs.cpu_per_free_gpu(), cpu_per_gpu)
+    def _largest(
+        self, units: dict[int, int], allowed: tuple[int, ...] | None
+    ) -> tuple[float, tuple[float, int, int], int] | None:
+        """(free share where the pod fits now, tie-break key, memory MiB) of the class with the
+        largest, among `allowed` (None: every class). A loop, not max(): this runs for every repeat."""
         top: tuple[float, tuple[float, int, int], int] | None = None
         for memory, capacity, key in self._per_class:
-            if memory in allowed and units[memory] > 0:
-                candidate = (units[memory] / capacity if capacity else 0.0, key, memory)
-                if top is None or candidate > top:
-                    top = candidate
-        return None if top is None else top[2]
+            if allowed is not None and memory not in allowed:
+                continue
+            candidate = (units[memory] / capacity if capacity else 0.0, key, memory)
+            if top is None or candidate > top:
+                top = candidate
+        return top
 
     def _look_up(self) -> None:
         """The units the pod needs in each class, and per class its capacity and tie-break key: per
