@@ -115,10 +115,13 @@ def _mutate(pod: Mapping[str, Any], *, settings: config.Config, inputs: answerin
     toleration_ops, added = tolerations.patch_ops(spec, settings.converted_pod_tolerations)
     if added:
         conversion.decision["tolerationsAdded"] = added
+    request = conversion.steering_request
+    read = request.cpu_milli if request is not None else -1  # read for the steering terms, or -1
+    cpu_milli, pod_cpu_milli = max(0, read), (read if read >= 0 else pods.cpu_requested(spec))
     if settings.dra.enabled:  # DRA mode: a ResourceClaim instead of extended resources (docs/dra.md)
         classes = []
-        if conversion.kind == conversions.KIND_WHOLE_GPUS and conversion.steering_request is not None:
-            gpus = conversion.steering_request.gpus  # every class with a node of that many GPUs
+        if conversion.kind == conversions.KIND_WHOLE_GPUS and request is not None:
+            gpus = request.gpus  # every class with a node of that many GPUs
             classes = [c.memory_mib for c in inputs.classes() if c.max_gpus_per_node >= gpus]
         need = dra_claims.need_from_conversion(conversion, settings.contract, pod, classes)
         claims = dra_claims.build(pod, need, settings, namespace=metadata.get("namespace") or "")
@@ -131,19 +134,18 @@ def _mutate(pod: Mapping[str, Any], *, settings: config.Config, inputs: answerin
             claims.warnings,
             conversion.kind,
             (claims.template,),
-            pod_cpu_milli=pods.cpu_requested(spec),
+            cpu_milli=cpu_milli,
+            pod_cpu_milli=pod_cpu_milli,
         )
     patch, warnings = patches.build(pod, conversion, settings, pacer_absent=inputs.pacer_absent)
-    request = conversion.steering_request
-    read = request.cpu_milli if request is not None else -1  # read for the steering terms, or -1
     return Outcome(
         allowed=True,
         patch=patch + toleration_ops,
         decision=conversion.decision,
         warnings=tuple(warnings),
         kind=conversion.kind,
-        cpu_milli=max(0, read),
-        pod_cpu_milli=read if read >= 0 else pods.cpu_requested(spec),
+        cpu_milli=cpu_milli,
+        pod_cpu_milli=pod_cpu_milli,
     )
 
 

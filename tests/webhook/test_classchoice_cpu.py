@@ -91,3 +91,13 @@ def test_device_plugin_mode_keeps_the_largest_free_share_where_the_pod_fits() ->
     # One pod at a time, labels fresh (the model of docs/benchmarks.md), the rule cost packing.
     [decision] = decisions(cpu_bound_view(h200_cpu_milli=24_000), 1, half_gpu_pod("8"), SETTINGS)
     assert decision["classMemoryMiB"] == H200 and decision["rule"] == LARGEST_SHARE
+
+
+def test_promised_shares_hold_their_cpu_in_dra_mode_too() -> None:
+    # As in device-plugin mode (test_admission): the labels do not move during the burst, and each
+    # pod promised to the H200s holds 8 of their 24 cores, so they take three and no more. Without
+    # the CPU in the promises the H200s' free GPUs would read 24 cores between ever fewer GPUs.
+    view = cpu_bound_view(h200_cpu_milli=24_000)
+    burst = classes_of_a_burst(view, 7, half_gpu_pod("8"))
+    assert burst.count(H100) == 4 and burst.count(H200) == 3, burst
+    assert rule_of_next(view, half_gpu_pod("8")).endswith("(no node has room now)")
