@@ -61,6 +61,16 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _settle_limit(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds <= 86400:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 and at most 86400")
+    return seconds
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("replay on the real control plane (--scheduler kube)")
     group.add_argument(
@@ -116,6 +126,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="kube, DRA mode: kubelet prepares a bound pod's claims S seconds after the bind (its pod sync; "
         "default 0), and the node's steering labels, which count prepared claims, count them only then",
+    )
+    group.add_argument(
+        "--settle-limit",
+        type=_settle_limit,
+        default=kube_replay.SETTLE_LIMIT_SECONDS,
+        metavar="S",
+        help="kube: after the last arrival, wait at most S seconds for every pod to be placed or found "
+        f"unschedulable (default {kube_replay.SETTLE_LIMIT_SECONDS:.0f}); pods still waiting then count as "
+        "having no outcome",
     )
     group.add_argument("--kube-bin", metavar="DIR", help=f"the built Kubernetes components [{controlplane.BIN_ENV}]")
     group.add_argument("--kube-workdir", metavar="DIR", help="keep the components' logs here (default: a temp dir)")
@@ -194,6 +213,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                             pathlib.Path(args.profile_scheduler) / f"{name}-{seed}" if args.profile_scheduler else None
                         ),
                         prepare_seconds=args.kubelet_prepare_seconds,
+                        settle_limit=args.settle_limit,
                     )
             finally:
                 if not args.kube_workdir:

@@ -58,6 +58,9 @@ SCHEDULER_QPS = 5000  # kube-scheduler's own default of 50 would bound a burst a
 PACED_DRAWS = 9
 
 
+# After the last arrival, pods still waiting for an outcome this long count as having none
+# (`gpuslice-sim --settle-limit`): a full-size burst of fractions in DRA mode needs more.
+SETTLE_LIMIT_SECONDS = 1800.0
 QUIET_SECONDS = 3.0  # burst/compressed: done once every pod is accounted for and nothing moved this long
 
 
@@ -285,7 +288,7 @@ def replay_on_kube(
     workdir: str | os.PathLike[str],
     gaps: Sequence[float] = (1.0,),
     gpu_memory_mib: Mapping[str, int] = trace.GPU_MEMORY_MIB,
-    settle_limit: float = 1800.0,
+    settle_limit: float = SETTLE_LIMIT_SECONDS,
     progress: Callable[[int], object] | None = None,
     placements: bool = False,
     webhook_replicas: int | None = None,

@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from gpuslice.sim import controlplane, kube_cli, main, trace
+from gpuslice.sim import controlplane, kube_cli, kube_replay, main, trace
 
 
 def test_node_sample_keeps_the_ends_and_the_order() -> None:
@@ -85,3 +85,39 @@ def test_a_kubelet_prepare_delay_without_dra_mode_is_refused_before_any_replay(
     code = main.main(["--scheduler", "kube", "--kube-bin", str(kube_bin), "--kubelet-prepare-seconds", "1"])
     assert code == 2
     assert "--kubelet-prepare-seconds is for DRA mode" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "nan", "86401", "long"])
+def test_a_settle_limit_that_is_no_positive_number_of_seconds_is_an_error(
+    text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main.main(["--scheduler", "kube", "--settle-limit", text])
+    assert f"{text!r} is not a number of seconds above 0 and at most 86400" in capsys.readouterr().err
+
+
+class _Replayed(Exception):
+    """Raised by the stand-in replay: the test needs only what it was given."""
+
+
+def test_the_settle_limit_reaches_the_replay(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A full-size burst of fractions in DRA mode outlasts the default wait for the pods' outcomes.
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1024,1,500\n")
+    for binary in controlplane.BINARIES:  # present, never run: the replay is stood in for
+        (tmp_path / binary).write_text("")
+        (tmp_path / binary).chmod(0o755)
+    given: list[float] = []
+
+    def replay_on_kube(*args: object, settle_limit: float, **kwargs: object) -> None:
+        given.append(settle_limit)
+        raise _Replayed
+
+    monkeypatch.setattr(kube_cli.kube_replay, "replay_on_kube", replay_on_kube)
+    argv = ["--scheduler", "kube", "--kube-bin", str(tmp_path), "--nodes", str(nodes), "--pods", str(pods)]
+    for extra, limit in (([], kube_replay.SETTLE_LIMIT_SECONDS), (["--settle-limit", "5400"], 5400.0)):
+        with pytest.raises(_Replayed):
+            main.main([*argv, "--configs", "gpuslice-default", *extra])
+        assert given.pop() == limit
