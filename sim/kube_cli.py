@@ -9,11 +9,12 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import pathlib
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,23 +52,19 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds <= 3600:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 3600")
-    return seconds
+def _seconds_up_to(most: float, *, zero: bool) -> Callable[[str], float]:
+    """An argparse type: a number of seconds up to `most`, from 0 with `zero`, else above 0."""
+    said = f"from 0 to {most:.0f}" if zero else f"above 0 and at most {most:.0f}"
 
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not ((0 <= value) if zero else (0 < value)) or not value <= most:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds {said}")
+        return value
 
-def _settle_limit(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds <= 86400:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 and at most 86400")
     return seconds
 
 
@@ -121,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--kubelet-prepare-seconds",
-        type=_seconds,
+        type=_seconds_up_to(3600, zero=True),
         default=0.0,
         metavar="S",
         help="kube, DRA mode: kubelet prepares a bound pod's claims S seconds after the bind (its pod sync; "
@@ -129,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--settle-limit",
-        type=_settle_limit,
+        type=_seconds_up_to(86400, zero=False),
         default=kube_replay.SETTLE_LIMIT_SECONDS,
         metavar="S",
         help="kube: after the last arrival, wait at most S seconds for every pod to be placed or found "
