@@ -14,7 +14,8 @@ Two kinds of read, and no other:
   through `decided` with a way to take it again; between `start_recording` and `stop_recording`
   it is recorded, and a remembered answer is given again only where every recorded decision,
   taken again, comes out the same. Only inside a decision may an answer read what moves with
-  free capacity (`free_units`, `cpu_per_free_gpu`, `derived`, `generation`, `owner_class`, `owner`).
+  free capacity (`free_units`, `cpu_per_free_gpu`, `unplaced`, `derived`, `generation`, `owner_class`,
+  `owner`).
 
 A new steering input read straight from the view would be replayed stale; read here, it is one
 of the two kinds, and checked as such.
@@ -70,6 +71,7 @@ class View(Protocol):
     def mig_profiles(self) -> dict[str, int]: ...
     def owner_class(self, owner: str) -> int | None: ...
     def cpu_per_free_gpu(self) -> dict[int, float | None]: ...
+    def unplaced(self) -> int | None: ...
     def derived(self, key: Hashable, build: Callable[[], T]) -> T: ...
     def free_units(
         self, needs: Mapping[int, int], *, whole_gpus: bool = ..., cpu_milli: int = ..., memory_request_mib: int = ...
@@ -177,6 +179,11 @@ class Inputs:
         """Per class: free CPU millicores per free GPU, promises counted; None where a node does not
         publish its CPU headroom (`ClusterView.cpu_per_free_gpu`)."""
         return self._view.cpu_per_free_gpu()
+
+    def unplaced(self) -> int | None:
+        """Converted pods waiting for the scheduler's placement (`ClusterView.unplaced`): many while
+        it places a burst more slowly than the burst is admitted; None where no watch counts them."""
+        return self._view.unplaced()
 
     def classes_with_cpu(self, memories: tuple[int, ...], cpu_per_gpu_milli: float) -> tuple[int, ...]:
         """Of the classes `memories`, those whose free GPUs have on average at least

@@ -1,7 +1,8 @@
 """Choosing the GPU class (a GPU memory size, webhook/cluster.py) a converted pod is pinned to:
 the classes the pod may use (the products it selects), the one with the largest free share on
-nodes where the pod fits now (in DRA mode, for a share that asks CPU, first among the classes
-with that CPU per free GPU), and the node-affinity pin and decision notes that record the choice.
+nodes where the pod fits now (in DRA mode, for a share that asks CPU while the scheduler is behind
+the admissions, first among the classes with that CPU per free GPU), and the node-affinity pin
+and decision notes that record the choice.
 A gpu-memory share is not pinned to one class, only kept off classes whose GPUs are too small.
 Pure: reads the cluster through the answer seam (webhook/answerinputs.py), changes nothing.
 
@@ -20,10 +21,13 @@ from gpuslice import config, labelcodec
 from gpuslice import contract as contract_
 from gpuslice.webhook import answerinputs, conversions, parsing
 
-__all__ = ["Choice", "Demand", "candidates", "for_fraction", "for_memory", "for_whole_gpus"]
+__all__ = ["BEHIND_PODS", "Choice", "Demand", "candidates", "for_fraction", "for_memory", "for_whole_gpus"]
 
 _NO_NODES = "defaultGpuMemoryMiB (no GPU nodes seen)"
 _RICH = "largest free share where the free GPUs have the CPU it asks per GPU"
+# Converted pods waiting for a placement beyond which the scheduler is behind the admissions (a
+# burst): one pod at a time, each is placed before the next is admitted, so at most a few wait.
+BEHIND_PODS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,10 +248,11 @@ class _Best:
     """(memory MiB, rule) of the class with the largest free share on nodes where the pod fits now
     (its units on one GPU, its CPU and memory beside them), with `cpu_first` (DRA mode) for a share
     that asks CPU first among the classes whose free GPUs have that CPU per GPU (promised GPUs
-    counted as taken); when no node has room, the largest free share overall (the pod then waits
-    for room in that class). Called once per full review and again for every repeat of its
-    remembered answer (webhook/repeats.py): what does not change until a node does is looked up
-    once per version of the view, so a repeat reads only the promises."""
+    counted as taken) while more than BEHIND_PODS converted pods wait for a placement; when no
+    node has room, the largest free share overall (the pod then waits for room in that class).
+    Called once per full review and again for every repeat of its remembered answer
+    (webhook/repeats.py): what does not change until a node does is looked up once per version of
+    the view, so a repeat reads only the promises and the count of pods waiting."""
 
     __slots__ = ("_classes", "_contract", "_inputs", "_demand", "_cpu_per_gpu", "_generation", "_free", "_per_class")
 
@@ -280,19 +285,25 @@ class _Best:
         assert top is not None
         share, _, best = top
         if share > 0:
-            if self._cpu_per_gpu:
+            if self._cpu_per_gpu and self._behind():
                 # A class mixes nodes of several CPU sizes, so this is the class's average (a
-                # fallback class in DRA mode asks it per node: webhook/patches.py). DRA mode only:
-                # its scheduler places a burst several times slower than it is created, so the class
-                # is chosen from promises, and on the full trace CPU-hungry shares stranded 16 GiB
-                # GPUs; one pod at a time in device-plugin mode the rule cost 0.01-0.30 points in
-                # the model (docs/benchmarks.md, "DRA mode and device-plugin mode").
+                # fallback class in DRA mode asks it per node: webhook/patches.py). DRA mode only,
+                # and only while the scheduler is behind: it places a burst several times slower
+                # than it is created, so the class is chosen from promises, and on the full trace
+                # CPU-hungry shares stranded 16 GiB GPUs. Placed one at a time, the pods find the
+                # nodes' CPU in what "fits now" reads, and the rule cost packing (docs/benchmarks.md,
+                # "DRA mode and device-plugin mode").
                 allowed = answerinputs.with_cpu(units, self._inputs.cpu_per_free_gpu(), self._cpu_per_gpu)
                 rich = self._largest(units, allowed)
                 if rich is not None and rich[0] > 0 and rich[2] != best:
                     return rich[2], _RICH
             return best, "largest free share on nodes where the pod fits now"
         return best, "largest free share (no node has room now)"
+
+    def _behind(self) -> bool:
+        """Whether more than BEHIND_PODS converted pods wait for a placement (or no watch counts them)."""
+        unplaced = self._inputs.unplaced()
+        return unplaced is None or unplaced > BEHIND_PODS
 
     def _largest(
         self, units: dict[int, int], allowed: tuple[int, ...] | None

@@ -111,6 +111,9 @@ class ClusterView:
         self.pacer_absent = "no pacer Lease read (the webhook watches no cluster)"
         # The CPU asked by the pods admitted, CPU-only pods apart (turns the CPU pods' band on).
         self.cpu_demand = cpudemand.CpuDemand()
+        # How many converted pods wait for the scheduler to place them (webhook/waiting.py's pending
+        # pods, neither bound nor marked unschedulable): None while no pending-pod watch says.
+        self.count_unplaced: Callable[[], int] | None = None
         # What an admission's answer reads of this view, and the answer cache checks: the one seam
         # (webhook/answerinputs.py). Told here when a shape read may have changed.
         self.inputs = answerinputs.Inputs(self)
@@ -272,6 +275,11 @@ class ClusterView:
             else:
                 ratios[memory] = (free_cpu - cpu.get(memory, 0.0)) / gpus if gpus > 0 else 0.0
         return ratios
+
+    def unplaced(self) -> int | None:
+        """Converted pods waiting for the scheduler's placement, or None where no watch counts them."""
+        count = self.count_unplaced
+        return count() if count is not None else None
 
     def node_query(self) -> nodetable.Query:
         """The node table of this version, as `FreeUnits` reads it (`nodetable.Version`)."""

@@ -2,7 +2,8 @@
 GPU (webhook/classchoice.py): else it takes CPU that its node's other GPUs need, and they stay
 idle. Device-plugin mode keeps the largest free share. The views are test_admission's: 2 x H100
 on a node with 200 unrequested cores (100 per free GPU) and 8 x H200 on one with
-`h200_cpu_milli` (24 cores: 3 per free GPU)."""
+`h200_cpu_milli` (24 cores: 3 per free GPU). The rule holds while the scheduler is behind the
+admissions (more than BEHIND_PODS converted pods wait for it) or no watch says how many wait."""
 
 from __future__ import annotations
 
@@ -101,3 +102,29 @@ def test_promised_shares_hold_their_cpu_in_dra_mode_too() -> None:
     burst = classes_of_a_burst(view, 7, half_gpu_pod("8"))
     assert burst.count(H100) == 4 and burst.count(H200) == 3, burst
     assert rule_of_next(view, half_gpu_pod("8")).endswith("(no node has room now)")
+
+
+def counted(unplaced: int) -> tuple[cluster.ClusterView, list[int]]:
+    """The view, with a stand-in for the pending-pod watch (webhook/waiting.py) counting `unplaced`
+    converted pods waiting for a placement (a list to change it)."""
+    view = cpu_bound_view(h200_cpu_milli=24_000)
+    waiting = [unplaced]
+    view.count_unplaced = lambda: waiting[0]
+    return view, waiting
+
+
+def test_one_pod_at_a_time_the_rule_waits_for_a_backlog() -> None:
+    # Placed one at a time, the "fits now" of the labels judges the pod: the larger free share.
+    for unplaced in (0, classchoice.BEHIND_PODS):
+        [decision] = decisions(counted(unplaced)[0], 1, half_gpu_pod("8"))
+        assert (decision["classMemoryMiB"], decision["rule"]) == (H200, LARGEST_SHARE)
+    # A burst: more wait than a scheduler keeping up leaves.
+    [decision] = decisions(counted(classchoice.BEHIND_PODS + 1)[0], 1, half_gpu_pod("8"))
+    assert (decision["classMemoryMiB"], decision["rule"]) == (H100, RICH)
+
+
+def test_a_remembered_answer_follows_the_backlog() -> None:
+    view, waiting = counted(classchoice.BEHIND_PODS + 1)
+    assert classes_of_a_burst(view, 2, half_gpu_pod("8")) == [H100, H100]  # the H200s' share is larger
+    waiting[0] = 0  # the scheduler caught up: the same pod (its answer remembered) now takes it
+    assert classes_of_a_burst(view, 1, half_gpu_pod("8")) == [H200]

@@ -260,3 +260,20 @@ def test_a_list_in_pages_is_taken_a_page_at_a_time_and_pruned_once_whole() -> No
     assert pods.released == 0 and view.ledger.promised_units(81559) == 2 * 159
     pods.apply("MODIFIED", pod("b"))  # marked unschedulable: its promise goes back
     assert pods.released == 1 and view.ledger.promised_units(81559) == 159
+
+
+def test_the_class_choice_is_told_how_many_converted_pods_wait_for_a_placement() -> None:
+    view = two_class_view()
+    assert view.unplaced() is None  # no watch: nothing counts them
+    pods = waiting.WaitingPods(None, view)  # type: ignore[arg-type] - the API is never called here
+    pods.replace([pod("listed", reason="")])
+    pods.lists = 1
+    view.ledger.promise_conversion(DECISION)
+    for uid in ("mine", "other", "bound", "gone"):
+        pods.apply("ADDED", pod(uid, reason=""))
+    pods.apply("ADDED", pod("not-converted", reason="", decision=None))
+    assert view.unplaced() == 5
+    pods.apply("MODIFIED", pod("bound", node="gpu-1", reason=""))
+    pods.apply("MODIFIED", pod("other"))  # marked unschedulable: the scheduler has tried it
+    pods.apply("DELETED", pod("gone", reason=""))
+    assert view.unplaced() == 2
