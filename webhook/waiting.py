@@ -16,12 +16,13 @@ converted pod seen for the first time (in the first list, added, or new in a lis
 expired) has appeared (`promises.Ledger.appeared`) if this replica converted it; if another replica
 did (or a process before this one), it is promised here too while it is unbound and not marked
 unschedulable (`promises.Ledger.promise_seen`): the promises every replica holds are those of every
-replica. A promise held here is given back when the pod is marked Unschedulable (each UID once) or
-deleted unbound, and left to the labels once the pod is bound, unless kubelet then refuses it
-(`kubelet_refused`, told by `RefusedPods`, a watch of Failed pods: a pod leaving the pending
-watch's selection is shown as it last matched, Pending, without the refusal). Once the first list is in, the
-view gives back the promise of a pod of this replica that does not appear within APPEAR_SECONDS of
-its admission (refused later in admission).
+replica. How many converted pods so wait for a placement is the class choice's measure of a backlog
+(`ClusterView.unplaced`, read by webhook/classchoice.py). A promise held here is given back when the
+pod is marked Unschedulable (each UID once) or deleted unbound, and left to the labels once the pod
+is bound, unless kubelet then refuses it (`kubelet_refused`, told by `RefusedPods`, a watch of
+Failed pods: a pod leaving the pending watch's selection is shown as it last matched, Pending,
+without the refusal). Once the first list is in, the view gives back the promise of a pod of this
+replica that does not appear within APPEAR_SECONDS of its admission (refused later in admission).
 
 May import gpuslice.{compact,contract,listwatch}, the webhook's cluster view and pods modules and the kubernetes client.
 """
