@@ -84,8 +84,6 @@ class WaitingPods(listwatch.PodWatch):
         self.cluster = cluster
         cluster.ledger.record_appearance = True  # from now: conversions admitted before the first list count too
         self._held: set[str] = set()  # UIDs of converted pods whose promise this replica holds
-        # Those are the converted pods waiting for a placement: the class choice asks how many.
-        cluster.count_unplaced = lambda: len(self._held)
         self._seen: set[str] = set()  # UIDs of converted pending pods seen (until the pod goes or binds)
         # UIDs bound while their promise was held here -> when: kubelet may still refuse them
         self._bound: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -123,6 +121,8 @@ class WaitingPods(listwatch.PodWatch):
         self.listed(items)  # empty when the list came in pages (`listed` took them)
         if self.lists == 0:
             self.cluster.ledger.track_appearance = True
+            # The pods held are now those waiting for a placement: the class choice asks how many.
+            self.cluster.count_unplaced = lambda: len(self._held)
             return
         self._held &= self._listed
         self._seen &= self._listed

@@ -266,14 +266,16 @@ def test_the_class_choice_is_told_how_many_converted_pods_wait_for_a_placement()
     view = two_class_view()
     assert view.unplaced() is None  # no watch: nothing counts them
     pods = waiting.WaitingPods(None, view)  # type: ignore[arg-type] - the API is never called here
+    pods.listed([pod("first-page", reason="")])
+    assert view.unplaced() is None  # until the first list is whole, neither is the count
     pods.replace([pod("listed", reason="")])
     pods.lists = 1
     view.ledger.promise_conversion(DECISION)
     for uid in ("mine", "other", "bound", "gone"):
         pods.apply("ADDED", pod(uid, reason=""))
     pods.apply("ADDED", pod("not-converted", reason="", decision=None))
-    assert view.unplaced() == 5
+    assert view.unplaced() == 6
     pods.apply("MODIFIED", pod("bound", node="gpu-1", reason=""))
     pods.apply("MODIFIED", pod("other"))  # marked unschedulable: the scheduler has tried it
     pods.apply("DELETED", pod("gone", reason=""))
-    assert view.unplaced() == 2
+    assert view.unplaced() == 3
