@@ -6,6 +6,8 @@ cut), once FRACTION of the run's arrivals have had their create answered.
                                  the round-robin proxy then passes it over, as a Service drops it)
     kill-controller-leader@0.5   the controller's leader; the replay then also runs a standby,
                                  which takes over once the leader's Lease has expired
+    kill-scheduler@0.5           kube-scheduler; the replay starts it again (sim/keeper.py), as
+                                 kubelet restarts the static pod it runs in
 
 The replay (sim/kube_replay.py) arms a `Monkey` with the processes it started and runs it beside
 the arrivals; each kill is recorded with its moment, for the report.
@@ -31,7 +33,8 @@ __all__ = ["ACTIONS", "Event", "Monkey", "Target", "check", "needs_standby", "pa
 
 KILL_WEBHOOK_REPLICA = "kill-webhook-replica"
 KILL_CONTROLLER_LEADER = "kill-controller-leader"
-ACTIONS = (KILL_WEBHOOK_REPLICA, KILL_CONTROLLER_LEADER)
+KILL_SCHEDULER = "kill-scheduler"
+ACTIONS = (KILL_WEBHOOK_REPLICA, KILL_CONTROLLER_LEADER, KILL_SCHEDULER)
 TAKEOVER_LOOK_SECONDS = 0.25  # how often the standby is asked whether it leads, after a leader's kill
 TAKEOVER_LIMIT_SECONDS = 120.0  # longer than any Lease the chart allows to expire unnoticed
 
@@ -85,7 +88,8 @@ def check(events: Sequence[Event], *, webhook_replicas: int, controller: bool, d
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A process the replay started: a webhook replica, or a controller replica and its HTTP port."""
+    """A process the replay started: a webhook replica, kube-scheduler, or a controller replica and its
+    HTTP port."""
 
     name: str
     process: Any  # controlplane's process handle
@@ -100,13 +104,15 @@ def needs_standby(events: Sequence[Event]) -> bool:
 class Monkey:
     """Carries out `events` on one run, in the order of their fractions; `records` says what it did."""
 
-    def __init__(self, events: Sequence[Event]) -> None:
+    def __init__(self, events: Sequence[Event], *, scheduler: Callable[[], Target] | None = None) -> None:
+        """`scheduler()`: the kube-scheduler running now (a restart replaces it)."""
         self.events = sorted(events, key=lambda e: e.fraction)
         self.records: list[dict[str, Any]] = []
         self._plane: controlplane.ControlPlane | None = None
         self._webhooks: list[Target] = []
         self._controllers: list[Target] = []
         self._leading: Callable[[int], bool] = lambda port: False
+        self._scheduler = scheduler
         self._takeovers = 0  # leaders killed whose successor has not led yet
         self.leaders_killed = 0
 
@@ -136,6 +142,8 @@ class Monkey:
                 self.records.append(record)
                 if event.action == KILL_WEBHOOK_REPLICA:
                     target = self._webhooks[0] if len(self._webhooks) > 1 else None
+                elif event.action == KILL_SCHEDULER:
+                    target = self._scheduler() if self._scheduler is not None else None
                 else:
                     leaders = [c for c in self._controllers if await asyncio.to_thread(self._leading, c.port)]
                     target = leaders[0] if leaders and len(self._controllers) > 1 else None
@@ -145,7 +153,7 @@ class Monkey:
                 record.update(killed=target.name, at_s=round(time.monotonic() - started, 3))
                 if event.action == KILL_WEBHOOK_REPLICA:
                     self._webhooks.remove(target)
-                else:
+                elif event.action == KILL_CONTROLLER_LEADER:
                     self._controllers.remove(target)
                     self.leaders_killed += 1
                     record["standby_leading_after_s"] = None  # until a remaining replica leads

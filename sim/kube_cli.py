@@ -107,8 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ACTION@FRACTION",
         help=f"kube: kill a process with SIGKILL once FRACTION (0-1] of the arrivals have been created; ACTION is "
-        f"{chaos_.KILL_WEBHOOK_REPLICA} (needs --webhook-replicas 2 or more) or {chaos_.KILL_CONTROLLER_LEADER} "
-        "(a standby controller then runs beside the leader); may be given once for each",
+        f"{chaos_.KILL_WEBHOOK_REPLICA} (needs --webhook-replicas 2 or more), {chaos_.KILL_CONTROLLER_LEADER} "
+        f"(a standby controller then runs beside the leader) or {chaos_.KILL_SCHEDULER} (started again, as kubelet "
+        "would); may be given once for each",
     )
     group.add_argument(
         "--profile-scheduler",
@@ -257,6 +258,13 @@ def _chaos_line(kill: Mapping[str, Any]) -> str:
     return line
 
 
+def _restart_line(restart: Mapping[str, Any]) -> str:
+    """One kube-scheduler exit, and its start again, as the text report says it."""
+    line = f"kube-scheduler exited (status {restart['status']}) {restart['at_s']:.1f} s in"
+    ready = restart["ready_after_s"]
+    return line + ("; not running again by the end" if ready is None else f"; running again {ready:.1f} s later")
+
+
 def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, kube_outcomes.KubeResult]]) -> str:
     lines = [
         f"gpuslice-sim --scheduler kube: {meta['pods_file']} on {meta['nodes']} nodes / {meta['gpus']} GPUs, "
@@ -288,10 +296,13 @@ def text_report(meta: Mapping[str, Any], runs: Sequence[tuple[int, kube_outcomes
         )
         attempts = run.diagnosis.get("attempts")
         if attempts:
+            since = " since its last start" if run.scheduler_restarts else ""
             lines.append(
-                f"{'':<18}{'':>5} scheduler: {sum(attempts.values())} attempts "
+                f"{'':<18}{'':>5} scheduler: {sum(attempts.values())} attempts{since} "
                 f"({', '.join(f'{n} {result}' for result, n in attempts.items())})"
             )
+        for restart in run.scheduler_restarts:
+            lines.append(f"{'':<24}{_restart_line(restart)}")
         for reason, count in run.kube.admission_reasons.items():
             lines.append(f"{'':<24}lost x{count}: {reason}")
         for kill in run.chaos:

@@ -38,6 +38,8 @@ class KubeResult:
     paced_draws: list[float] = dataclasses.field(default_factory=list)  # every draw's granted ratio
     chaos: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # what --chaos killed, and when
     create_retries: int = 0  # creates sent again after a failed webhook call
+    # kube-scheduler exits, each started again (sim/keeper.py): its attempt counts are the last one's
+    scheduler_restarts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def difference_points(self) -> float:
@@ -58,6 +60,7 @@ class KubeResult:
             "lost_pods": self.lost_pods,
             "chaos": self.chaos,
             "create_retries": self.create_retries,
+            "scheduler_restarts": self.scheduler_restarts,
             "unaccounted": self.unaccounted,
             "label_writes": self.label_writes,
             "errors": self.errors[:20],

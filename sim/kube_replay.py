@@ -13,8 +13,10 @@ with a url), then the arrivals created through the API server in one of three mo
   order, cycled for resampled pods) divided by `factor`.
 
 The same seed's arrivals also go through the Python model (sim/replay.py) and both sets of figures
-are reported side by side. With `--chaos` (sim/chaos.py) a webhook replica or the controller's
-leader is killed partway through the arrivals.
+are reported side by side. With `--chaos` (sim/chaos.py) a webhook replica, the controller's
+leader or kube-scheduler is killed partway through the arrivals. kube-scheduler is started again
+whenever it exits (sim/keeper.py), as kubelet would: it exits by design when its cache and the API
+server disagree, which a loaded machine can bring about.
 
 This module runs one replay: the control plane, the nodes, the components (sim/kube_components.py),
 the arrivals (sim/kube_arrivals.py), until every pod is accounted for, then the figures
@@ -33,12 +35,14 @@ import os
 import pathlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 from gpuslice.sim import chaos as chaos_
 from gpuslice.sim import (
     controlplane,
+    keeper,
     kube_api,
     kube_arrivals,
     kube_components,
@@ -49,6 +53,8 @@ from gpuslice.sim import (
     replay,
     trace,
 )
+
+_T = TypeVar("_T")
 
 SCHEDULER_QPS = 5000  # kube-scheduler's own default of 50 would bound a burst at 25 binds a second
 
@@ -155,6 +161,7 @@ async def _drive(
     webhook_replicas: int | None = None,
     monkey: chaos_.Monkey | None = None,
     prepare_seconds: float = 0.0,
+    scheduler: keeper.Keeper | None = None,
 ) -> tuple[
     replay.Result,
     float,
@@ -223,6 +230,8 @@ async def _drive(
         ]
         keys = [f"{kube_outcomes.NAMESPACE}/{p.name}" for p in arrivals]
         t0 = time.monotonic()
+        if scheduler is not None:
+            scheduler.origin = t0
         cpu0 = time.process_time()
         chaos = None
         if monkey is not None:
@@ -316,37 +325,46 @@ def replay_on_kube(
     profiler: profiling.SchedulerProfiler | None = None
     try:
         plane.start(scheduler=False, controllers=False)
-        plane.start_scheduler(
+        start_scheduler = functools.partial(
+            plane.start_scheduler,
             "kube-scheduler",
             configuration=kube_components.scheduler_configuration(configuration.profile),
             qps=SCHEDULER_QPS,
             burst=2 * SCHEDULER_QPS,
         )
+        scheduler = keeper.Keeper("kube-scheduler", start_scheduler(), start_scheduler)
         if profile_dir is not None:
             profiler = profiling.SchedulerProfiler(plane, profile_dir).start()
         if configuration.sharing and configuration.settings.dra.enabled:
             # Pods' claims from the webhook's templates; as fast as the scheduler binds.
             plane.start_controller_manager(kube_dra.DRA_CONTROLLERS, qps=SCHEDULER_QPS)
         version = plane.version()
-        monkey = chaos_.Monkey(chaos) if chaos else None
+        monkey = (
+            chaos_.Monkey(chaos, scheduler=lambda: chaos_.Target(scheduler.name, scheduler.process)) if chaos else None
+        )
         kube, setup, arrivals_s, unaccounted, writes, errors, feed, diagnosis, lost, retries = asyncio.run(
-            _drive(
-                plane,
-                nodes,
-                arrivals,
-                configuration,
-                arrival,
-                gaps,
-                gpu_memory_mib,
-                started,
-                settle_limit,
-                progress,
-                placements,
-                webhook_replicas,
-                monkey,
-                prepare_seconds,
+            _kept_running(
+                scheduler,
+                _drive(
+                    plane,
+                    nodes,
+                    arrivals,
+                    configuration,
+                    arrival,
+                    gaps,
+                    gpu_memory_mib,
+                    started,
+                    settle_limit,
+                    progress,
+                    placements,
+                    webhook_replicas,
+                    monkey,
+                    prepare_seconds,
+                    scheduler,
+                ),
             )
         )
+        errors += scheduler.errors
     finally:
         if profiler is not None:
             profiler.stop()
@@ -375,7 +393,14 @@ def replay_on_kube(
         draws,
         monkey.records if monkey is not None else [],
         retries,
+        scheduler.restarts,
     )
+
+
+async def _kept_running(scheduler: keeper.Keeper, drive: Awaitable[_T]) -> _T:
+    """`drive` with `scheduler` started again whenever it exits."""
+    async with scheduler.watching():
+        return await drive
 
 
 def paced_model(

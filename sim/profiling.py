@@ -23,6 +23,7 @@ from gpuslice.sim import controlplane
 log = logging.getLogger(__name__)
 
 PROFILE_SECONDS = 20
+RETRY_SECONDS = 1.0  # after a failed profile: the scheduler may be starting again
 
 
 class SchedulerProfiler:
@@ -55,13 +56,19 @@ class SchedulerProfiler:
         self._thread.join(timeout=self.seconds + 35)
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.is_set():
             try:
                 profile = self.plane.cpu_profile(self.name, self.seconds)
-            except (OSError, RuntimeError) as exc:  # the scheduler stopped, or refused: said once, then done
-                if not self._stop.is_set():
+            except (OSError, RuntimeError) as exc:
+                # The scheduler exited (the replay starts it again, sim/keeper.py), or refused: said once
+                # per spell, and asked again a little later.
+                if not failing and not self._stop.is_set():
                     log.warning("no CPU profile of %s: %s", self.name, exc)
-                return
+                failing = True
+                self._stop.wait(RETRY_SECONDS)
+                continue
+            failing = False
             path = self.directory / f"scheduler-{len(self.written):03d}.pb.gz"
             path.write_bytes(profile)
             self.written.append(path)

@@ -127,10 +127,11 @@ def _run(
     assert 0 < kube.total_gpus - kube.idle_gpus <= kube.total_gpus
     assert 0 <= kube.fragmented_gpus <= kube.total_gpus - kube.idle_gpus
     # The scheduler's own count: every placed pod was one scheduled attempt, and every pod it left
-    # waiting at least one unschedulable attempt.
+    # waiting at least one unschedulable attempt (a restarted scheduler counts from its start).
     attempts = result.diagnosis["attempts"]
-    assert attempts.get("scheduled", 0) >= kube.placed_pods, attempts
-    assert attempts.get("unschedulable", 0) >= kube.failed_pods, attempts
+    if not result.scheduler_restarts:
+        assert attempts.get("scheduled", 0) >= kube.placed_pods, attempts
+        assert attempts.get("unschedulable", 0) >= kube.failed_pods, attempts
     # --placements: the pod lines alone (node bound, units granted) give the run's reported figures.
     lines = io.StringIO()
     placements.write(lines, [(kube.name, SEED, "e2e", kube)])
@@ -237,3 +238,23 @@ def test_a_burst_with_a_webhook_replica_and_the_controller_leader_killed_partway
     assert 0.3 * result.kube.pods <= replica["after_creates"] <= leader["after_creates"]
     assert leader["standby_leading_after_s"] is not None, leader
     assert result.to_json()["chaos"] == result.chaos
+
+
+def test_a_burst_with_the_scheduler_killed_partway_loses_no_pod(tmp_path: pathlib.Path) -> None:
+    # `--chaos kill-scheduler`: kube-scheduler killed with SIGKILL halfway through the creates, started
+    # again by the replay (sim/keeper.py) as kubelet restarts its static pod. It exits so by design too,
+    # when its cache and the API server disagree under load. The new one lists what is pending and
+    # bound and goes on: _run asserts no error, every pod accounted for, none lost.
+    result = _run(tmp_path, "burst", steering=True, events=(chaos.parse("kill-scheduler@0.5"),))
+    [kill] = result.chaos
+    assert (kill["event"], kill["killed"]) == ("kill-scheduler@0.5", "kube-scheduler")
+    restart, *later = result.scheduler_restarts
+    assert restart["status"] == -9 and restart["ready_after_s"] is not None, restart
+    assert abs(restart["at_s"] - kill["at_s"]) < 5  # noticed at once (the two clocks are read apart)
+    # A new scheduler lists every pod during the burst; on a loaded machine the API server may also
+    # close its pod watch as too slow, and if a refused pod was recreated under its name meanwhile the
+    # relist shows it as the old pod moved, which kube-scheduler exits on (status 1): started again too.
+    assert all(r["status"] == 1 and r["ready_after_s"] is not None for r in later), later
+    assert result.to_json()["scheduler_restarts"] == result.scheduler_restarts
+    # The new scheduler decided pods too: the replay read its counts.
+    assert sum(result.diagnosis["attempts"].values()) > 0

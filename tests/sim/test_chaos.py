@@ -22,6 +22,7 @@ from gpuslice.sim import chaos, controlplane, kube_replay, main
         ("kill-webhook-replica@0.5", chaos.Event("kill-webhook-replica", 0.5)),
         ("kill-controller-leader@1", chaos.Event("kill-controller-leader", 1.0)),
         ("kill-webhook-replica@0.01", chaos.Event("kill-webhook-replica", 0.01)),
+        ("kill-scheduler@0.5", chaos.Event("kill-scheduler", 0.5)),
     ],
 )
 def test_an_action_at_a_fraction_of_the_arrivals(text: str, expected: chaos.Event) -> None:
@@ -133,6 +134,25 @@ async def test_the_monkey_kills_one_replica_and_the_leader_once_the_creates_pass
     assert second["event"] == "kill-controller-leader@0.6" and second["killed"] == "controller"
     assert second["after_creates"] >= 60 and second["standby_leading_after_s"] is not None
     assert webhooks[0].process.popen.returncode == -9  # SIGKILL, not a clean stop
+
+
+async def test_the_monkey_kills_the_scheduler_running_at_that_moment() -> None:
+    # A restart replaces the process (sim/keeper.py): the monkey asks which one runs when it kills.
+    running = [chaos.Target("kube-scheduler", _Process())]
+    first = running[0].process
+    running.insert(0, chaos.Target("kube-scheduler", _Process()))  # the first one was replaced
+    try:
+        plane = _Plane()
+        monkey = chaos.Monkey([chaos.parse("kill-scheduler@0.5")], scheduler=lambda: running[0])
+        monkey.arm(plane)  # type: ignore[arg-type]
+        await asyncio.wait_for(monkey.run(10, lambda: 5, 0.0), 10)
+    finally:
+        for target in running:
+            target.process.popen.kill()
+            target.process.popen.wait()
+    assert plane.stopped == [running[0].process] and first not in plane.stopped
+    [record] = monkey.records
+    assert (record["event"], record["killed"], record["after_creates"]) == ("kill-scheduler@0.5", "kube-scheduler", 5)
 
 
 async def test_a_kill_with_nothing_of_its_kind_to_kill_is_recorded_as_such() -> None:

@@ -121,3 +121,10 @@ def test_the_settle_limit_reaches_the_replay(tmp_path: pathlib.Path, monkeypatch
         with pytest.raises(_Replayed):
             main.main([*argv, "--configs", "gpuslice-default", *extra])
         assert given.pop() == limit
+
+
+def test_a_scheduler_restart_is_reported_with_its_status_and_how_long_it_took() -> None:
+    restart = {"at_s": 12.34, "status": -9, "ready_after_s": 2.5}
+    assert kube_cli._restart_line(restart) == "kube-scheduler exited (status -9) 12.3 s in; running again 2.5 s later"
+    never = kube_cli._restart_line({**restart, "status": 1, "ready_after_s": None})
+    assert never == "kube-scheduler exited (status 1) 12.3 s in; not running again by the end"

@@ -1,8 +1,13 @@
-"""What a replay's diagnosis reads from kube-scheduler's metrics (sim/profiling.py). The real
-scheduler's counters, and the CPU profiles the replay's profiler writes, are read in
-tests/e2e/test_real_control_plane.py."""
+"""What a replay's diagnosis reads from kube-scheduler's metrics (sim/profiling.py), and the profiler
+going on across a scheduler's restart. The real scheduler's counters, and the CPU profiles the
+replay's profiler writes, are read in tests/e2e/test_real_control_plane.py."""
 
 from __future__ import annotations
+
+import pathlib
+import threading
+
+import pytest
 
 from gpuslice.sim import profiling
 
@@ -38,3 +43,35 @@ def test_attempts_are_summed_over_profiles_and_queue_moves_named_by_event_and_qu
 
 def test_a_scheduler_without_those_counters_gives_empty_counts() -> None:
     assert profiling.scheduling_counts("# nothing\n") == {"attempts": {}, "pods_queued_by_event": {}}
+
+
+class _RestartingPlane:
+    """cpu_profile fails while the scheduler is away (its port closed), then answers again."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.asked = 0
+        self.enough = threading.Event()
+
+    def cpu_profile(self, name: str, seconds: int) -> bytes:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise ConnectionRefusedError(111, "Connection refused")
+        if self.asked >= self.failures + 2:
+            self.enough.set()
+        return b"profile"
+
+
+def test_the_profiler_goes_on_once_a_restarted_scheduler_answers_again(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(profiling, "RETRY_SECONDS", 0.01)
+    plane = _RestartingPlane(failures=3)
+    profiler = profiling.SchedulerProfiler(plane, tmp_path, seconds=1).start()  # type: ignore[arg-type]
+    assert plane.enough.wait(10)
+    profiler.stop()
+    assert len(profiler.written) >= 2 and all(p.read_bytes() == b"profile" for p in profiler.written)
+    # Said once for the spell of failures, not once per try.
+    assert [r.getMessage() for r in caplog.records].count(
+        "no CPU profile of kube-scheduler: [Errno 111] Connection refused"
+    ) == 1
