@@ -3,10 +3,11 @@
 kube-scheduler exits by design when an update shows a pod it holds on another node, and relies on
 being restarted: in a cluster kubelet does that, with a back-off. A loaded machine brings that
 about: the API server closes a slow pod watch, and a pod recreated under its name before the relist
-reaches the scheduler as an update of the old one (docs/benchmarks.md, "kube-scheduler killed"). The replay's control plane has
-no kubelet for it, so a `Keeper` watches the process and starts a new one when it exits (a crash,
-that exit, or `--chaos kill-scheduler`). Each restart is recorded; a start that fails is an error
-and is tried again after a back-off, as kubelet's CrashLoopBackOff does (shorter here).
+reaches the scheduler as an update of the old one (docs/benchmarks.md, "kube-scheduler killed").
+The replay's control plane has no kubelet for it, so a `Keeper` watches the process and starts a
+new one when it exits (a crash, that exit, or `--chaos kill-scheduler`). Each restart is recorded;
+a start that fails is an error and is tried again after a back-off, as kubelet's CrashLoopBackOff
+does (shorter here).
 
 May import the standard library and gpuslice.sim.controlplane.
 """
